@@ -1,0 +1,115 @@
+//! The operator's configuration: `config.toml` in the config dir.
+//!
+//! ```toml
+//! plugins_dirs = ["/opt/hangar/plugins"]   # besides the data dir's plugins/
+//! model_dirs = ["~/models"]
+//! platform = "linux/x86_64/cpu"            # override detection
+//!
+//! [default_engines]                        # per-format default engine
+//! mlx = "mlx-lm"
+//!
+//! [plugins.mlx-lm]                         # settings handed to one plugin
+//! program = "/opt/venv/bin/python3"        # where its probe program lives
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The environment variable naming the config file.
+pub const CONFIG_ENV: &str = "HANGAR_CONFIG";
+
+/// The parsed configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Extra plugin folders, searched after `--plugins-dir` and before the
+    /// data dir's `plugins/`.
+    #[serde(default)]
+    pub plugins_dirs: Vec<PathBuf>,
+    /// Folders whose subfolders are models.
+    #[serde(default)]
+    pub model_dirs: Vec<PathBuf>,
+    /// Overrides platform detection (`os/arch/acc,acc`).
+    #[serde(default)]
+    pub platform: Option<String>,
+    /// Format → the plugin id to prefer for it.
+    #[serde(default)]
+    pub default_engines: BTreeMap<String, String>,
+    /// Plugin id → that plugin's settings.
+    #[serde(default)]
+    pub plugins: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
+}
+
+/// Why the configuration could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file exists but could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not a valid config.
+    #[error("config {path} is invalid: {message}; fix the file or move it aside")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl Config {
+    /// Reads the config from `path`, or from `HANGAR_CONFIG`, or from the
+    /// default location. A default location that does not exist is an empty
+    /// config; an explicitly named file must exist.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let explicit = path
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os(CONFIG_ENV).map(PathBuf::from));
+        let Some(path) = explicit.clone().or_else(default_path) else {
+            return Ok(Config::default());
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                Config::parse(&text).map_err(|message| ConfigError::Invalid { path, message })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => {
+                Ok(Config::default())
+            }
+            Err(source) => Err(ConfigError::Read { path, source }),
+        }
+    }
+
+    /// Parses config text.
+    pub fn parse(text: &str) -> Result<Config, String> {
+        toml::from_str(text).map_err(|e| e.message().to_string())
+    }
+
+    /// The settings the operator gave plugin `id`.
+    pub fn plugin_settings(&self, id: &str) -> BTreeMap<String, serde_json::Value> {
+        self.plugins.get(id).cloned().unwrap_or_default()
+    }
+}
+
+/// `~/.config/hangar/config.toml` (or the platform's equivalent).
+pub fn default_path() -> Option<PathBuf> {
+    dirs::config_dir().map(|d| d.join("hangar").join("config.toml"))
+}
+
+/// `~/.local/share/hangar/plugins` (or the platform's equivalent).
+pub fn default_plugins_dir() -> Option<PathBuf> {
+    dirs::data_dir().map(|d| d.join("hangar").join("plugins"))
+}
+
+/// Expands a leading `~/` to the home folder.
+pub fn expand_home(path: &str) -> PathBuf {
+    match (path.strip_prefix("~/"), dirs::home_dir()) {
+        (Some(rest), Some(home)) => home.join(rest),
+        _ => PathBuf::from(path),
+    }
+}

@@ -1,0 +1,151 @@
+//! Test fixtures: example plugins built from the SDK's examples, plugin
+//! folders written into temporary plugins dirs, fake engine programs, and
+//! one `hangar` runner whose output is normalised for snapshots.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The folder the SDK's example plugins are built into (built once per test
+/// run with the same cargo and profile as the tests).
+pub fn examples_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "-p", "hangar-sdk", "--examples"])
+            .current_dir(root)
+            .status()
+            .expect("cargo runs");
+        assert!(
+            status.success(),
+            "building the SDK's example plugins failed"
+        );
+        // target/debug/deps/it-… → target/debug/examples
+        let exe = std::env::current_exe().unwrap();
+        exe.parent().unwrap().parent().unwrap().join("examples")
+    })
+}
+
+/// The path of one built example library (`engine_alpha`, …).
+pub fn example_library(name: &str) -> PathBuf {
+    examples_dir().join(format!(
+        "{}{name}{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    ))
+}
+
+/// A temporary plugins dir and config to run `hangar` against.
+pub struct Scenario {
+    pub root: tempfile::TempDir,
+    pub platform: String,
+}
+
+impl Scenario {
+    pub fn new() -> Scenario {
+        Scenario {
+            root: tempfile::tempdir().unwrap(),
+            platform: "linux/x86_64/cpu".into(),
+        }
+    }
+
+    pub fn plugins_dir(&self) -> PathBuf {
+        self.root.path().join("plugins")
+    }
+
+    /// Writes a plugin folder `name` with `manifest` and, if given, a copy
+    /// of an example library under the artifact name `library`.
+    pub fn plugin(&self, name: &str, manifest: &str, library: Option<&str>) -> PathBuf {
+        let dir = self.plugins_dir().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("plugin.toml"), manifest).unwrap();
+        if let Some(library) = library {
+            std::fs::copy(example_library(library), dir.join(lib_file(library))).unwrap();
+        }
+        dir
+    }
+
+    /// Writes an executable that prints `output` and exits 0, standing in
+    /// for an engine's `--version`.
+    pub fn engine_program(&self, name: &str, output: &str) -> PathBuf {
+        let path = self.root.path().join("bin").join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, format!("#!/bin/sh\necho '{output}'\n")).unwrap();
+        make_executable(&path);
+        path
+    }
+
+    pub fn config(&self, text: &str) {
+        std::fs::write(self.root.path().join("config.toml"), text).unwrap();
+    }
+
+    /// Runs `hangar ARGS` against this scenario; returns exit code and
+    /// stdout with the scenario's paths replaced by `$ROOT`.
+    pub fn hangar(&self, args: &[&str]) -> (i32, String) {
+        let config = self.root.path().join("config.toml");
+        if !config.exists() {
+            self.config("");
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_hangar"))
+            .args(args)
+            .arg("--plugins-dir")
+            .arg(self.plugins_dir())
+            .arg("--config")
+            .arg(&config)
+            .env("HANGAR_PLATFORM", &self.platform)
+            .env("HOME", self.root.path())
+            .env("XDG_DATA_HOME", self.root.path().join("data"))
+            .env("XDG_CONFIG_HOME", self.root.path().join("xdg-config"))
+            .output()
+            .unwrap();
+        let root = self.root.path().display().to_string();
+        let normalise = |s: &[u8]| String::from_utf8_lossy(s).replace(&root, "$ROOT");
+        let stderr = normalise(&out.stderr);
+        assert!(
+            !stderr.contains("thread 'main' panicked"),
+            "hangar panicked:\n{stderr}"
+        );
+        (
+            out.status.code().unwrap_or(-1),
+            normalise(&out.stdout) + &stderr,
+        )
+    }
+}
+
+pub fn lib_file(name: &str) -> String {
+    format!(
+        "{}{name}{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    )
+}
+
+pub fn make_executable(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// A manifest for an example plugin. `extra` is appended verbatim (probe,
+/// capabilities, aliases…).
+pub fn manifest(id: &str, library: &str, formats: &[&str], priority: i32, extra: &str) -> String {
+    let formats: Vec<String> = formats.iter().map(|f| format!("{f:?}")).collect();
+    format!(
+        r#"id = "{id}"
+name = "{id} engine"
+version = "0.1.0"
+plugin_api = "^1.0"
+kind = "native"
+artifact = "{library}"
+formats = [{}]
+priority = {priority}
+{extra}
+[[platforms]]
+os = "linux"
+arch = "x86_64"
+accelerators = ["cpu", "cuda13"]
+"#,
+        formats.join(", ")
+    )
+}

@@ -1,0 +1,4 @@
+//! Hangar's integration tests: one binary, one module per area.
+
+mod fixtures;
+mod registry;

@@ -1,0 +1,52 @@
+//! Capability ids: features an engine has only from some version on.
+//!
+//! A manifest maps capability ids to engine-version requirements. The ids
+//! below are the ones Hangar itself knows how to configure; a plugin may
+//! declare others (lowercase `snake_case`), which the host shows but never
+//! maps to settings on its own.
+
+/// KV cache quantization (int8 and similar cache types).
+pub const KV_CACHE_QUANTIZATION: &str = "kv_cache_quantization";
+/// Paged attention / paged decode storage.
+pub const PAGED_ATTENTION: &str = "paged_attention";
+/// Reusing computed prompt prefixes across requests.
+pub const PROMPT_CACHE: &str = "prompt_cache";
+/// Automatic prefix caching with block-level controls.
+pub const APC: &str = "apc";
+/// A per-request or per-session budget of reasoning tokens.
+pub const REASONING_BUDGET: &str = "reasoning_budget";
+/// Audio parts in chat messages.
+pub const AUDIO_INPUT: &str = "audio_input";
+/// Tensor parallelism across local devices.
+pub const TENSOR_PARALLEL: &str = "tensor_parallel";
+/// Pipeline serving of one model across several machines.
+pub const DISTRIBUTED_PIPELINE: &str = "distributed_pipeline";
+/// Classic speculative decoding with a draft model.
+pub const SPECULATIVE: &str = "speculative";
+/// Speculative decoding with multi-token-prediction drafters.
+pub const SPECULATIVE_MTP: &str = "speculative_mtp";
+/// Speculative decoding with DFlash block drafters.
+pub const SPECULATIVE_DFLASH: &str = "speculative_dflash";
+
+/// Every capability id Hangar knows.
+pub const KNOWN: &[&str] = &[
+    KV_CACHE_QUANTIZATION,
+    PAGED_ATTENTION,
+    PROMPT_CACHE,
+    APC,
+    REASONING_BUDGET,
+    AUDIO_INPUT,
+    TENSOR_PARALLEL,
+    DISTRIBUTED_PIPELINE,
+    SPECULATIVE,
+    SPECULATIVE_MTP,
+    SPECULATIVE_DFLASH,
+];
+
+/// Whether `id` is a well-formed capability id: lowercase ASCII letters,
+/// digits and underscores, starting with a letter.
+pub fn is_valid_id(id: &str) -> bool {
+    let mut chars = id.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}

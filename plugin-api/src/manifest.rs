@@ -1,0 +1,386 @@
+//! `plugin.toml`: what a plugin declares about itself, read by the host
+//! before any plugin code runs.
+//!
+//! ```toml
+//! id = "mlx-lm"
+//! name = "mlx-lm (Python mlx_lm.server)"
+//! version = "0.1.0"
+//! plugin_api = "^1.0"
+//! kind = "native"
+//! artifact = "hangar_plugin_mlx_lm"   # a library base name, or an exact file name
+//! formats = ["mlx"]
+//! priority = 10
+//! programs = ["python3"]
+//!
+//! [aliases]
+//! safetensors = "mlx"
+//!
+//! [[platforms]]
+//! os = "linux"
+//! arch = "x86_64"
+//! accelerators = ["cpu", "cuda13"]
+//!
+//! [probe]
+//! program = "python3"
+//! args = ["-c", "import mlx_lm; print(mlx_lm.__version__)"]
+//!
+//! [capabilities]
+//! kv_cache_quantization = ">=0.20.0"
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use semver::{Version, VersionReq};
+use serde::{Deserialize, Serialize};
+
+use crate::capability;
+use crate::platform::PlatformSpec;
+
+/// The name of the manifest file in a plugin folder.
+pub const MANIFEST_FILE: &str = "plugin.toml";
+
+/// How a plugin's artifact is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PluginKind {
+    /// A native library built with `abi_stable` (`.so`, `.dylib`, `.dll`).
+    Native,
+    /// A WebAssembly component run in a wasmtime sandbox.
+    Wasm,
+}
+
+impl std::fmt::Display for PluginKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PluginKind::Native => "native",
+            PluginKind::Wasm => "wasm",
+        })
+    }
+}
+
+/// A parsed and validated `plugin.toml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Unique id: lowercase letters, digits and `-` (`mlx-lm`).
+    pub id: String,
+    /// Human-readable name.
+    pub name: String,
+    /// The plugin's own version.
+    pub version: Version,
+    /// Which plugin-api versions the plugin was written against.
+    pub plugin_api: VersionReq,
+    /// How the artifact is loaded.
+    pub kind: PluginKind,
+    /// The artifact file, relative to the plugin folder. For native plugins a
+    /// name without a `.` is a library base name and gets this platform's
+    /// prefix and suffix (`foo` → `libfoo.so` on Linux, `libfoo.dylib` on
+    /// macOS, `foo.dll` on Windows), so one manifest serves every platform.
+    pub artifact: String,
+    /// One line on what the plugin serves.
+    #[serde(default)]
+    pub description: String,
+    /// Canonical model formats served (`mlx`, `gguf`).
+    pub formats: Vec<String>,
+    /// Other names for formats (`safetensors` → `mlx`).
+    #[serde(default)]
+    pub aliases: BTreeMap<String, String>,
+    /// Platforms the engine runs on.
+    pub platforms: Vec<PlatformSpec>,
+    /// Higher wins among compatible plugins.
+    #[serde(default)]
+    pub priority: i32,
+    /// How the engine's version is read.
+    #[serde(default)]
+    pub probe: ProbeSpec,
+    /// Programs this plugin's launch plans may start. The probe's program is
+    /// always allowed.
+    #[serde(default)]
+    pub programs: Vec<String>,
+    /// Capability id → engine versions that have it.
+    #[serde(default)]
+    pub capabilities: BTreeMap<String, VersionReq>,
+}
+
+/// How the host finds the engine and reads its version.
+///
+/// With a `program`, the host (never the plugin) looks it up, runs it with
+/// `args` under `timeout_ms`, and hands the output to the plugin's `probe()`
+/// to interpret. Without one, the plugin's `probe()` inspects its own
+/// in-process engine.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeSpec {
+    /// Program name or path; looked up in the operator's configured path for
+    /// this plugin, then `PATH`, then `search_paths`.
+    #[serde(default)]
+    pub program: Option<String>,
+    /// Arguments that make the program print its version.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Usual install locations to try after `PATH` (`~` is the home folder).
+    #[serde(default)]
+    pub search_paths: Vec<String>,
+    /// How long the probe may run, in milliseconds (default 5000).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+impl ProbeSpec {
+    /// The probe's time limit.
+    pub fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.timeout_ms.unwrap_or(5000))
+    }
+}
+
+/// Why a manifest was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The manifest path.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or does not have the manifest's shape.
+    #[error("plugin.toml is malformed: {0}")]
+    Malformed(String),
+    /// The plugin needs a plugin-api this host does not provide.
+    #[error("plugin needs plugin-api {required}, but this host provides {host}; rebuild the plugin against plugin-api {host_major}.x or use a matching host")]
+    IncompatibleApi {
+        /// The manifest's requirement.
+        required: VersionReq,
+        /// The host's plugin-api version.
+        host: Version,
+        /// The host's major version, for the advice.
+        host_major: u64,
+    },
+    /// A field has a value the host cannot accept.
+    #[error("plugin.toml field '{field}' is invalid: {reason}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is wrong, and what would be right.
+        reason: String,
+    },
+}
+
+impl Manifest {
+    /// Reads and validates `dir/plugin.toml`.
+    pub fn from_dir(dir: &Path) -> Result<Manifest, ManifestError> {
+        let path = dir.join(MANIFEST_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|source| ManifestError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Manifest::parse(&text)
+    }
+
+    /// Parses and validates manifest text.
+    ///
+    /// The plugin-api requirement is checked before the strict parse, so a
+    /// plugin written for a newer 1.x (whose manifest may have fields this
+    /// host does not know) is told that, not that a field is unknown.
+    pub fn parse(text: &str) -> Result<Manifest, ManifestError> {
+        let value: toml::Table = toml::from_str(text).map_err(malformed)?;
+        if let Some(api) = value.get("plugin_api").and_then(|v| v.as_str()) {
+            let required = VersionReq::parse(api).map_err(|e| ManifestError::Invalid {
+                field: "plugin_api",
+                reason: format!("'{api}' is not a semver requirement ({e})"),
+            })?;
+            if !crate::is_compatible(&required) {
+                let host = crate::host_version();
+                return Err(ManifestError::IncompatibleApi {
+                    required,
+                    host_major: host.major,
+                    host,
+                });
+            }
+        }
+        let manifest: Manifest = toml::from_str(text).map_err(malformed)?;
+        manifest.validate()?;
+        Ok(manifest)
+    }
+
+    /// The artifact's file name on this platform (see [`Manifest::artifact`]).
+    pub fn artifact_file_name(&self) -> String {
+        if self.kind == PluginKind::Native && !self.artifact.contains('.') {
+            format!(
+                "{}{}{}",
+                std::env::consts::DLL_PREFIX,
+                self.artifact,
+                std::env::consts::DLL_SUFFIX
+            )
+        } else {
+            self.artifact.clone()
+        }
+    }
+
+    /// Every program this plugin may have the host run.
+    pub fn allowed_programs(&self) -> impl Iterator<Item = &str> {
+        self.probe
+            .program
+            .iter()
+            .chain(&self.programs)
+            .map(String::as_str)
+    }
+
+    fn validate(&self) -> Result<(), ManifestError> {
+        let invalid = |field, reason: String| Err(ManifestError::Invalid { field, reason });
+        if !is_valid_plugin_id(&self.id) {
+            return invalid(
+                "id",
+                format!(
+                    "'{}' must be lowercase letters, digits and '-', starting with a letter",
+                    self.id
+                ),
+            );
+        }
+        if self.artifact.is_empty() || self.artifact.contains(['/', '\\']) || self.artifact == ".."
+        {
+            return invalid(
+                "artifact",
+                format!(
+                    "'{}' must be a file name inside the plugin folder",
+                    self.artifact
+                ),
+            );
+        }
+        if self.formats.is_empty() {
+            return invalid("formats", "a plugin must serve at least one format".into());
+        }
+        if let Some(bad) = self.formats.iter().find(|f| !is_valid_format(f)) {
+            return invalid(
+                "formats",
+                format!("'{bad}' must be lowercase letters, digits, '-' or '_'"),
+            );
+        }
+        for (alias, target) in &self.aliases {
+            if !is_valid_format(alias) || !is_valid_format(target) {
+                return invalid(
+                    "aliases",
+                    format!("'{alias}' = '{target}': names must be lowercase letters, digits, '-' or '_'"),
+                );
+            }
+            if alias == target {
+                return invalid("aliases", format!("'{alias}' is aliased to itself"));
+            }
+            if self.formats.contains(alias) {
+                return invalid(
+                    "aliases",
+                    format!("'{alias}' is both a served format and an alias; a name is one or the other"),
+                );
+            }
+        }
+        if self.platforms.is_empty() {
+            return invalid(
+                "platforms",
+                "a plugin must list at least one [[platforms]] entry".into(),
+            );
+        }
+        if let Some(p) = self.platforms.iter().find(|p| p.accelerators.is_empty()) {
+            return invalid(
+                "platforms",
+                format!(
+                    "the entry for {}/{} lists no accelerators (use [\"cpu\"] for CPU engines)",
+                    p.os, p.arch
+                ),
+            );
+        }
+        if let Some(bad) = self
+            .capabilities
+            .keys()
+            .find(|c| !capability::is_valid_id(c))
+        {
+            return invalid(
+                "capabilities",
+                format!("'{bad}' is not a capability id (lowercase snake_case)"),
+            );
+        }
+        if let Some(bad) = self.allowed_programs().find(|p| p.trim().is_empty()) {
+            return invalid("programs", format!("'{bad}' is an empty program name"));
+        }
+        Ok(())
+    }
+}
+
+/// One line from a TOML error: where, then what.
+fn malformed(e: toml::de::Error) -> ManifestError {
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or_default();
+    // toml reports a value cut off by the end of the file with no message.
+    let what = match e.message().trim() {
+        "" => "a value is missing or cut off",
+        message => message,
+    };
+    let at = first
+        .strip_prefix("TOML parse error ")
+        .map(|at| format!(" ({at})"))
+        .unwrap_or_default();
+    ManifestError::Malformed(format!("{what}{at}"))
+}
+
+/// Whether `id` is a valid plugin id.
+pub fn is_valid_plugin_id(id: &str) -> bool {
+    let mut chars = id.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && id.len() <= 64
+}
+
+fn is_valid_format(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+        id = "demo"
+        name = "Demo"
+        version = "0.1.0"
+        plugin_api = "^1.0"
+        kind = "native"
+        artifact = "demo"
+        formats = ["mlx"]
+        [[platforms]]
+        os = "linux"
+        arch = "x86_64"
+        accelerators = ["cpu"]
+    "#;
+
+    fn error_of(text: &str) -> String {
+        Manifest::parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_minimal_manifest_parses() {
+        let m = Manifest::parse(GOOD).unwrap();
+        assert_eq!(m.priority, 0);
+        assert_eq!(
+            m.artifact_file_name(),
+            format!(
+                "{}demo{}",
+                std::env::consts::DLL_PREFIX,
+                std::env::consts::DLL_SUFFIX
+            )
+        );
+    }
+
+    #[test]
+    fn errors_say_what_and_where() {
+        assert!(error_of("id = ").starts_with("plugin.toml is malformed"));
+        assert!(error_of(&GOOD.replace("native", "python")).contains("unknown variant `python`"));
+        assert!(error_of(&GOOD.replace("^1.0", "^2.0")).contains("needs plugin-api ^2.0"));
+        assert!(error_of(&GOOD.replace("\"demo\"\n", "\"Demo!\"\n")).contains("field 'id'"));
+        assert!(error_of(&format!("{GOOD}\npriorty = 3")).contains("unknown field `priorty`"));
+        assert!(error_of(&GOOD.replace("[\"mlx\"]", "[]")).contains("at least one format"));
+    }
+}

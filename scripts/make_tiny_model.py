@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Writes a tiny random-weight Hugging Face-style model folder for tests.
+
+Output (deterministic for a given --seed and shape): config.json,
+model.safetensors, tokenizer.json (byte-level BPE trained locally),
+tokenizer_config.json (ChatML template) and generation_config.json.
+It loads in mlx_lm.generate / mlx_lm.server; its text output is garbage.
+Run it with the venv from scripts/python-env.sh:
+    $(scripts/python-env.sh) scripts/make_tiny_model.py /tmp/tiny --arch qwen3
+"""
+import argparse
+import json
+import os
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+CORPUS = """\
+The quick brown fox jumps over the lazy dog. A small model does not need to be
+clever; it needs to load, to run, and to stop when it is told. Hello, world!
+Hello there, how are you today? I am fine, thank you, and how are you?
+
+Local inference engines read a folder of weights, a tokenizer and a config.
+They turn a prompt into tokens, run the network one step at a time, and turn
+the tokens back into text. Tests check the number of tokens, the finish reason
+and the shape of every answer, because random weights only produce noise.
+
+Once upon a time there was a little hangar at the edge of a quiet airfield.
+Every morning the pilots opened its doors, checked the engines, and wrote the
+numbers 0 1 2 3 4 5 6 7 8 9 into their logbooks before they flew away.
+Questions, answers, lists: one, two, three; red, green, blue; (a) [b] {c}.
+"""
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def train_tokenizer(vocab_size):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([CORPUS] * 20, trainer=trainer)
+    # The corpus yields ~560 tokens; fill larger vocabularies with reserved specials.
+    got = tok.get_vocab_size()
+    tok.add_special_tokens([f"<|reserved_{i}|>" for i in range(vocab_size - got)])
+    if tok.get_vocab_size() != vocab_size:
+        raise SystemExit(f"tokenizer has {tok.get_vocab_size()} tokens, wanted {vocab_size}")
+    return tok
+
+
+def make_weights(a, head_dim, rng):
+    h, inter = a.hidden, a.intermediate
+    q_out, kv_out = a.heads * head_dim, a.kv_heads * head_dim
+    rand = lambda *shape: rng.normal(0.0, 0.02, size=shape).astype(np.float32)
+    ones = lambda n: np.ones(n, dtype=np.float32)
+    w = {"model.embed_tokens.weight": rand(a.vocab, h)}
+    for i in range(a.layers):
+        p = f"model.layers.{i}."
+        w[p + "self_attn.q_proj.weight"] = rand(q_out, h)
+        w[p + "self_attn.k_proj.weight"] = rand(kv_out, h)
+        w[p + "self_attn.v_proj.weight"] = rand(kv_out, h)
+        w[p + "self_attn.o_proj.weight"] = rand(h, q_out)
+        if a.arch == "qwen2":
+            w[p + "self_attn.q_proj.bias"] = rand(q_out)
+            w[p + "self_attn.k_proj.bias"] = rand(kv_out)
+            w[p + "self_attn.v_proj.bias"] = rand(kv_out)
+        if a.arch == "qwen3":
+            w[p + "self_attn.q_norm.weight"] = ones(head_dim)
+            w[p + "self_attn.k_norm.weight"] = ones(head_dim)
+        w[p + "mlp.gate_proj.weight"] = rand(inter, h)
+        w[p + "mlp.up_proj.weight"] = rand(inter, h)
+        w[p + "mlp.down_proj.weight"] = rand(h, inter)
+        w[p + "input_layernorm.weight"] = ones(h)
+        w[p + "post_attention_layernorm.weight"] = ones(h)
+    w["model.norm.weight"] = ones(h)
+    w["lm_head.weight"] = rand(a.vocab, h)
+    return w
+
+
+def save_weights(weights, path, dtype):
+    meta = {"format": "pt"}
+    if dtype == "bfloat16":  # numpy has no bfloat16: let MLX convert and write
+        import mlx.core as mx
+
+        mx.save_safetensors(path, {k: mx.array(v).astype(mx.bfloat16) for k, v in weights.items()}, metadata=meta)
+    else:
+        from safetensors.numpy import save_file
+
+        save_file({k: v.astype(dtype) for k, v in weights.items()}, path, metadata=meta)
+    os.chmod(path, 0o644)  # safetensors writes 0600
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "mistral"], default="llama")
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--intermediate", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=512)
+    ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    if a.hidden % a.heads or a.heads % a.kv_heads:
+        ap.error("--hidden must be divisible by --heads, and --heads by --kv-heads")
+    head_dim = a.hidden // a.heads
+    os.makedirs(a.out_dir, exist_ok=True)
+    out = lambda name: os.path.join(a.out_dir, name)
+
+    tok = train_tokenizer(a.vocab)
+    tok.save(out("tokenizer.json"))
+    eos_id, bos_id = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
+
+    arch_name = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}[a.arch]
+    config = {
+        "model_type": a.arch,
+        "architectures": [arch_name],
+        "hidden_size": a.hidden,
+        "num_hidden_layers": a.layers,
+        "num_attention_heads": a.heads,
+        "num_key_value_heads": a.kv_heads,
+        "head_dim": head_dim,
+        "intermediate_size": a.intermediate,
+        "vocab_size": a.vocab,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "torch_dtype": a.dtype,
+    }
+    if a.arch == "qwen2":
+        config["attention_bias"] = True  # qwen2 always has q/k/v biases
+    with open(out("config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    with open(out("generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": bos_id, "eos_token_id": eos_id}, f, indent=2)
+    with open(out("tokenizer_config.json"), "w") as f:
+        json.dump({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<|endoftext|>",
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>",
+            "unk_token": None,
+            "add_bos_token": False,
+            "model_max_length": 2048,
+            "chat_template": CHAT_TEMPLATE,
+        }, f, indent=2)
+
+    rng = np.random.default_rng(a.seed)
+    save_weights(make_weights(a, head_dim, rng), out("model.safetensors"), a.dtype)
+    print(a.out_dir)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Creates (idempotently) the Python venv used by Hangar's MLX tests and tools:
+# mlx (CPU wheel), mlx-lm, tokenizers and openai at pinned versions.
+# Venv path: ${HANGAR_VENV:-<repo>/.venv}. The last (only) line on stdout is
+# the venv's python path, so callers can do: PY=$(scripts/python-env.sh)
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${HANGAR_VENV:-$REPO/.venv}"
+PY="$VENV/bin/python"
+# transformers is pinned too (mlx-lm leaves it open) so the tokenizers pin keeps matching.
+REQS=("mlx[cpu]==0.32.2" "mlx-lm==0.32.2" "transformers==5.24.0" "tokenizers==0.23.3" "openai==3.57.0")
+STAMP="$VENV/.hangar-requirements"
+WANT="$(printf '%s\n' "${REQS[@]}")"
+
+if [[ ! -x "$PY" ]]; then
+  echo "python-env: creating venv at $VENV" >&2
+  python3 -m venv "$VENV" >&2
+fi
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
+  echo "python-env: requirements already installed" >&2
+else
+  echo "python-env: installing ${REQS[*]}" >&2
+  "$PY" -m pip install --quiet --disable-pip-version-check "${REQS[@]}" >&2
+  printf '%s\n' "$WANT" > "$STAMP"
+fi
+
+echo "$PY"
