@@ -7,6 +7,10 @@
 //! plugins built before them. Messages travel as JSON text of the
 //! [`crate::wire`] types, so they too grow without breaking old plugins.
 //!
+//! (The `StableAbi` derive writes `unsafe` accessors for appended fields;
+//! the release that appends the first one allows `unsafe_code` in this
+//! module for that generated code alone.)
+//!
 //! Every function returns `RErr(message)` instead of unwinding: a panic must
 //! never cross the boundary. The SDK's `export_plugin!` macro writes these
 //! functions, with the panic guard, for a plugin author.
@@ -31,8 +35,13 @@ pub struct PluginModule {
     pub describe: extern "C" fn(input: RStr<'_>) -> RResult<RString, RString>,
     /// Takes a [`crate::wire::ProbeInput`], returns a
     /// [`crate::wire::ProbeReport`].
-    #[sabi(last_prefix_field)]
     pub probe: extern "C" fn(input: RStr<'_>) -> RResult<RString, RString>,
+    /// Takes a [`crate::wire::LoadRequest`], returns a
+    /// [`crate::wire::LaunchPlan`]: how the host should start the engine
+    /// process that serves the model. A plugin that runs no engine process
+    /// returns an error saying so.
+    #[sabi(last_prefix_field)]
+    pub plan_launch: extern "C" fn(input: RStr<'_>) -> RResult<RString, RString>,
 }
 
 impl RootModule for PluginModuleRef {

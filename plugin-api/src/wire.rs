@@ -97,3 +97,130 @@ pub struct ProbeReport {
     #[serde(default)]
     pub detail: Option<String>,
 }
+
+/// The host asks a plugin how to serve one model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoadRequest {
+    /// The model's id in the API (`tiny-llama`, `org/name`).
+    pub model_id: String,
+    /// The model folder or file.
+    pub model_path: String,
+    /// The canonical format.
+    pub format: String,
+    /// The accelerator resolution picked for this machine.
+    pub accelerator: String,
+    /// The probe's report for the engine that will serve.
+    pub engine: ProbeReport,
+    /// Capability ids that are on for this engine version.
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    /// Resolved settings for this model (layers already merged by the
+    /// host), by setting name. See [`settings`] for the names Hangar knows.
+    #[serde(default)]
+    pub settings: BTreeMap<String, serde_json::Value>,
+    /// The plugin's own settings from the operator's config.
+    #[serde(default)]
+    pub plugin_settings: BTreeMap<String, serde_json::Value>,
+    /// Loopback address the engine must listen on.
+    pub host: String,
+    /// Port the engine must listen on; the host picked a free one.
+    pub port: u16,
+    /// A writable folder for this session (config files, caches).
+    pub work_dir: String,
+}
+
+/// Setting names the host understands, shared by every plugin.
+pub mod settings {
+    /// Context length in tokens (integer).
+    pub const CONTEXT_LENGTH: &str = "context_length";
+    /// Default maximum tokens generated per request (integer).
+    pub const MAX_TOKENS: &str = "max_tokens";
+    /// Default sampling temperature (number).
+    pub const TEMPERATURE: &str = "temperature";
+    /// Default nucleus sampling mass (number).
+    pub const TOP_P: &str = "top_p";
+    /// Default top-k (integer).
+    pub const TOP_K: &str = "top_k";
+    /// Default min-p (number).
+    pub const MIN_P: &str = "min_p";
+    /// Draft model folder for speculative decoding (string path).
+    pub const DRAFT_MODEL: &str = "draft_model";
+    /// Tokens drafted per step (integer).
+    pub const DRAFT_TOKENS: &str = "draft_tokens";
+    /// Prompt cache size in entries (integer).
+    pub const PROMPT_CACHE_SIZE: &str = "prompt_cache_size";
+    /// KV cache quantization bits (integer: 4 or 8).
+    pub const KV_BITS: &str = "kv_bits";
+    /// Extra keyword arguments for the chat template (object).
+    pub const CHAT_TEMPLATE_ARGS: &str = "chat_template_args";
+}
+
+/// How the host starts and checks an engine process. The plugin only
+/// plans; the host spawns, and only programs the manifest declares.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LaunchPlan {
+    /// The program: one of the manifest's `programs` or its probe program,
+    /// by name or by the path the probe resolved.
+    pub program: String,
+    /// Arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory (default: the session's work dir).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// What "ready" looks like.
+    pub readiness: Readiness,
+    /// How long the engine may take to become ready, in milliseconds.
+    pub start_timeout_ms: u64,
+    /// The protocol the engine speaks.
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// The value to put in requests' `model` field; `None` removes the
+    /// field (some engines treat any other value as a model to fetch).
+    #[serde(default)]
+    pub upstream_model: Option<String>,
+    /// Notes the host shows with the session (settings the engine version
+    /// ignored, fallbacks taken).
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+/// The protocol an engine process speaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// OpenAI-compatible HTTP: `/v1/chat/completions`, `/v1/completions`.
+    #[default]
+    OpenaiHttp,
+}
+
+/// Readiness: poll `health_path` until it answers `ready_status`; then, if
+/// given, send one `warmup` request, which must succeed. A status in
+/// `failed_statuses` after the first success means the engine failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Readiness {
+    /// The health route (`/health`).
+    pub health_path: String,
+    /// The status that means ready (200).
+    #[serde(default = "default_ready_status")]
+    pub ready_status: u16,
+    /// A request that proves the model is loaded, sent once health is ok.
+    #[serde(default)]
+    pub warmup: Option<WarmupRequest>,
+}
+
+fn default_ready_status() -> u16 {
+    200
+}
+
+/// One request sent to prove readiness.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WarmupRequest {
+    /// The route (`/v1/completions`).
+    pub path: String,
+    /// The JSON body.
+    pub body: serde_json::Value,
+}

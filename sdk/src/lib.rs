@@ -37,7 +37,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use abi_stable::std_types::{RResult, RStr, RString};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use wire::{Description, ProbeInput, ProbeReport, ProbeRun};
+use wire::{Description, LaunchPlan, LoadRequest, ProbeInput, ProbeReport, ProbeRun};
 
 /// An engine plugin. Every function runs behind a panic guard: a panic
 /// reaches the host as an error naming the plugin function, never as an
@@ -49,6 +49,13 @@ pub trait Plugin {
     /// Reads the engine's availability and version from what the host's
     /// probe found (see [`ProbeInput`]).
     fn probe(input: ProbeInput) -> Result<ProbeReport, String>;
+
+    /// Plans the engine process that serves one model. The host spawns it,
+    /// waits for readiness and proxies to it; the plugin never spawns.
+    fn plan_launch(request: LoadRequest) -> Result<LaunchPlan, String> {
+        let _ = request;
+        Err("this plugin runs no engine process".into())
+    }
 }
 
 /// Exports a [`Plugin`] implementation as this library's root module.
@@ -62,6 +69,7 @@ macro_rules! export_plugin {
             $crate::api::abi::PluginModule {
                 describe: $crate::__private::describe::<$plugin>,
                 probe: $crate::__private::probe::<$plugin>,
+                plan_launch: $crate::__private::plan_launch::<$plugin>,
             }
             .leak_into_prefix()
         }
@@ -165,6 +173,10 @@ pub mod __private {
 
     pub extern "C" fn probe<P: Plugin>(input: RStr<'_>) -> RResult<RString, RString> {
         guarded("probe", || P::probe(decode(input)?))
+    }
+
+    pub extern "C" fn plan_launch<P: Plugin>(input: RStr<'_>) -> RResult<RString, RString> {
+        guarded("plan_launch", || P::plan_launch(decode(input)?))
     }
 
     fn decode<T: DeserializeOwned>(input: RStr<'_>) -> Result<T, String> {

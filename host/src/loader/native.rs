@@ -51,6 +51,14 @@ impl NativePlugin {
     ) -> Result<hangar_plugin_api::wire::ProbeReport, String> {
         call("probe", self.module.probe(), input)
     }
+
+    /// Calls the plugin's `plan_launch()`.
+    pub fn plan_launch(
+        &self,
+        request: &hangar_plugin_api::wire::LoadRequest,
+    ) -> Result<hangar_plugin_api::wire::LaunchPlan, String> {
+        call("plan_launch", self.module.plan_launch(), request)
+    }
 }
 
 type JsonFn = extern "C" fn(
