@@ -9,7 +9,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${HANGAR_VENV:-$REPO/.venv}"
 PY="$VENV/bin/python"
 # transformers is pinned too (mlx-lm leaves it open) so the tokenizers pin keeps matching.
-REQS=("mlx[cpu]==0.32.2" "mlx-lm==0.32.2" "transformers==5.24.0" "tokenizers==0.23.3" "openai==3.57.0")
+REQS=("mlx[cpu]==0.32.2" "mlx-lm==0.32.2" "transformers==5.24.0" "tokenizers==0.23.3" "openai==3.57.0" "pytest==9.2.0")
 STAMP="$VENV/.hangar-requirements"
 WANT="$(printf '%s\n' "${REQS[@]}")"
 

@@ -58,6 +58,40 @@ pub enum Command {
     },
     /// Show this machine's platform as plugins see it.
     Platform,
+    /// Serve every model of the model dirs behind one OpenAI-compatible API.
+    Serve(ServeArgs),
+    /// Internal: stands between the host and one engine process so that no
+    /// engine outlives the host.
+    #[command(hide = true)]
+    Keeper {
+        /// The engine program.
+        program: String,
+        /// Its arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+/// Options of `hangar serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// A folder whose subfolders are models (or a Hugging Face cache);
+    /// repeatable. Added to the config's `model_dirs`.
+    #[arg(long = "model-dir", env = "HANGAR_MODEL_DIR", value_delimiter = ':')]
+    pub model_dirs: Vec<PathBuf>,
+    /// Address to bind. Anything but loopback needs an API key.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: std::net::IpAddr,
+    /// Port to bind (0 picks a free one).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// The key clients must send as `Authorization: Bearer KEY`.
+    #[arg(long, env = "HANGAR_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Where sessions keep their work folders (default: the data dir's
+    /// hangar/state).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Runs the command line and returns the process exit code.
@@ -68,6 +102,7 @@ pub fn main() -> ExitCode {
                 .unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     match run(cli) {
@@ -80,6 +115,9 @@ pub fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Command::Keeper { program, args } = &cli.command {
+        return Ok(crate::supervisor::keeper::run(program, args));
+    }
     let config = Config::load(cli.global.config.as_deref())?;
     let machine = platform::current(config.platform.as_deref()).map_err(anyhow::Error::msg)?;
     if let Command::Platform = cli.command {
@@ -92,6 +130,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     dirs.extend(config::default_plugins_dir());
     let registry = Registry::scan(&dirs, &required, config, machine);
     match cli.command {
+        Command::Serve(args) => crate::serve::run(registry, args),
         Command::Plugins => {
             let report = plugins_report(&registry);
             print(cli.global.json, &report, || plugins_table(&report));
@@ -109,7 +148,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ExitCode::from(2)
             })
         }
-        Command::Platform => unreachable!("handled above"),
+        Command::Platform | Command::Keeper { .. } => unreachable!("handled above"),
     }
 }
 
@@ -117,7 +156,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 fn format_of(model: &str) -> anyhow::Result<String> {
     let path = std::path::Path::new(model);
     if path.exists() {
-        return crate::registry::detect_format(path).map_err(anyhow::Error::msg);
+        return crate::models::detect_format(path).map_err(anyhow::Error::msg);
     }
     if model.contains(['/', '\\']) {
         anyhow::bail!("model folder {model} does not exist");

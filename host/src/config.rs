@@ -10,6 +10,9 @@
 //!
 //! [plugins.mlx-lm]                         # settings handed to one plugin
 //! program = "/opt/venv/bin/python3"        # where its probe program lives
+//!
+//! [models.tiny-llama]                      # settings of one model
+//! max_tokens = 256
 //! ```
 
 use std::collections::BTreeMap;
@@ -40,6 +43,10 @@ pub struct Config {
     /// Plugin id → that plugin's settings.
     #[serde(default)]
     pub plugins: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
+    /// Model id → that model's settings (`context_length`, `max_tokens`,
+    /// `temperature`, …), handed to the serving plugin.
+    #[serde(default)]
+    pub models: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
 }
 
 /// Why the configuration could not be read.
@@ -93,6 +100,13 @@ impl Config {
     /// The settings the operator gave plugin `id`.
     pub fn plugin_settings(&self, id: &str) -> BTreeMap<String, serde_json::Value> {
         self.plugins.get(id).cloned().unwrap_or_default()
+    }
+}
+
+impl Config {
+    /// The settings the operator gave model `id`.
+    pub fn model_settings(&self, id: &str) -> BTreeMap<String, serde_json::Value> {
+        self.models.get(id).cloned().unwrap_or_default()
     }
 }
 

@@ -6,8 +6,13 @@
 //! model's format to the highest-priority engine that can serve it on this
 //! [`platform`]. The `hangar` binary ([`cli`]) shows all of it.
 
+pub mod api;
 pub mod cli;
 pub mod config;
 pub mod loader;
+pub mod models;
 pub mod platform;
 pub mod registry;
+pub mod serve;
+pub mod sessions;
+pub mod supervisor;

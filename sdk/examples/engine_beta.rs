@@ -1,7 +1,9 @@
 //! Example plugin `beta`: serves `mlx` and `gguf` with no gated
-//! capabilities. Its engine prints `beta X.Y.Z`.
+//! capabilities. Its engine prints `beta X.Y.Z`; the engine process it
+//! launches is Python's `http.server`, which stands in for an engine that
+//! serves HTTP (the supervisor tests start, watch and kill it).
 
-use hangar_sdk::wire::{Description, ProbeInput, ProbeReport};
+use hangar_sdk::wire::{Description, LaunchPlan, LoadRequest, ProbeInput, ProbeReport, Readiness};
 use hangar_sdk::{export_plugin, Plugin};
 
 struct Beta;
@@ -15,6 +17,30 @@ impl Plugin for Beta {
         Ok(hangar_sdk::version_from_output(&input, |out| {
             out.lines().next()?.strip_prefix("beta ").map(str::trim)
         }))
+    }
+
+    fn plan_launch(request: LoadRequest) -> Result<LaunchPlan, String> {
+        Ok(LaunchPlan {
+            program: "python3".into(),
+            args: vec![
+                "-m".into(),
+                "http.server".into(),
+                request.port.to_string(),
+                "--bind".into(),
+                request.host,
+            ],
+            env: Default::default(),
+            cwd: None,
+            readiness: Readiness {
+                health_path: "/".into(),
+                ready_status: 200,
+                warmup: None,
+            },
+            start_timeout_ms: 20_000,
+            protocol: Default::default(),
+            upstream_model: None,
+            notes: vec![],
+        })
     }
 }
 

@@ -2,3 +2,4 @@
 
 mod fixtures;
 mod registry;
+mod serve;

@@ -1,0 +1,113 @@
+//! The unified HTTP API (axum): OpenAI-compatible routes for clients and
+//! management routes for operators, over every session of the host.
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /health` | `healthy` or `loading`, with the sessions |
+//! | `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` | OpenAI-compatible |
+//! | `GET /api/plugins` | every plugin, as `hangar plugins --json` |
+//! | `GET /api/resolve?model=ID_OR_FORMAT` | the resolution trace |
+//! | `GET /api/models` | discovered models, their state, and folders that are not models |
+//! | `POST /api/models/{id}/load`, `POST /api/models/{id}/unload` | load or stop a model (`/` in ids as `%2F`) |
+//! | `GET /api/sessions`, `GET /api/sessions/{id}/logs` | running engines and their output |
+//! | `GET /api/events` | loads, unloads, crashes |
+//!
+//! When the host was started with an API key, every route but `/health`
+//! needs `Authorization: Bearer KEY`.
+
+mod error;
+mod manage;
+mod openai;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+
+pub use error::ApiError;
+
+use crate::models::{discover, Discovery, Model};
+use crate::sessions::Sessions;
+
+/// Everything the handlers share.
+pub struct App {
+    /// The sessions (and through them, the registry).
+    pub sessions: Arc<Sessions>,
+    /// The model dirs, rescanned on use so that new folders appear without
+    /// a restart.
+    pub model_dirs: Vec<PathBuf>,
+    /// The key clients must send, if any.
+    pub api_key: Option<String>,
+}
+
+impl App {
+    /// Scans the model dirs.
+    pub async fn discover(&self) -> Discovery {
+        let dirs = self.model_dirs.clone();
+        tokio::task::spawn_blocking(move || discover(&dirs))
+            .await
+            .unwrap_or_default()
+    }
+
+    /// The model with this id, or a 404 that lists the ones there are (or
+    /// says why a folder of that name is not a model).
+    pub async fn find_model(&self, id: &str) -> Result<Model, ApiError> {
+        let discovery = self.discover().await;
+        if let Some(model) = discovery.find(id) {
+            return Ok(model.clone());
+        }
+        if let Some(bad) = discovery.rejected.iter().find(|r| {
+            r.path.file_name().and_then(|n| n.to_str()) == Some(id)
+                || r.path.file_stem().and_then(|n| n.to_str()) == Some(id)
+        }) {
+            return Err(ApiError::not_found(format!(
+                "model '{id}' cannot be served: {}",
+                bad.reason
+            )));
+        }
+        let ids: Vec<String> = discovery.models.iter().map(|m| m.id.clone()).collect();
+        Err(ApiError::model_not_found(id, &ids))
+    }
+}
+
+/// The router over `app`.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/models", get(openai::models))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/api/plugins", get(manage::plugins))
+        .route("/api/resolve", get(manage::resolve))
+        .route("/api/models", get(manage::models))
+        .route("/api/models/{id}/load", post(manage::load))
+        .route("/api/models/{id}/unload", post(manage::unload))
+        .route("/api/sessions", get(manage::sessions))
+        .route("/api/sessions/{id}/logs", get(manage::logs))
+        .route("/api/events", get(manage::events))
+        .layer(middleware::from_fn_with_state(app.clone(), authorize))
+        .route("/health", get(manage::health))
+        .fallback(|| async { ApiError::not_found("no such route; see GET /v1/models and /api/*") })
+        .with_state(app)
+}
+
+async fn authorize(
+    State(app): State<Arc<App>>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    if let Some(key) = &app.api_key {
+        let sent = request
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if sent != Some(key.as_str()) {
+            return Err(ApiError::unauthorized());
+        }
+    }
+    Ok(next.run(request).await)
+}

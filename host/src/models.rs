@@ -1,0 +1,824 @@
+//! Model discovery: every model in the configured model dirs, with its id,
+//! format and weight size, and a reason for everything that is not a model.
+//!
+//! Two layouts are read, and one model dir may mix them:
+//!
+//! - **folders** (the oMLX layout): every subfolder of a model dir is a
+//!   model named after the folder, and a `.gguf` file directly in a model dir
+//!   is a model named after the file's stem;
+//! - **the Hugging Face cache**: a folder `models--ORG--NAME` is the model
+//!   `ORG/NAME`, and its files live in `snapshots/REVISION/` (usually as
+//!   symlinks into `blobs/`). The revision `refs/main` names is taken, else the
+//!   most recently modified snapshot. A model dir holding `hub/` is a Hugging
+//!   Face home (`~/.cache/huggingface`) and only its `hub/` is read.
+//!
+//! Like the registry, discovery never fails as a whole: whatever is wrong
+//! with one folder becomes a [`NotAModel`] saying what to do, and the other
+//! models are still found. Hidden entries, `datasets--*` and `spaces--*`
+//! folders, and files that are not `.gguf` are skipped silently.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use serde::Serialize;
+
+/// The largest header a safetensors file may declare; the reference
+/// implementation refuses anything bigger, so a bigger one means the file
+/// is not safetensors at all.
+const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
+
+/// A model found in a model dir.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Model {
+    /// What clients call the model: the folder name, the `.gguf` file's
+    /// stem, or `ORG/NAME` for the Hugging Face cache.
+    pub id: String,
+    /// The model folder (for the Hugging Face cache, the snapshot folder) or
+    /// the `.gguf` file.
+    pub path: PathBuf,
+    /// The format detected from the files, before alias resolution
+    /// (`mlx`, `gguf`).
+    pub format: String,
+    /// Which layout the model was found in.
+    pub source: ModelSource,
+    /// The weights on disk: the summed sizes of the model's `*.safetensors`
+    /// and `*.gguf` files, following symlinks (the Hugging Face cache links
+    /// into `blobs/`).
+    pub size_bytes: u64,
+}
+
+/// Which layout a [`Model`] was found in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ModelSource {
+    /// A subfolder or `.gguf` file of a model dir.
+    Folder,
+    /// A snapshot in the Hugging Face cache.
+    HfCache {
+        /// The repository, `ORG/NAME`.
+        repo: String,
+        /// The snapshot folder's name (a commit hash).
+        revision: String,
+    },
+}
+
+/// Something in a model dir that looked like a model but is not one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NotAModel {
+    /// The folder or file concerned.
+    pub path: PathBuf,
+    /// What is wrong and what to do.
+    pub reason: String,
+}
+
+/// What [`discover`] found: the models, sorted by id, and the rejected
+/// candidates, sorted by path.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Discovery {
+    /// The models, sorted by id; ids are unique.
+    pub models: Vec<Model>,
+    /// Everything that is not a model, sorted by path.
+    pub rejected: Vec<NotAModel>,
+}
+
+impl Discovery {
+    /// The model called `id`.
+    pub fn find(&self, id: &str) -> Option<&Model> {
+        self.models
+            .binary_search_by(|m| m.id.as_str().cmp(id))
+            .ok()
+            .map(|i| &self.models[i])
+    }
+}
+
+/// Finds the models in `model_dirs`.
+///
+/// The dirs are searched in order, and each dir's entries in name order;
+/// when two models share an id, the first one found wins and the later ones
+/// are rejected with a reason naming the winner. A dir listed twice is read
+/// once.
+pub fn discover(model_dirs: &[PathBuf]) -> Discovery {
+    let mut claimed: BTreeMap<String, Model> = BTreeMap::new();
+    let mut rejected = Vec::new();
+    let mut seen = Vec::new();
+    for dir in model_dirs {
+        let dir = hub_of(dir);
+        let identity = fs::canonicalize(&dir).unwrap_or_else(|_| dir.clone());
+        if seen.contains(&identity) {
+            continue;
+        }
+        seen.push(identity);
+        for found in scan(&dir) {
+            match found {
+                Ok(model) => match claimed.get(&model.id) {
+                    Some(winner) => rejected.push(NotAModel {
+                        reason: format!(
+                            "{} is also called '{}', and {} was found first (model dirs are \
+                             searched in order, each in name order); rename or remove one of them",
+                            model.path.display(),
+                            model.id,
+                            winner.path.display()
+                        ),
+                        path: model.path,
+                    }),
+                    None => {
+                        claimed.insert(model.id.clone(), model);
+                    }
+                },
+                Err(not) => rejected.push(not),
+            }
+        }
+    }
+    rejected.sort_by(|a, b| a.path.cmp(&b.path));
+    Discovery {
+        models: claimed.into_values().collect(),
+        rejected,
+    }
+}
+
+/// The format of a model folder or file, from the files it holds:
+/// `config.json` with `*.safetensors` is `mlx`; a `.gguf` file (or a folder
+/// holding one) is `gguf`. Only names are looked at; [`discover`] also
+/// checks the files' contents.
+pub fn detect_format(path: &Path) -> Result<String, String> {
+    if path.is_file() {
+        return match path.extension().and_then(|e| e.to_str()) {
+            Some("gguf") => Ok("gguf".into()),
+            _ => Err(format!(
+                "{} is not a model: a model is a folder (config.json + *.safetensors) or a .gguf file",
+                path.display()
+            )),
+        };
+    }
+    let names: Vec<String> = fs::read_dir(path)
+        .map_err(|e| format!("cannot read model folder {}: {e}", path.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let has = |ext: &str| names.iter().any(|n| n.ends_with(ext));
+    if has(".gguf") {
+        return Ok("gguf".into());
+    }
+    match (
+        names.iter().any(|n| n == "config.json"),
+        has(".safetensors"),
+    ) {
+        (true, true) => Ok("mlx".into()),
+        (false, true) => Err(format!(
+            "{} has *.safetensors but no config.json; copy the model's config.json into the folder",
+            path.display()
+        )),
+        (true, false) => Err(format!(
+            "{} has config.json but no *.safetensors weights; the download may be incomplete",
+            path.display()
+        )),
+        (false, false) => Err(format!(
+            "{} holds no model files (expected config.json + *.safetensors, or a .gguf file)",
+            path.display()
+        )),
+    }
+}
+
+/// The folder to read for model dir `dir`: its `hub/` when it is a Hugging
+/// Face home, else itself.
+fn hub_of(dir: &Path) -> PathBuf {
+    let hub = dir.join("hub");
+    if hub.is_dir() {
+        hub
+    } else {
+        dir.to_path_buf()
+    }
+}
+
+/// Every candidate in one model dir, in name order.
+fn scan(dir: &Path) -> Vec<Result<Model, NotAModel>> {
+    let reject = |path: &Path, reason: String| {
+        Err(NotAModel {
+            path: path.to_path_buf(),
+            reason,
+        })
+    };
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) => {
+            return vec![reject(
+                dir,
+                format!(
+                    "cannot read model dir {}: {e}; fix the path or remove it from model_dirs in config.toml",
+                    dir.display()
+                ),
+            )]
+        }
+    };
+    let mut paths = Vec::new();
+    let mut found = Vec::new();
+    for entry in entries {
+        match entry {
+            Ok(entry) => paths.push(entry.path()),
+            Err(e) => found.push(reject(
+                dir,
+                format!(
+                    "cannot list every entry of model dir {}: {e}; check its permissions",
+                    dir.display()
+                ),
+            )),
+        }
+    }
+    paths.sort();
+    for path in paths {
+        let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+            continue;
+        };
+        if name.starts_with('.') || name.starts_with("datasets--") || name.starts_with("spaces--") {
+            continue;
+        }
+        if path.file_name().and_then(|n| n.to_str()).is_none() {
+            found.push(reject(
+                &path,
+                format!(
+                    "{} has a name that is not valid UTF-8, so it cannot be a model id; rename it",
+                    path.display()
+                ),
+            ));
+            continue;
+        }
+        // Following symlinks, as operators link model folders in from elsewhere.
+        let meta = match fs::metadata(&path) {
+            Ok(meta) => meta,
+            Err(e) => {
+                found.push(reject(
+                    &path,
+                    format!(
+                        "cannot read {}: {e}; fix the link or permissions, or remove it",
+                        path.display()
+                    ),
+                ));
+                continue;
+            }
+        };
+        let result = if meta.is_dir() {
+            match name.strip_prefix("models--") {
+                Some(repo) => hf_model(&path, repo),
+                None => inspect(&path).map(|(format, size_bytes)| Model {
+                    id: name,
+                    path: path.clone(),
+                    format,
+                    source: ModelSource::Folder,
+                    size_bytes,
+                }),
+            }
+        } else if path.extension().is_some_and(|e| e == "gguf") {
+            let id = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+            inspect(&path).map(|(format, size_bytes)| Model {
+                id: id.unwrap_or(name),
+                path: path.clone(),
+                format,
+                source: ModelSource::Folder,
+                size_bytes,
+            })
+        } else {
+            continue;
+        };
+        found.push(result.or_else(|reason| reject(&path, reason)));
+    }
+    found
+}
+
+/// The model in Hugging Face cache folder `folder` (`models--{repo}`).
+fn hf_model(folder: &Path, repo: &str) -> Result<Model, String> {
+    if repo.is_empty() {
+        return Err(format!(
+            "{} is not a Hugging Face cache folder (models--ORG--NAME); rename or remove it",
+            folder.display()
+        ));
+    }
+    let repo = repo.replacen("--", "/", 1);
+    let again = format!("download it again (`hf download {repo}`)");
+    let snapshots = folder.join("snapshots");
+    let refs_main = folder.join("refs").join("main");
+    let revision = match fs::read_to_string(&refs_main) {
+        Ok(text) => {
+            let revision = text.trim();
+            // The revision becomes a path component; it must not climb out.
+            if revision.is_empty()
+                || revision.contains(['/', '\\'])
+                || revision == "."
+                || revision == ".."
+            {
+                return Err(format!(
+                    "{} holds '{revision}', which is not a revision; {again}",
+                    refs_main.display()
+                ));
+            }
+            if !snapshots.join(revision).is_dir() {
+                return Err(format!(
+                    "{} names revision {revision}, but {} is missing; the download did not finish; {again}",
+                    refs_main.display(),
+                    snapshots.join(revision).display()
+                ));
+            }
+            revision.to_string()
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => newest_snapshot(&snapshots, &again)?,
+        Err(e) => {
+            return Err(format!(
+                "cannot read {}: {e}; check its permissions or {again}",
+                refs_main.display()
+            ))
+        }
+    };
+    let path = snapshots.join(&revision);
+    let (format, size_bytes) = inspect(&path)?;
+    Ok(Model {
+        id: repo.clone(),
+        path,
+        format,
+        source: ModelSource::HfCache { repo, revision },
+        size_bytes,
+    })
+}
+
+/// The most recently modified snapshot in `snapshots` (by name on a tie,
+/// so the pick is deterministic).
+fn newest_snapshot(snapshots: &Path, again: &str) -> Result<String, String> {
+    let entries = fs::read_dir(snapshots).map_err(|e| {
+        format!(
+            "cannot read {}: {e}; the download did not finish; {again}",
+            snapshots.display()
+        )
+    })?;
+    entries
+        .filter_map(|e| e.ok())
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .filter_map(|e| {
+            let meta = fs::metadata(e.path()).ok().filter(|m| m.is_dir())?;
+            let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            Some((modified, e.file_name().to_string_lossy().into_owned()))
+        })
+        .max()
+        .map(|(_, name)| name)
+        .ok_or_else(|| {
+            format!(
+                "{} holds no snapshot; the download did not finish; {again}",
+                snapshots.display()
+            )
+        })
+}
+
+/// The format and weight size of a model folder or `.gguf` file, after
+/// checking the files an engine would otherwise fail on at load time.
+fn inspect(path: &Path) -> Result<(String, u64), String> {
+    let format = detect_format(path)?;
+    let weights = if path.is_file() {
+        vec![path.to_path_buf()]
+    } else {
+        let mut weights: Vec<PathBuf> = fs::read_dir(path)
+            .map_err(|e| format!("cannot read model folder {}: {e}", path.display()))?
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| {
+                p.extension()
+                    .is_some_and(|e| e == "safetensors" || e == "gguf")
+            })
+            .collect();
+        weights.sort();
+        weights
+    };
+    if format == "mlx" {
+        check_config(&path.join("config.json"))?;
+    }
+    let mut size = 0;
+    for file in &weights {
+        size += if file.extension().is_some_and(|e| e == "safetensors") {
+            check_safetensors(file)?
+        } else {
+            fs::metadata(file)
+                .map_err(|e| {
+                    format!(
+                        "cannot read {}: {e}; the download may be incomplete, download the model again",
+                        file.display()
+                    )
+                })?
+                .len()
+        };
+    }
+    Ok((format, size))
+}
+
+/// Checks that `config.json` is JSON.
+fn check_config(file: &Path) -> Result<(), String> {
+    let text = fs::read(file).map_err(|e| {
+        format!(
+            "cannot read {}: {e}; download the model again",
+            file.display()
+        )
+    })?;
+    serde_json::from_slice::<serde::de::IgnoredAny>(&text)
+        .map(drop)
+        .map_err(|e| {
+            format!(
+                "{} is not valid JSON ({e}); fix the file or download the model again",
+                file.display()
+            )
+        })
+}
+
+/// Checks that a safetensors file's header length fits the file, without
+/// parsing the header, and returns the file's size.
+///
+/// A safetensors file starts with the header's length as a little-endian
+/// `u64`; truncated downloads and Git LFS pointer files fail this check.
+fn check_safetensors(file: &Path) -> Result<u64, String> {
+    let cannot_read = |e: std::io::Error| {
+        format!(
+            "cannot read {}: {e}; the download may be incomplete, download the model again",
+            file.display()
+        )
+    };
+    let mut handle = fs::File::open(file).map_err(cannot_read)?;
+    let len = handle.metadata().map_err(cannot_read)?.len();
+    if len < 8 {
+        return Err(format!(
+            "{} is {len} bytes, too short for a safetensors file (it starts with an 8-byte header \
+             length); the download may be incomplete, download the model again",
+            file.display()
+        ));
+    }
+    let mut first = [0u8; 8];
+    handle.read_exact(&mut first).map_err(cannot_read)?;
+    let header = u64::from_le_bytes(first);
+    // The smallest header is `{}`.
+    if !(2..=MAX_SAFETENSORS_HEADER.min(len - 8)).contains(&header) {
+        return Err(format!(
+            "{} is not a valid safetensors file: it declares a {header}-byte header but is \
+             {len} bytes long; the file is truncated or not safetensors (a Git LFS pointer?), \
+             download the model again",
+            file.display()
+        ));
+    }
+    Ok(len)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fmt::Write as _;
+    use std::time::Duration;
+
+    use expect_test::{expect, Expect};
+
+    use super::*;
+
+    /// Builds `tree` in a temporary folder, discovers the models in `dirs`
+    /// (relative to it), and compares a compact rendering with `expected`.
+    ///
+    /// One line of `tree` per entry, parent folders made as needed:
+    /// `PATH/` is a folder, `PATH -> TARGET` a symlink, `PATH = TEXT` a file
+    /// holding TEXT, `PATH = safetensors N` a valid N-byte safetensors file,
+    /// and `mtime PATH SECONDS` sets a modification time.
+    fn check(dirs: &[&str], tree: &str, expected: Expect) {
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path();
+        build(root, tree);
+        let dirs: Vec<PathBuf> = dirs.iter().map(|d| root.join(d)).collect();
+        let discovery = discover(&dirs);
+        expected.assert_eq(&render(&discovery, root));
+    }
+
+    fn build(root: &Path, tree: &str) {
+        for line in tree.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            if let Some(rest) = line.strip_prefix("mtime ") {
+                let (path, secs) = rest.rsplit_once(' ').unwrap();
+                let time = SystemTime::UNIX_EPOCH + Duration::from_secs(secs.parse().unwrap());
+                fs::File::open(root.join(path))
+                    .unwrap()
+                    .set_modified(time)
+                    .unwrap();
+            } else if let Some(dir) = line.strip_suffix('/') {
+                fs::create_dir_all(root.join(dir)).unwrap();
+            } else if let Some((path, target)) = line.split_once(" -> ") {
+                let path = root.join(path);
+                fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::os::unix::fs::symlink(target, path).unwrap();
+            } else {
+                let (path, content) = line.split_once(" = ").unwrap();
+                let path = root.join(path);
+                fs::create_dir_all(path.parent().unwrap()).unwrap();
+                let bytes = match content.strip_prefix("safetensors ") {
+                    Some(size) => {
+                        let header = size.parse::<usize>().unwrap() - 8;
+                        let mut bytes = (header as u64).to_le_bytes().to_vec();
+                        bytes.extend(format!("{:<header$}", "{}").into_bytes());
+                        bytes
+                    }
+                    None => content.as_bytes().to_vec(),
+                };
+                fs::write(path, bytes).unwrap();
+            }
+        }
+    }
+
+    /// One line per model (`id format size source path`), then one per
+    /// rejection; paths relative to `root`, OS error numbers left out so the
+    /// text is the same on every Unix.
+    fn render(discovery: &Discovery, root: &Path) -> String {
+        let mut out = String::new();
+        for m in &discovery.models {
+            let source = match &m.source {
+                ModelSource::Folder => "folder".to_string(),
+                ModelSource::HfCache { repo, revision } => format!("hf {repo}@{revision}"),
+            };
+            let (id, format, size, path) = (&m.id, &m.format, m.size_bytes, m.path.display());
+            writeln!(out, "{id}  {format}  {size} B  {source}  {path}").unwrap();
+        }
+        for r in &discovery.rejected {
+            writeln!(out, "rejected {}\n  {}", r.path.display(), r.reason).unwrap();
+        }
+        let mut out = out.replace(&format!("{}/", root.display()), "");
+        while let Some(start) = out.find(" (os error ") {
+            let end = start + out[start..].find(')').unwrap() + 1;
+            out.replace_range(start..end, "");
+        }
+        out
+    }
+
+    #[test]
+    fn subfolders_and_gguf_files_of_a_model_dir_are_models() {
+        check(
+            &["models"],
+            "
+            models/Qwen3-4B-4bit/config.json = {\"model_type\": \"qwen3\"}
+            models/Qwen3-4B-4bit/model-00001-of-00002.safetensors = safetensors 100
+            models/Qwen3-4B-4bit/model-00002-of-00002.safetensors = safetensors 50
+            models/Qwen3-4B-4bit/tokenizer.json = {}
+            models/llama-gguf/llama.Q4_K_M.gguf = GGUF....
+            models/tiny.gguf = GGUF
+            models/README.md = not a model, ignored
+            models/.cache/
+            models/.hidden.gguf = GGUF
+            ",
+            expect![[r#"
+                Qwen3-4B-4bit  mlx  150 B  folder  models/Qwen3-4B-4bit
+                llama-gguf  gguf  8 B  folder  models/llama-gguf
+                tiny  gguf  4 B  folder  models/tiny.gguf
+            "#]],
+        );
+    }
+
+    #[test]
+    fn a_symlinked_model_folder_is_followed() {
+        check(
+            &["models"],
+            "
+            elsewhere/phi/config.json = {}
+            elsewhere/phi/model.safetensors = safetensors 20
+            models/phi -> ../elsewhere/phi
+            ",
+            expect![[r#"
+                phi  mlx  20 B  folder  models/phi
+            "#]],
+        );
+    }
+
+    #[test]
+    fn the_hf_cache_takes_the_revision_refs_main_names() {
+        // `refs/main` points at the older snapshot; files are links into blobs/.
+        check(
+            &["huggingface"],
+            "
+            huggingface/token = secret
+            huggingface/xet/
+            huggingface/hub/version.txt = 1
+            huggingface/hub/.locks/models--mlx-community--Qwen3-4B/
+            huggingface/hub/datasets--org--data/snapshots/abc/data.json = {}
+            huggingface/hub/spaces--org--demo/
+            huggingface/hub/models--mlx-community--Qwen3-4B/blobs/c0ffee = {}
+            huggingface/hub/models--mlx-community--Qwen3-4B/blobs/beef = safetensors 64
+            huggingface/hub/models--mlx-community--Qwen3-4B/blobs/f00d = safetensors 99
+            huggingface/hub/models--mlx-community--Qwen3-4B/refs/main = 1111
+            huggingface/hub/models--mlx-community--Qwen3-4B/snapshots/1111/config.json -> ../../blobs/c0ffee
+            huggingface/hub/models--mlx-community--Qwen3-4B/snapshots/1111/model.safetensors -> ../../blobs/beef
+            huggingface/hub/models--mlx-community--Qwen3-4B/snapshots/2222/config.json -> ../../blobs/c0ffee
+            huggingface/hub/models--mlx-community--Qwen3-4B/snapshots/2222/model.safetensors -> ../../blobs/f00d
+            mtime huggingface/hub/models--mlx-community--Qwen3-4B/snapshots/1111 1000
+            mtime huggingface/hub/models--mlx-community--Qwen3-4B/snapshots/2222 2000
+            huggingface/hub/models--gpt2/blobs/aa = GGUF-weights
+            huggingface/hub/models--gpt2/snapshots/9/gpt2.gguf -> ../../blobs/aa
+            ",
+            expect![[r#"
+                gpt2  gguf  12 B  hf gpt2@9  huggingface/hub/models--gpt2/snapshots/9
+                mlx-community/Qwen3-4B  mlx  64 B  hf mlx-community/Qwen3-4B@1111  huggingface/hub/models--mlx-community--Qwen3-4B/snapshots/1111
+            "#]],
+        );
+    }
+
+    #[test]
+    fn without_refs_main_the_newest_snapshot_is_taken() {
+        let tree = "
+            hub/models--org--m/snapshots/aaaa/config.json = {}
+            hub/models--org--m/snapshots/aaaa/model.safetensors = safetensors 10
+            hub/models--org--m/snapshots/bbbb/config.json = {}
+            hub/models--org--m/snapshots/bbbb/model.safetensors = safetensors 20
+            mtime hub/models--org--m/snapshots/aaaa AAAA
+            mtime hub/models--org--m/snapshots/bbbb BBBB
+        ";
+        check(
+            &["hub"],
+            &tree.replace("AAAA", "2000").replace("BBBB", "1000"),
+            expect![[r#"
+                org/m  mlx  10 B  hf org/m@aaaa  hub/models--org--m/snapshots/aaaa
+            "#]],
+        );
+        check(
+            &["hub"],
+            &tree.replace("AAAA", "1000").replace("BBBB", "2000"),
+            expect![[r#"
+                org/m  mlx  20 B  hf org/m@bbbb  hub/models--org--m/snapshots/bbbb
+            "#]],
+        );
+    }
+
+    #[test]
+    fn broken_hf_cache_entries_are_rejected() {
+        check(
+            &["hub"],
+            "
+            hub/models--org--no-snapshots/blobs/
+            hub/models--org--empty-snapshots/snapshots/
+            hub/models--org--dangling-ref/refs/main = 3333
+            hub/models--org--dangling-ref/snapshots/1111/model.gguf = GGUF
+            hub/models--org--escaping-ref/refs/main = ../../../etc
+            hub/models--org--missing-blob/refs/main = 1111
+            hub/models--org--missing-blob/snapshots/1111/config.json = {}
+            hub/models--org--missing-blob/snapshots/1111/model.safetensors -> ../../blobs/gone
+            hub/models--/
+            ",
+            expect![[r#"
+                rejected hub/models--
+                  hub/models-- is not a Hugging Face cache folder (models--ORG--NAME); rename or remove it
+                rejected hub/models--org--dangling-ref
+                  hub/models--org--dangling-ref/refs/main names revision 3333, but hub/models--org--dangling-ref/snapshots/3333 is missing; the download did not finish; download it again (`hf download org/dangling-ref`)
+                rejected hub/models--org--empty-snapshots
+                  hub/models--org--empty-snapshots/snapshots holds no snapshot; the download did not finish; download it again (`hf download org/empty-snapshots`)
+                rejected hub/models--org--escaping-ref
+                  hub/models--org--escaping-ref/refs/main holds '../../../etc', which is not a revision; download it again (`hf download org/escaping-ref`)
+                rejected hub/models--org--missing-blob
+                  cannot read hub/models--org--missing-blob/snapshots/1111/model.safetensors: No such file or directory; the download may be incomplete, download the model again
+                rejected hub/models--org--no-snapshots
+                  cannot read hub/models--org--no-snapshots/snapshots: No such file or directory; the download did not finish; download it again (`hf download org/no-snapshots`)
+            "#]],
+        );
+    }
+
+    #[test]
+    fn incomplete_model_folders_say_what_is_missing() {
+        check(
+            &["models"],
+            "
+            models/good/config.json = {}
+            models/good/model.safetensors = safetensors 16
+            models/no-config/model.safetensors = safetensors 16
+            models/no-weights/config.json = {}
+            models/empty/
+            models/notes.txt.gguf/
+            ",
+            expect![[r#"
+                good  mlx  16 B  folder  models/good
+                rejected models/empty
+                  models/empty holds no model files (expected config.json + *.safetensors, or a .gguf file)
+                rejected models/no-config
+                  models/no-config has *.safetensors but no config.json; copy the model's config.json into the folder
+                rejected models/no-weights
+                  models/no-weights has config.json but no *.safetensors weights; the download may be incomplete
+                rejected models/notes.txt.gguf
+                  models/notes.txt.gguf holds no model files (expected config.json + *.safetensors, or a .gguf file)
+            "#]],
+        );
+    }
+
+    #[test]
+    fn an_invalid_config_json_is_rejected_with_its_line_and_column() {
+        check(
+            &["models"],
+            "
+            models/truncated/config.json = {\"model_type\": \"qwen3\",
+            models/truncated/model.safetensors = safetensors 16
+            models/html/config.json = <html>rate limited</html>
+            models/html/model.safetensors = safetensors 16
+            ",
+            expect![[r#"
+                rejected models/html
+                  models/html/config.json is not valid JSON (expected value at line 1 column 1); fix the file or download the model again
+                rejected models/truncated
+                  models/truncated/config.json is not valid JSON (EOF while parsing an object at line 1 column 23); fix the file or download the model again
+            "#]],
+        );
+    }
+
+    #[test]
+    fn impossible_safetensors_headers_are_rejected() {
+        check(
+            &["models"],
+            "
+            models/short/config.json = {}
+            models/short/model.safetensors = 1234567
+            models/truncated/config.json = {}
+            models/truncated/model.safetensors = \x10\x00\x00\x00\x00\x00\x00\x00{}
+            models/lfs-pointer/config.json = {}
+            models/lfs-pointer/model.safetensors = version https://git-lfs.github.com/spec/v1
+            models/zero-header/config.json = {}
+            models/zero-header/model.safetensors = \x00\x00\x00\x00\x00\x00\x00\x00{}
+            models/one-bad-shard/config.json = {}
+            models/one-bad-shard/a.safetensors = safetensors 16
+            models/one-bad-shard/b.safetensors = tiny
+            ",
+            expect![[r#"
+                rejected models/lfs-pointer
+                  models/lfs-pointer/model.safetensors is not a valid safetensors file: it declares a 2336927755350992246-byte header but is 42 bytes long; the file is truncated or not safetensors (a Git LFS pointer?), download the model again
+                rejected models/one-bad-shard
+                  models/one-bad-shard/b.safetensors is 4 bytes, too short for a safetensors file (it starts with an 8-byte header length); the download may be incomplete, download the model again
+                rejected models/short
+                  models/short/model.safetensors is 7 bytes, too short for a safetensors file (it starts with an 8-byte header length); the download may be incomplete, download the model again
+                rejected models/truncated
+                  models/truncated/model.safetensors is not a valid safetensors file: it declares a 16-byte header but is 10 bytes long; the file is truncated or not safetensors (a Git LFS pointer?), download the model again
+                rejected models/zero-header
+                  models/zero-header/model.safetensors is not a valid safetensors file: it declares a 0-byte header but is 10 bytes long; the file is truncated or not safetensors (a Git LFS pointer?), download the model again
+            "#]],
+        );
+    }
+
+    #[test]
+    fn unreadable_entries_and_model_dirs_are_rejected() {
+        check(
+            &["models", "missing"],
+            "
+            models/ok.gguf = GGUF
+            models/loop -> loop
+            models/dangling -> nowhere
+            models/dangling.gguf -> nowhere.gguf
+            ",
+            expect![[r#"
+                ok  gguf  4 B  folder  models/ok.gguf
+                rejected missing
+                  cannot read model dir missing: No such file or directory; fix the path or remove it from model_dirs in config.toml
+                rejected models/dangling
+                  cannot read models/dangling: No such file or directory; fix the link or permissions, or remove it
+                rejected models/dangling.gguf
+                  cannot read models/dangling.gguf: No such file or directory; fix the link or permissions, or remove it
+                rejected models/loop
+                  cannot read models/loop: Too many levels of symbolic links; fix the link or permissions, or remove it
+            "#]],
+        );
+    }
+
+    #[test]
+    fn on_duplicate_ids_the_first_model_dir_wins() {
+        check(
+            &["first", "second", "hf", "first"],
+            "
+            first/qwen/config.json = {}
+            first/qwen/model.safetensors = safetensors 10
+            first/llama/model.gguf = GGUF
+            first/llama.gguf = GGUF
+            first/broken/
+            second/qwen.gguf = GGUF
+            second/broken.gguf = GGUF
+            hf/hub/models--qwen/snapshots/1/q.gguf = GGUF
+            ",
+            expect![[r#"
+                broken  gguf  4 B  folder  second/broken.gguf
+                llama  gguf  4 B  folder  first/llama
+                qwen  mlx  10 B  folder  first/qwen
+                rejected first/broken
+                  first/broken holds no model files (expected config.json + *.safetensors, or a .gguf file)
+                rejected first/llama.gguf
+                  first/llama.gguf is also called 'llama', and first/llama was found first (model dirs are searched in order, each in name order); rename or remove one of them
+                rejected hf/hub/models--qwen/snapshots/1
+                  hf/hub/models--qwen/snapshots/1 is also called 'qwen', and first/qwen was found first (model dirs are searched in order, each in name order); rename or remove one of them
+                rejected second/qwen.gguf
+                  second/qwen.gguf is also called 'qwen', and first/qwen was found first (model dirs are searched in order, each in name order); rename or remove one of them
+            "#]],
+        );
+    }
+
+    #[test]
+    fn find_looks_models_up_by_id() {
+        let temp = tempfile::tempdir().unwrap();
+        build(
+            temp.path(),
+            "
+            models/b.gguf = GGUF
+            models/a.gguf = GGUF
+            hub/models--org--c/snapshots/1/c.gguf = GGUF
+            ",
+        );
+        let discovery = discover(&[temp.path().join("models"), temp.path().join("hub")]);
+        let found = |id| discovery.find(id).map(|m| m.id.as_str());
+        assert_eq!(found("a"), Some("a"));
+        assert_eq!(found("org/c"), Some("org/c"));
+        assert_eq!(found("c"), None);
+        assert_eq!(found("z"), None);
+    }
+}

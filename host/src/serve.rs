@@ -1,0 +1,86 @@
+//! `hangar serve`: discover models, bind the API, serve until a signal,
+//! then stop every engine before exiting.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use crate::api::{router, App};
+use crate::cli::ServeArgs;
+use crate::registry::Registry;
+use crate::sessions::Sessions;
+
+/// Runs the server; returns when it has shut down.
+pub fn run(registry: Registry, args: ServeArgs) -> anyhow::Result<ExitCode> {
+    if !args.host.is_loopback() && args.api_key.as_deref().unwrap_or("").is_empty() {
+        bail!(
+            "refusing to bind {} without an API key: anything beyond loopback must be protected; pass --api-key or set HANGAR_API_KEY",
+            args.host
+        );
+    }
+    for d in registry.diagnostics() {
+        tracing::warn!(location = %d.location.display(), "plugin skipped: {}", d.reason);
+    }
+    let mut model_dirs = args.model_dirs.clone();
+    model_dirs.extend(registry.config().model_dirs.iter().cloned());
+    if model_dirs.is_empty() {
+        bail!("no model dirs: pass --model-dir DIR (a folder whose subfolders are models) or set model_dirs in the config");
+    }
+    let state_dir = match &args.state_dir {
+        Some(dir) => dir.clone(),
+        None => dirs::data_dir()
+            .map(|d| d.join("hangar").join("state"))
+            .unwrap_or_else(|| std::env::temp_dir().join("hangar-state")),
+    };
+    let keeper: PathBuf =
+        std::env::current_exe().context("cannot find the hangar binary to run engines under")?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async move {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()?;
+        let sessions = Sessions::new(Arc::new(registry), keeper, state_dir, client);
+        let app = Arc::new(App {
+            sessions: sessions.clone(),
+            model_dirs,
+            api_key: args.api_key.filter(|k| !k.is_empty()),
+        });
+        let discovery = app.discover().await;
+        for bad in &discovery.rejected {
+            tracing::warn!(path = %bad.path.display(), "not a model: {}", bad.reason);
+        }
+        let listener = tokio::net::TcpListener::bind((args.host, args.port))
+            .await
+            .with_context(|| format!("cannot bind {}:{}", args.host, args.port))?;
+        let addr = listener.local_addr()?;
+        eprintln!(
+            "hangar: serving {} model(s) on http://{addr} (try: curl http://{addr}/v1/models)",
+            discovery.models.len()
+        );
+        let shutdown = {
+            let sessions = sessions.clone();
+            async move {
+                wait_for_signal().await;
+                eprintln!("hangar: shutting down, stopping engines");
+                sessions.shutdown().await;
+            }
+        };
+        axum::serve(listener, router(app))
+            .with_graceful_shutdown(shutdown)
+            .await?;
+        sessions.shutdown().await;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("a TERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

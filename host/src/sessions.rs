@@ -1,0 +1,611 @@
+//! Sessions: one running engine per loaded model, behind one map.
+//!
+//! A model loads on first use. Only one load per model runs at a time;
+//! requests that arrive while it loads wait for that same load and share
+//! its outcome. When an engine exits unexpectedly its session is removed at
+//! once (so its routes go with it), every in-flight request is told why, an
+//! event is recorded, and the next request loads the model again.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use hangar_plugin_api::wire::{LaunchPlan, LoadRequest};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::models::Model;
+use crate::registry::{probe::find_program, EngineState, Registry};
+use crate::supervisor::{free_port, EngineProcess, Spawn};
+
+/// How long an engine gets between TERM and KILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// Why a model could not be loaded. Cloned to every request that waited.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LoadError {
+    /// No plugin can serve the model's format here.
+    #[error("no engine can serve model '{model}' ({format}): {reason}; run `hangar resolve {path}` for the full trace")]
+    NoEngine {
+        /// The model id.
+        model: String,
+        /// Its format.
+        format: String,
+        /// Folder, for the hint.
+        path: String,
+        /// Resolution's reason and rejections.
+        reason: String,
+    },
+    /// The plugin refused to plan the launch (bad settings, missing files).
+    #[error("plugin '{plugin}' cannot serve model '{model}': {reason}")]
+    Plan {
+        /// The plugin.
+        plugin: String,
+        /// The model id.
+        model: String,
+        /// The plugin's message.
+        reason: String,
+    },
+    /// The engine did not start or become ready.
+    #[error("engine '{plugin}' failed to start model '{model}': {reason}")]
+    Start {
+        /// The plugin.
+        plugin: String,
+        /// The model id.
+        model: String,
+        /// What happened, with the engine's last output.
+        reason: String,
+    },
+    /// Something on the host side (files, ports) failed.
+    #[error("cannot start model '{model}': {reason}")]
+    Host {
+        /// The model id.
+        model: String,
+        /// What failed.
+        reason: String,
+    },
+}
+
+/// A served model: its engine process and everything the API needs to
+/// reach it.
+#[derive(Debug)]
+pub struct Session {
+    /// Session id (`s1`, `s2`, …), unique for the host's lifetime.
+    pub id: String,
+    /// The model.
+    pub model: Model,
+    /// The serving plugin.
+    pub plugin: String,
+    /// The engine version the probe read.
+    pub engine_version: Option<String>,
+    /// The accelerator chosen.
+    pub accelerator: String,
+    /// `http://127.0.0.1:PORT`.
+    pub base_url: String,
+    /// The `model` value the engine expects (`None`: omit the field).
+    pub upstream_model: Option<String>,
+    /// Notes from the plan (settings ignored, fallbacks).
+    pub notes: Vec<String>,
+    /// Seconds since the epoch when it became ready.
+    pub started_at: u64,
+    /// The engine process.
+    pub process: EngineProcess,
+    /// Cancelled when the session ends (crash, unload, shutdown).
+    pub ended: CancellationToken,
+    end_reason: OnceLock<String>,
+    in_flight: AtomicUsize,
+    served: AtomicU64,
+}
+
+impl Session {
+    /// Why the session ended, once it has.
+    pub fn end_reason(&self) -> Option<&str> {
+        self.end_reason.get().map(String::as_str)
+    }
+
+    fn end(&self, reason: String) {
+        let _ = self.end_reason.set(reason);
+        self.ended.cancel();
+    }
+
+    /// Counts a request in flight until the guard drops.
+    pub fn begin_request(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.served.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.clone())
+    }
+
+    /// A serializable view.
+    pub fn info(&self) -> SessionInfo {
+        SessionInfo {
+            id: self.id.clone(),
+            model: self.model.id.clone(),
+            plugin: self.plugin.clone(),
+            engine_version: self.engine_version.clone(),
+            accelerator: self.accelerator.clone(),
+            endpoint: self.base_url.clone(),
+            pid: self.process.engine_pid(),
+            started_at: self.started_at,
+            in_flight: self.in_flight.load(Ordering::SeqCst),
+            requests_served: self.served.load(Ordering::Relaxed),
+            notes: self.notes.clone(),
+        }
+    }
+}
+
+/// Keeps a session's in-flight count up while a request runs.
+#[derive(Debug)]
+pub struct InFlight(Arc<Session>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// What `GET /api/sessions` shows of a session.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionInfo {
+    /// Session id.
+    pub id: String,
+    /// Model id.
+    pub model: String,
+    /// Serving plugin.
+    pub plugin: String,
+    /// Engine version.
+    pub engine_version: Option<String>,
+    /// Accelerator.
+    pub accelerator: String,
+    /// The engine's loopback endpoint.
+    pub endpoint: String,
+    /// The engine's pid.
+    pub pid: Option<u32>,
+    /// Seconds since the epoch.
+    pub started_at: u64,
+    /// Requests running now.
+    pub in_flight: usize,
+    /// Requests served so far.
+    pub requests_served: u64,
+    /// Plan notes.
+    pub notes: Vec<String>,
+}
+
+/// Something that happened to a session.
+#[derive(Debug, Clone, Serialize)]
+pub struct Event {
+    /// Seconds since the epoch.
+    pub at: u64,
+    /// `loaded`, `load_failed`, `unloaded`, `crashed`.
+    pub kind: &'static str,
+    /// Model id.
+    pub model: String,
+    /// Session id, when there was one.
+    pub session: Option<String>,
+    /// Details.
+    pub message: String,
+}
+
+type LoadFuture = Shared<BoxFuture<'static, Result<Arc<Session>, LoadError>>>;
+
+enum Slot {
+    Loading(LoadFuture),
+    Ready(Arc<Session>),
+}
+
+/// Every session of the host.
+pub struct Sessions {
+    registry: Arc<Registry>,
+    keeper: PathBuf,
+    state_dir: PathBuf,
+    client: reqwest::Client,
+    slots: Mutex<HashMap<String, Slot>>,
+    events: Mutex<VecDeque<Event>>,
+    next_id: AtomicU64,
+}
+
+/// How many events are kept.
+const EVENTS: usize = 500;
+
+impl Sessions {
+    /// A session map whose engines run under `keeper` (the `hangar` binary)
+    /// with work folders under `state_dir`.
+    pub fn new(
+        registry: Arc<Registry>,
+        keeper: PathBuf,
+        state_dir: PathBuf,
+        client: reqwest::Client,
+    ) -> Arc<Sessions> {
+        Arc::new(Sessions {
+            registry,
+            keeper,
+            state_dir,
+            client,
+            slots: Mutex::new(HashMap::new()),
+            events: Mutex::new(VecDeque::new()),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// The registry.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// The HTTP client used to reach engines.
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
+    /// The session serving `model`, loading it first if needed.
+    pub async fn ensure(self: &Arc<Self>, model: &Model) -> Result<Arc<Session>, LoadError> {
+        let load = {
+            let mut slots = self.slots.lock().expect("slots lock");
+            match slots.get(&model.id) {
+                Some(Slot::Ready(s)) if !s.ended.is_cancelled() => return Ok(s.clone()),
+                Some(Slot::Loading(load)) => load.clone(),
+                _ => {
+                    // The load runs as its own task: a client that gives up
+                    // waiting does not cancel it for the others.
+                    let this = self.clone();
+                    let task = tokio::spawn(this.load(model.clone()));
+                    let load: LoadFuture = async move {
+                        task.await.unwrap_or_else(|e| {
+                            Err(LoadError::Host {
+                                model: String::new(),
+                                reason: format!("the load task failed: {e}"),
+                            })
+                        })
+                    }
+                    .boxed()
+                    .shared();
+                    slots.insert(model.id.clone(), Slot::Loading(load.clone()));
+                    load
+                }
+            }
+        };
+        load.await
+    }
+
+    /// Ids of models loading now.
+    pub fn loading(&self) -> Vec<String> {
+        let slots = self.slots.lock().expect("slots lock");
+        let mut ids: Vec<String> = slots
+            .iter()
+            .filter(|(_, s)| matches!(s, Slot::Loading(_)))
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Every ready session.
+    pub fn list(&self) -> Vec<Arc<Session>> {
+        let slots = self.slots.lock().expect("slots lock");
+        let mut sessions: Vec<Arc<Session>> = slots
+            .values()
+            .filter_map(|s| match s {
+                Slot::Ready(s) => Some(s.clone()),
+                Slot::Loading(_) => None,
+            })
+            .collect();
+        sessions.sort_by(|a, b| a.model.id.cmp(&b.model.id));
+        sessions
+    }
+
+    /// The ready session with this session id.
+    pub fn by_id(&self, id: &str) -> Option<Arc<Session>> {
+        self.list().into_iter().find(|s| s.id == id)
+    }
+
+    /// The ready session of this model.
+    pub fn of_model(&self, model: &str) -> Option<Arc<Session>> {
+        self.list().into_iter().find(|s| s.model.id == model)
+    }
+
+    /// Stops a model's session. Returns false when none was running.
+    pub async fn unload(&self, model: &str) -> bool {
+        let session = {
+            let mut slots = self.slots.lock().expect("slots lock");
+            match slots.get(model) {
+                Some(Slot::Ready(_)) => match slots.remove(model) {
+                    Some(Slot::Ready(s)) => s,
+                    _ => unreachable!("checked above"),
+                },
+                _ => return false,
+            }
+        };
+        session.end(format!("model '{model}' was unloaded"));
+        session.process.stop(STOP_GRACE).await;
+        self.record(
+            "unloaded",
+            model,
+            Some(&session.id),
+            "unloaded on request".into(),
+        );
+        true
+    }
+
+    /// Stops every session (host shutdown).
+    pub async fn shutdown(&self) {
+        let sessions: Vec<Arc<Session>> = {
+            let mut slots = self.slots.lock().expect("slots lock");
+            slots
+                .drain()
+                .filter_map(|(_, s)| match s {
+                    Slot::Ready(s) => Some(s),
+                    Slot::Loading(_) => None,
+                })
+                .collect()
+        };
+        let stops = sessions.iter().map(|s| {
+            s.end("the host is shutting down".into());
+            s.process.stop(STOP_GRACE)
+        });
+        futures_util::future::join_all(stops).await;
+    }
+
+    /// Recorded events, oldest first.
+    pub fn events(&self) -> Vec<Event> {
+        self.events
+            .lock()
+            .expect("events lock")
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    fn record(&self, kind: &'static str, model: &str, session: Option<&str>, message: String) {
+        match kind {
+            "crashed" | "load_failed" => tracing::warn!(model, kind, "{message}"),
+            _ => tracing::info!(model, kind, "{message}"),
+        }
+        let mut events = self.events.lock().expect("events lock");
+        if events.len() == EVENTS {
+            events.pop_front();
+        }
+        events.push_back(Event {
+            at: now(),
+            kind,
+            model: model.to_string(),
+            session: session.map(str::to_string),
+            message,
+        });
+    }
+
+    async fn load(self: Arc<Self>, model: Model) -> Result<Arc<Session>, LoadError> {
+        let result = self.clone().start(model.clone()).await;
+        let mut slots = self.slots.lock().expect("slots lock");
+        match &result {
+            Ok(session) => {
+                slots.insert(model.id.clone(), Slot::Ready(session.clone()));
+                drop(slots);
+                self.record(
+                    "loaded",
+                    &model.id,
+                    Some(&session.id),
+                    format!("served by {} at {}", session.plugin, session.base_url),
+                );
+            }
+            Err(e) => {
+                slots.remove(&model.id);
+                drop(slots);
+                self.record("load_failed", &model.id, None, e.to_string());
+            }
+        }
+        result
+    }
+
+    async fn start(self: Arc<Self>, model: Model) -> Result<Arc<Session>, LoadError> {
+        let registry = self.registry.clone();
+        let id = format!("s{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+        let work_dir = self.state_dir.join("sessions").join(&id);
+        let host_err = |reason: String| LoadError::Host {
+            model: model.id.clone(),
+            reason,
+        };
+        std::fs::create_dir_all(&work_dir)
+            .map_err(|e| host_err(format!("cannot create {}: {e}", work_dir.display())))?;
+        let port = free_port().map_err(|e| host_err(format!("no free loopback port: {e}")))?;
+        let m = model.clone();
+        let wd = work_dir.clone();
+        let planned = tokio::task::spawn_blocking(move || plan(&registry, &m, port, &wd))
+            .await
+            .map_err(|e| host_err(format!("planning failed: {e}")))??;
+        let Planned {
+            plugin,
+            engine_version,
+            accelerator,
+            plan,
+            program,
+        } = planned;
+        let spawn = Spawn {
+            program,
+            args: plan.args.clone(),
+            env: plan.env.clone(),
+            cwd: plan.cwd.clone().map(PathBuf::from).unwrap_or(work_dir),
+        };
+        let start_err = |reason: String| LoadError::Start {
+            plugin: plugin.clone(),
+            model: model.id.clone(),
+            reason,
+        };
+        let process =
+            EngineProcess::start(&self.keeper, &spawn).map_err(|e| start_err(e.to_string()))?;
+        let base_url = format!("http://127.0.0.1:{port}");
+        let timeout = Duration::from_millis(plan.start_timeout_ms);
+        if let Err(e) = process
+            .wait_ready(&self.client, &base_url, &plan.readiness, timeout)
+            .await
+        {
+            process.stop(STOP_GRACE).await;
+            return Err(start_err(e.to_string()));
+        }
+        let session = Arc::new(Session {
+            id,
+            model,
+            plugin,
+            engine_version,
+            accelerator,
+            base_url,
+            upstream_model: plan.upstream_model.clone(),
+            notes: plan.notes.clone(),
+            started_at: now(),
+            process,
+            ended: CancellationToken::new(),
+            end_reason: OnceLock::new(),
+            in_flight: AtomicUsize::new(0),
+            served: AtomicU64::new(0),
+        });
+        tokio::spawn(self.clone().watch(session.clone()));
+        Ok(session)
+    }
+
+    /// Waits for the session's engine to exit; an exit nobody asked for is
+    /// a crash: the session goes at once and its requests are told why.
+    async fn watch(self: Arc<Self>, session: Arc<Session>) {
+        let exit = tokio::select! {
+            exit = session.process.exited() => exit,
+            _ = session.ended.cancelled() => return,
+        };
+        if session.ended.is_cancelled() {
+            return;
+        }
+        let tail = session.process.log.tail(5).join(" | ");
+        let reason = format!(
+            "engine '{}' serving model '{}' exited unexpectedly ({exit}); the next request loads it again. Last output: {tail}",
+            session.plugin, session.model.id
+        );
+        {
+            let mut slots = self.slots.lock().expect("slots lock");
+            if matches!(slots.get(&session.model.id), Some(Slot::Ready(s)) if Arc::ptr_eq(s, &session))
+            {
+                slots.remove(&session.model.id);
+            }
+        }
+        session.end(reason.clone());
+        // Reap whatever the engine left in its group.
+        session.process.stop(Duration::from_millis(200)).await;
+        self.record("crashed", &session.model.id, Some(&session.id), reason);
+    }
+}
+
+struct Planned {
+    plugin: String,
+    engine_version: Option<String>,
+    accelerator: String,
+    plan: LaunchPlan,
+    program: PathBuf,
+}
+
+/// Resolves the model's engine and asks its plugin for a launch plan
+/// (blocking: plugin calls and probes are synchronous).
+fn plan(
+    registry: &Registry,
+    model: &Model,
+    port: u16,
+    work_dir: &Path,
+) -> Result<Planned, LoadError> {
+    let resolution = registry.resolve(&model.format);
+    let no_engine = |reason: String| LoadError::NoEngine {
+        model: model.id.clone(),
+        format: model.format.clone(),
+        path: model.path.display().to_string(),
+        reason,
+    };
+    let Some(chosen) = resolution.chosen.clone() else {
+        let rejections: Vec<String> = resolution
+            .trace
+            .iter()
+            .filter_map(|t| match &t.verdict {
+                crate::registry::resolve::Verdict::Rejected(r) => {
+                    Some(format!("{}: {r}", t.plugin))
+                }
+                _ => None,
+            })
+            .collect();
+        let mut reason = resolution.reason.clone();
+        if !rejections.is_empty() {
+            reason.push_str(&format!(" ({})", rejections.join("; ")));
+        }
+        return Err(no_engine(reason));
+    };
+    let entry = registry
+        .plugin(&chosen)
+        .expect("resolution chose a known plugin");
+    let EngineState::Ready(engine) = registry.engine(entry) else {
+        return Err(no_engine(format!("plugin '{chosen}' stopped being ready")));
+    };
+    let manifest = &entry.manifest;
+    let plan_err = |reason: String| LoadError::Plan {
+        plugin: chosen.clone(),
+        model: model.id.clone(),
+        reason,
+    };
+    let config = registry.config();
+    let plugin_settings = config.plugin_settings(&chosen);
+    let request = LoadRequest {
+        model_id: model.id.clone(),
+        model_path: model.path.display().to_string(),
+        format: model.format.clone(),
+        accelerator: entry
+            .accelerator
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_else(|| "cpu".into()),
+        engine: engine.report.clone(),
+        capabilities: engine
+            .capabilities
+            .iter()
+            .filter(|(_, s)| s.is_on())
+            .map(|(id, _)| id.clone())
+            .collect(),
+        settings: config.model_settings(&model.id),
+        plugin_settings: plugin_settings.clone(),
+        host: "127.0.0.1".into(),
+        port,
+        work_dir: work_dir.display().to_string(),
+    };
+    let plan = engine.plugin.plan_launch(&request).map_err(plan_err)?;
+    // The host runs only programs the manifest declares: the probe's
+    // resolved program, or a declared name found the same way.
+    let program = if engine.report.program.as_deref() == Some(plan.program.as_str()) {
+        PathBuf::from(&plan.program)
+    } else if manifest.allowed_programs().any(|p| p == plan.program) {
+        let configured = plugin_settings.get("program").and_then(|v| v.as_str());
+        let configured = (manifest.probe.program.as_deref() == Some(plan.program.as_str()))
+            .then_some(configured)
+            .flatten();
+        find_program(&plan.program, configured, &manifest.probe.search_paths).map_err(
+            |searched| {
+                plan_err(format!(
+                    "program '{}' was not found (looked in {})",
+                    plan.program,
+                    searched.join(", ")
+                ))
+            },
+        )?
+    } else {
+        return Err(plan_err(format!(
+            "the launch plan names program '{}', which plugin.toml does not declare (declared: {}); the host refuses to run it",
+            plan.program,
+            manifest.allowed_programs().collect::<Vec<_>>().join(", ")
+        )));
+    };
+    Ok(Planned {
+        plugin: chosen,
+        engine_version: engine.version.as_ref().map(ToString::to_string),
+        accelerator: request.accelerator,
+        plan,
+        program,
+    })
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}

@@ -1,0 +1,270 @@
+//! `hangar serve` with real processes: the supervisor starts the example
+//! `beta` plugin's engine (Python's http.server standing in for an engine
+//! process), and these tests load, unload, crash and orphan it.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::fixtures::{manifest, Scenario};
+
+/// A running `hangar serve`, killed when dropped.
+struct Server {
+    child: Child,
+    url: String,
+    _scenario: Scenario,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// Serves one fake `mlx` model `tiny` with the beta plugin, whose
+    /// manifest gets `programs` as given.
+    fn start(programs: &str) -> Server {
+        let s = Scenario::new();
+        let probe = s.engine_program("beta-engine", "beta 0.9.0");
+        let extra = format!(
+            "programs = {programs}\n[probe]\nprogram = \"{}\"\n",
+            probe.display()
+        );
+        s.plugin(
+            "beta",
+            &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
+            Some("engine_beta"),
+        );
+        let model = s.root.path().join("models/tiny");
+        std::fs::create_dir_all(&model).unwrap();
+        std::fs::write(model.join("config.json"), "{}").unwrap();
+        let mut weights = 2u64.to_le_bytes().to_vec();
+        weights.extend_from_slice(b"{}");
+        std::fs::write(model.join("model.safetensors"), weights).unwrap();
+        s.config("");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hangar"))
+            .args(["serve", "--port", "0", "--model-dir"])
+            .arg(s.root.path().join("models"))
+            .arg("--plugins-dir")
+            .arg(s.plugins_dir())
+            .arg("--config")
+            .arg(s.root.path().join("config.toml"))
+            .arg("--state-dir")
+            .arg(s.root.path().join("state"))
+            .env("HANGAR_PLATFORM", &s.platform)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let url = loop {
+            let line = lines
+                .next()
+                .expect("hangar serve printed its address")
+                .unwrap();
+            if let Some(rest) = line.strip_prefix("hangar: serving ") {
+                let addr = rest
+                    .split("http://")
+                    .nth(1)
+                    .unwrap()
+                    .split(' ')
+                    .next()
+                    .unwrap();
+                break format!("http://{addr}");
+            }
+        };
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Server {
+            child,
+            url,
+            _scenario: s,
+        }
+    }
+
+    fn get(&self, path: &str) -> (u16, Value) {
+        let r = reqwest::blocking::get(format!("{}{path}", self.url)).unwrap();
+        (r.status().as_u16(), r.json().unwrap_or(Value::Null))
+    }
+
+    fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = reqwest::blocking::Client::new()
+            .post(format!("{}{path}", self.url))
+            .json(&body)
+            .timeout(Duration::from_secs(60))
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.json().unwrap_or(Value::Null))
+    }
+
+    fn load(&self) -> Value {
+        let (status, body) = self.post("/api/models/tiny/load", json!({}));
+        assert_eq!(status, 200, "{body}");
+        body["session"].clone()
+    }
+
+    fn events(&self, kind: &str) -> usize {
+        let (_, body) = self.get("/api/events");
+        body["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == kind)
+            .count()
+    }
+}
+
+/// Whether `pid` is a live process (a zombie counts as gone but is
+/// reported, since nothing may be left unreaped).
+fn alive(pid: u64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/status")) {
+        Ok(status) => {
+            let zombie = status
+                .lines()
+                .any(|l| l.starts_with("State:") && l.contains('Z'));
+            assert!(!zombie, "process {pid} was left a zombie");
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{what} did not happen within {within:?}");
+}
+
+fn kill9(pid: u64) {
+    let status = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn pid_of(session: &Value) -> u64 {
+    session["pid"]
+        .as_u64()
+        .expect("the session reports its engine pid")
+}
+
+#[test]
+fn an_engine_is_started_and_unloading_stops_its_whole_tree() {
+    let server = Server::start("[\"python3\"]");
+    let session = server.load();
+    assert_eq!(session["plugin"], "beta");
+    let pid = pid_of(&session);
+    assert!(alive(pid));
+    let (_, sessions) = server.get("/api/sessions");
+    assert_eq!(sessions["sessions"][0]["id"], session["id"]);
+    let (status, logs) = server.get(&format!(
+        "/api/sessions/{}/logs",
+        session["id"].as_str().unwrap()
+    ));
+    assert_eq!(status, 200, "{logs}");
+    let (status, _) = server.post("/api/models/tiny/unload", json!({}));
+    assert_eq!(status, 200);
+    eventually("the engine's exit", Duration::from_secs(6), || !alive(pid));
+    let (_, sessions) = server.get("/api/sessions");
+    assert_eq!(sessions["sessions"], json!([]));
+    let (status, body) = server.post("/api/models/tiny/unload", json!({}));
+    assert_eq!(status, 404, "{body}");
+}
+
+#[test]
+fn concurrent_loads_of_one_model_share_one_load() {
+    let server = Server::start("[\"python3\"]");
+    let ids: Vec<Value> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| scope.spawn(|| server.load()["id"].clone()))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(ids.iter().all(|id| id == &ids[0]), "{ids:?}");
+    assert_eq!(server.events("loaded"), 1);
+}
+
+#[test]
+fn a_crashed_engine_is_removed_within_a_second_and_loads_again() {
+    let server = Server::start("[\"python3\"]");
+    let pid = pid_of(&server.load());
+    kill9(pid);
+    eventually("the session's removal", Duration::from_secs(1), || {
+        server.get("/api/sessions").1["sessions"] == json!([])
+    });
+    assert_eq!(server.events("crashed"), 1);
+    assert!(!alive(pid));
+    let (_, health) = server.get("/health");
+    assert_eq!(health["status"], "healthy");
+    let again = pid_of(&server.load());
+    assert_ne!(again, pid);
+    assert!(alive(again));
+}
+
+#[test]
+fn no_engine_outlives_a_killed_host() {
+    let mut server = Server::start("[\"python3\"]");
+    let pid = pid_of(&server.load());
+    server.child.kill().unwrap(); // SIGKILL: the host gets no chance to clean up
+    server.child.wait().unwrap();
+    eventually("the orphaned engine's exit", Duration::from_secs(3), || {
+        !Path::new(&format!("/proc/{pid}")).exists()
+    });
+}
+
+#[test]
+fn a_launch_plan_naming_an_undeclared_program_is_refused() {
+    let server = Server::start("[]");
+    let (status, body) = server.post("/api/models/tiny/load", json!({}));
+    assert_eq!(status, 422, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("names program 'python3', which plugin.toml does not declare"),
+        "{message}"
+    );
+    assert_eq!(server.events("load_failed"), 1);
+}
+
+#[test]
+fn bad_requests_get_openai_shaped_errors() {
+    let server = Server::start("[\"python3\"]");
+    let (status, body) = server.post("/v1/chat/completions", json!({"messages": []}));
+    assert_eq!(
+        (status, body["error"]["param"].clone()),
+        (400, json!("model")),
+        "{body}"
+    );
+    let (status, body) = server.post("/v1/chat/completions", json!({"model": "nope"}));
+    assert_eq!(status, 404);
+    assert_eq!(body["error"]["code"], "model_not_found");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("available: tiny"),
+        "{body}"
+    );
+    let r = reqwest::blocking::Client::new()
+        .post(format!("{}/v1/completions", server.url))
+        .body("{not json")
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let (status, models) = server.get("/v1/models");
+    assert_eq!(
+        (status, models["data"][0]["id"].clone()),
+        (200, json!("tiny"))
+    );
+}

@@ -1,0 +1,495 @@
+//! `mlx-lm`: the Hangar engine plugin for Python's `mlx_lm.server`.
+//!
+//! The host runs the manifest's probe (a Python snippet that imports
+//! `mlx_lm` and `mlx.core`) with the interpreter the operator configured,
+//! and this plugin reads its two lines:
+//!
+//! ```text
+//! mlx_lm 0.32.2
+//! device Device(cpu, 0)
+//! ```
+//!
+//! For each model it then plans `python -m mlx_lm.server --model DIR --host
+//! H --port P` plus the flags for the model's settings, each only where the
+//! probed mlx-lm release has it (see the capability table in
+//! `plugin.toml`). The plugin never runs anything itself.
+//!
+//! Three behaviours of `mlx_lm.server` shape the plan:
+//! - `GET /health` answers 200 as soon as HTTP is up, while the model is
+//!   still loading in a thread, so readiness adds a one-token completion;
+//! - `/v1/models` sends an empty body unless the Hugging Face cache folder
+//!   exists, so `HF_HUB_CACHE` points at the session's work dir;
+//! - a request whose `model` is not the served path makes it fetch that
+//!   name from the hub, so the upstream model is the path itself.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use hangar_sdk::api::capability::{KV_CACHE_QUANTIZATION, PROMPT_CACHE, SPECULATIVE};
+use hangar_sdk::api::Manifest;
+use hangar_sdk::wire::{
+    settings, Description, LaunchPlan, LoadRequest, ProbeInput, ProbeReport, ProbeRun, Protocol,
+    Readiness, WarmupRequest,
+};
+use hangar_sdk::{export_plugin, Plugin};
+use serde_json::Value;
+
+/// This plugin's id, as in `plugin.toml`.
+const ID: &str = "mlx-lm";
+
+/// The one format mlx_lm.server serves: a folder with `config.json`, a
+/// tokenizer and `*.safetensors` shards.
+const FORMAT: &str = "mlx";
+
+/// Server-wide default sampling flags (`--temp`, `--top-p`, `--top-k`,
+/// `--min-p`, `--max-tokens`); mlx-lm 0.23.0 and older have none of them.
+pub const SAMPLING_DEFAULTS: &str = "sampling_defaults";
+
+/// `--chat-template-args JSON`: keyword arguments for the chat template.
+pub const CHAT_TEMPLATE_ARGS: &str = "chat_template_args";
+
+/// The plugin's own setting (per model, or in `[plugins.mlx-lm]`) for how
+/// long the server may take to load a model, in milliseconds.
+pub const START_TIMEOUT_MS: &str = "start_timeout_ms";
+
+/// Loading a large model from a slow disk takes a while; two minutes
+/// covers a 7B model on an ordinary SSD.
+const DEFAULT_START_TIMEOUT_MS: u64 = 120_000;
+
+/// The first release with `GET /health` (0.23.0 lacks it, 0.25.0 has it;
+/// see the table in `plugin.toml`). Older releases, and engines whose
+/// version is unknown, are polled on `/v1/models`, which every release
+/// serves; either way the warmup completion is what proves the model
+/// loaded.
+const HEALTH_ROUTE_SINCE: semver::Version = semver::Version::new(0, 25, 0);
+
+/// The plugin. Every function is pure: it reads what the host sends and
+/// answers with data.
+pub struct MlxLm;
+
+impl Plugin for MlxLm {
+    fn describe() -> Description {
+        hangar_sdk::describe!(ID, formats: [FORMAT],
+            aliases: {"safetensors" => FORMAT},
+            capabilities: [SAMPLING_DEFAULTS, SPECULATIVE, CHAT_TEMPLATE_ARGS,
+                PROMPT_CACHE, KV_CACHE_QUANTIZATION])
+    }
+
+    fn probe(input: ProbeInput) -> Result<ProbeReport, String> {
+        Ok(probe(&input))
+    }
+
+    fn plan_launch(request: LoadRequest) -> Result<LaunchPlan, String> {
+        plan_launch(&request)
+    }
+}
+
+export_plugin!(MlxLm);
+
+/// Reads the probe snippet's output (see the module docs).
+pub fn probe(input: &ProbeInput) -> ProbeReport {
+    if let Some(ProbeRun::Exited {
+        program,
+        code,
+        stderr,
+        ..
+    }) = &input.run
+    {
+        if *code != Some(0) {
+            if let Some(error) = import_error(stderr) {
+                return ProbeReport {
+                    available: false,
+                    program: Some(program.clone()),
+                    detail: Some(install_advice(program, error)),
+                    ..ProbeReport::default()
+                };
+            }
+        }
+    }
+    let mut report = hangar_sdk::version_from_output(input, |out| field(out, "mlx_lm"));
+    if let Some(ProbeRun::Exited { stdout, .. }) = &input.run {
+        if report.available {
+            report.device = field(stdout, "device").and_then(device_kind);
+        }
+    }
+    report
+}
+
+/// The value of the first `KEY value` line of the probe's output.
+fn field<'a>(output: &'a str, key: &str) -> Option<&'a str> {
+    output.lines().find_map(|line| {
+        let (k, value) = line.trim().split_once(' ')?;
+        (k == key).then(|| value.trim())
+    })
+}
+
+/// `Device(gpu, 0)` → `gpu`. MLX prints devices this way; the bare type
+/// (`cpu`, `DeviceType.gpu`) is accepted too in case a release prints that.
+fn device_kind(text: &str) -> Option<String> {
+    let inner = text.strip_prefix("Device(").unwrap_or(text);
+    let kind = inner.split([',', ')']).next()?.trim();
+    let kind = kind.strip_prefix("DeviceType.").unwrap_or(kind);
+    let valid = !kind.is_empty() && kind.chars().all(|c| c.is_ascii_alphanumeric());
+    valid.then(|| kind.to_ascii_lowercase())
+}
+
+/// The import error a failed probe ended with, if that is why it failed.
+fn import_error(stderr: &str) -> Option<&str> {
+    let last = stderr.lines().map(str::trim).rfind(|l| !l.is_empty())?;
+    let is_import = last.starts_with("ModuleNotFoundError")
+        || last.starts_with("ImportError")
+        || last.contains("No module named");
+    is_import.then_some(last)
+}
+
+fn install_advice(program: &str, error: &str) -> String {
+    format!(
+        "{program} cannot import mlx_lm and mlx ({error}). Install them into that interpreter \
+         (`{program} -m pip install \"mlx[cpu]\" mlx-lm` on Linux, `mlx[cuda13]` or `mlx[cuda12]` \
+         for NVIDIA GPUs, plain `mlx-lm` on macOS), or point Hangar at a Python that has them: \
+         `[plugins.{ID}] program = \"/path/to/venv/bin/python\"` in config.toml"
+    )
+}
+
+/// One setting that becomes one command-line flag.
+struct Flag {
+    setting: &'static str,
+    flag: &'static str,
+    /// The capability the flag belongs to; the flag is passed only when
+    /// the host turned it on for this engine version.
+    capability: &'static str,
+    /// Another setting without which this one does nothing.
+    needs: Option<&'static str>,
+    /// Checks the value and renders the flag's argument.
+    value: fn(&Value) -> Result<String, String>,
+}
+
+/// Every flag, in the order it appears on the command line.
+const FLAGS: &[Flag] = &[
+    Flag {
+        setting: settings::MAX_TOKENS,
+        flag: "--max-tokens",
+        capability: SAMPLING_DEFAULTS,
+        needs: None,
+        value: positive_integer,
+    },
+    Flag {
+        setting: settings::TEMPERATURE,
+        flag: "--temp",
+        capability: SAMPLING_DEFAULTS,
+        needs: None,
+        value: temperature,
+    },
+    Flag {
+        setting: settings::TOP_P,
+        flag: "--top-p",
+        capability: SAMPLING_DEFAULTS,
+        needs: None,
+        value: top_p,
+    },
+    Flag {
+        setting: settings::TOP_K,
+        flag: "--top-k",
+        capability: SAMPLING_DEFAULTS,
+        needs: None,
+        value: non_negative_integer,
+    },
+    Flag {
+        setting: settings::MIN_P,
+        flag: "--min-p",
+        capability: SAMPLING_DEFAULTS,
+        needs: None,
+        value: min_p,
+    },
+    Flag {
+        setting: settings::DRAFT_MODEL,
+        flag: "--draft-model",
+        capability: SPECULATIVE,
+        needs: None,
+        value: local_folder,
+    },
+    Flag {
+        setting: settings::DRAFT_TOKENS,
+        flag: "--num-draft-tokens",
+        capability: SPECULATIVE,
+        needs: Some(settings::DRAFT_MODEL),
+        value: positive_integer,
+    },
+    Flag {
+        setting: settings::PROMPT_CACHE_SIZE,
+        flag: "--prompt-cache-size",
+        capability: PROMPT_CACHE,
+        needs: None,
+        value: positive_integer,
+    },
+    Flag {
+        setting: settings::KV_BITS,
+        flag: "--kv-bits",
+        capability: KV_CACHE_QUANTIZATION,
+        needs: None,
+        value: kv_bits,
+    },
+    Flag {
+        setting: settings::CHAT_TEMPLATE_ARGS,
+        flag: "--chat-template-args",
+        capability: CHAT_TEMPLATE_ARGS,
+        needs: None,
+        value: json_object,
+    },
+];
+
+/// Plans `python -m mlx_lm.server` for one model.
+pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
+    let model = &request.model_id;
+    if request.format != FORMAT {
+        return Err(format!(
+            "model '{model}': plugin '{ID}' serves only the '{FORMAT}' format, not '{}'",
+            request.format
+        ));
+    }
+    let model_path = existing_folder(&request.model_path).map_err(|reason| {
+        format!("model '{model}': the model path {reason}; mlx_lm.server serves an MLX model folder (config.json, tokenizer, *.safetensors)")
+    })?;
+
+    // `-m mlx_lm.server` runs on every release; newer ones print a
+    // deprecation line for it on stdout and behave the same.
+    let mut args: Vec<String> = vec![
+        "-m".into(),
+        "mlx_lm.server".into(),
+        "--model".into(),
+        model_path.clone(),
+        "--host".into(),
+        request.host.clone(),
+        "--port".into(),
+        request.port.to_string(),
+    ];
+    let mut notes = Vec::new();
+    let has = |capability: &str| request.capabilities.iter().any(|c| c == capability);
+
+    if let Some(value) = setting(request, settings::CONTEXT_LENGTH) {
+        notes.push(format!(
+            "{} = {value} is not applied: mlx_lm.server has no context-length flag; the model's own limit holds",
+            settings::CONTEXT_LENGTH
+        ));
+    }
+    for flag in FLAGS {
+        let Some(value) = setting(request, flag.setting) else {
+            continue;
+        };
+        if !has(flag.capability) {
+            notes.push(format!(
+                "{} is not passed: {}",
+                flag.setting,
+                capability_off(flag.capability, flag.flag, request)
+            ));
+            continue;
+        }
+        if let Some(needed) = flag.needs.filter(|n| setting(request, n).is_none()) {
+            notes.push(format!(
+                "{} is not passed: it does nothing without {needed}",
+                flag.setting
+            ));
+            continue;
+        }
+        let argument = (flag.value)(value).map_err(|reason| {
+            format!(
+                "model '{model}': setting {} = {value} is invalid: {reason}",
+                flag.setting
+            )
+        })?;
+        args.push(flag.flag.into());
+        args.push(argument);
+        if flag.setting == settings::KV_BITS {
+            notes.push(
+                "kv_bits: mlx_lm.server turns batching off while the KV cache is quantized, so it serves one request at a time".into(),
+            );
+        }
+    }
+    if let Some(note) = device_mismatch(request) {
+        notes.push(note);
+    }
+
+    let start_timeout_ms = match setting(request, START_TIMEOUT_MS)
+        .or_else(|| request.plugin_settings.get(START_TIMEOUT_MS))
+    {
+        None => DEFAULT_START_TIMEOUT_MS,
+        Some(value) => positive_integer(value)
+            .ok()
+            .and_then(|ms| ms.parse().ok())
+            .ok_or_else(|| {
+                format!("model '{model}': setting {START_TIMEOUT_MS} = {value} is invalid: it must be a whole number of milliseconds above 0")
+            })?,
+    };
+
+    let env = [
+        // mlx_lm.server's /v1/models scans the Hugging Face cache and sends
+        // an empty body when the folder is missing; the host creates
+        // work_dir, so point the cache there.
+        ("HF_HUB_CACHE", request.work_dir.as_str()),
+        // Never download: a misspelt model or draft path must fail, not
+        // fetch something from the hub.
+        ("HF_HUB_OFFLINE", "1"),
+        // Logs reach the host as they happen, not when a buffer fills.
+        ("PYTHONUNBUFFERED", "1"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+
+    Ok(LaunchPlan {
+        program: request
+            .engine
+            .program
+            .clone()
+            .unwrap_or_else(|| "python3".into()),
+        args,
+        env,
+        cwd: None,
+        readiness: Readiness {
+            health_path: health_path(request).into(),
+            ready_status: 200,
+            // /health says ok while the model still loads in a thread; one
+            // generated token proves it loaded.
+            warmup: Some(WarmupRequest {
+                path: "/v1/completions".into(),
+                body: serde_json::json!({"prompt": "hi", "max_tokens": 1}),
+            }),
+        },
+        start_timeout_ms,
+        protocol: Protocol::OpenaiHttp,
+        upstream_model: Some(model_path),
+        notes,
+    })
+}
+
+/// A setting's value; JSON `null` counts as unset, so a layer can clear a
+/// value set below it.
+fn setting<'a>(request: &'a LoadRequest, name: &str) -> Option<&'a Value> {
+    request.settings.get(name).filter(|v| !v.is_null())
+}
+
+/// Why a capability is off, in the host's words: the capability, the
+/// releases that have it, and the release found.
+fn capability_off(capability: &str, flag: &str, request: &LoadRequest) -> String {
+    let required = manifest()
+        .and_then(|m| m.capabilities.get(capability))
+        .map_or_else(|| "a newer release".into(), |req| req.to_string());
+    let found = match &request.engine.version {
+        Some(version) => format!("found {version}"),
+        None => "the engine's version is unknown".into(),
+    };
+    format!("plugin '{ID}' needs mlx-lm {required} for {capability} ({flag}); {found}")
+}
+
+/// The manifest compiled into the plugin, the one source of the version
+/// requirements that notes quote.
+fn manifest() -> Option<&'static Manifest> {
+    static MANIFEST: OnceLock<Option<Manifest>> = OnceLock::new();
+    MANIFEST
+        .get_or_init(|| Manifest::parse(include_str!("../plugin.toml")).ok())
+        .as_ref()
+}
+
+fn health_path(request: &LoadRequest) -> &'static str {
+    let version = request.engine.version.as_deref();
+    match version.and_then(|v| semver::Version::parse(v).ok()) {
+        Some(v) if v >= HEALTH_ROUTE_SINCE => "/health",
+        _ => "/v1/models",
+    }
+}
+
+/// The host picks the accelerator from the platform; the interpreter's mlx
+/// build decides where the server really runs. Say so when they differ.
+fn device_mismatch(request: &LoadRequest) -> Option<String> {
+    let accelerator = request.accelerator.as_str();
+    if request.engine.device.as_deref() != Some("cpu") || accelerator == "cpu" {
+        return None;
+    }
+    let install = if accelerator.starts_with("cuda") {
+        format!("install \"mlx[{accelerator}]\" into the interpreter to use the GPU")
+    } else {
+        "install a GPU build of mlx into the interpreter to use it".into()
+    };
+    Some(format!(
+        "the host picked accelerator {accelerator}, but this interpreter's mlx runs on the cpu; {install}"
+    ))
+}
+
+/// An existing folder, as an absolute path. A relative path is taken from
+/// the host's working directory, as the operator wrote it; the server runs
+/// in the session's work dir and would read it from there otherwise.
+fn existing_folder(path: &str) -> Result<String, String> {
+    let absolute = std::path::absolute(Path::new(path))
+        .map_err(|e| format!("'{path}' cannot be made absolute: {e}"))?;
+    if !absolute.is_dir() {
+        return Err(format!(
+            "'{}' is not an existing folder",
+            absolute.display()
+        ));
+    }
+    Ok(absolute.display().to_string())
+}
+
+fn local_folder(value: &Value) -> Result<String, String> {
+    let path = value
+        .as_str()
+        .ok_or("it must be the path of a local model folder (a string)")?;
+    existing_folder(path).map_err(|reason| {
+        format!("{reason}; the engine runs offline, so it must be a local MLX model folder, not a hub name")
+    })
+}
+
+fn positive_integer(value: &Value) -> Result<String, String> {
+    match value.as_u64() {
+        Some(n) if n > 0 => Ok(n.to_string()),
+        _ => Err("it must be a whole number above 0".into()),
+    }
+}
+
+fn non_negative_integer(value: &Value) -> Result<String, String> {
+    value
+        .as_u64()
+        .map(|n| n.to_string())
+        .ok_or_else(|| "it must be a whole number, 0 or more (0 turns it off)".into())
+}
+
+/// A finite number within `range`; `what` names the range for the error.
+fn number_in(value: &Value, range: impl Fn(f64) -> bool, what: &str) -> Result<String, String> {
+    match value.as_f64() {
+        Some(x) if x.is_finite() && range(x) => Ok(x.to_string()),
+        _ => Err(format!("it must be a number {what}")),
+    }
+}
+
+fn temperature(value: &Value) -> Result<String, String> {
+    number_in(value, |x| x >= 0.0, "0 or more (0 samples greedily)")
+}
+
+fn top_p(value: &Value) -> Result<String, String> {
+    number_in(value, |x| x > 0.0 && x <= 1.0, "above 0 and at most 1")
+}
+
+fn min_p(value: &Value) -> Result<String, String> {
+    number_in(
+        value,
+        |x| (0.0..=1.0).contains(&x),
+        "from 0 to 1 (0 turns it off)",
+    )
+}
+
+fn kv_bits(value: &Value) -> Result<String, String> {
+    match value.as_u64() {
+        Some(bits @ (4 | 8)) => Ok(bits.to_string()),
+        _ => Err("it must be 4 or 8".into()),
+    }
+}
+
+fn json_object(value: &Value) -> Result<String, String> {
+    if !value.is_object() {
+        return Err("it must be a JSON object of chat-template keyword arguments, e.g. {\"enable_thinking\": false}".into());
+    }
+    Ok(value.to_string())
+}
+
+#[cfg(test)]
+mod tests;
