@@ -11,4 +11,6 @@ HANGAR_PYTHON="$(scripts/python-env.sh)"
 export HANGAR_PYTHON
 
 cargo build --workspace --all-targets
-cargo test --workspace "$@"
+cargo test --workspace
+# End to end: hangar serve + real mlx_lm.server, driven by the openai client.
+"$HANGAR_PYTHON" -m pytest tests/e2e -q

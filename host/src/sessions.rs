@@ -59,6 +59,12 @@ pub enum LoadError {
         /// What happened, with the engine's last output.
         reason: String,
     },
+    /// The host is shutting down and starts nothing new.
+    #[error("the host is shutting down; model '{model}' was not started")]
+    ShuttingDown {
+        /// The model id.
+        model: String,
+    },
     /// Something on the host side (files, ports) failed.
     #[error("cannot start model '{model}': {reason}")]
     Host {
@@ -98,6 +104,14 @@ pub struct Session {
     end_reason: OnceLock<String>,
     in_flight: AtomicUsize,
     served: AtomicU64,
+    work_dir: PathBuf,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // The session's scratch folder goes with it.
+        let _ = std::fs::remove_dir_all(&self.work_dir);
+    }
 }
 
 impl Session {
@@ -204,6 +218,8 @@ pub struct Sessions {
     slots: Mutex<HashMap<String, Slot>>,
     events: Mutex<VecDeque<Event>>,
     next_id: AtomicU64,
+    /// Cancelled when shutdown begins: no new loads, loads in flight stop.
+    closing: CancellationToken,
 }
 
 /// How many events are kept.
@@ -226,6 +242,7 @@ impl Sessions {
             slots: Mutex::new(HashMap::new()),
             events: Mutex::new(VecDeque::new()),
             next_id: AtomicU64::new(1),
+            closing: CancellationToken::new(),
         })
     }
 
@@ -243,6 +260,11 @@ impl Sessions {
     pub async fn ensure(self: &Arc<Self>, model: &Model) -> Result<Arc<Session>, LoadError> {
         let load = {
             let mut slots = self.slots.lock().expect("slots lock");
+            if self.closing.is_cancelled() {
+                return Err(LoadError::ShuttingDown {
+                    model: model.id.clone(),
+                });
+            }
             match slots.get(&model.id) {
                 Some(Slot::Ready(s)) if !s.ended.is_cancelled() => return Ok(s.clone()),
                 Some(Slot::Loading(load)) => load.clone(),
@@ -328,8 +350,22 @@ impl Sessions {
         true
     }
 
-    /// Stops every session (host shutdown).
+    /// Stops every session (host shutdown): refuses new loads, stops the
+    /// loads in flight, then stops every engine.
     pub async fn shutdown(&self) {
+        self.closing.cancel();
+        let loads: Vec<LoadFuture> = {
+            let slots = self.slots.lock().expect("slots lock");
+            slots
+                .values()
+                .filter_map(|s| match s {
+                    Slot::Loading(load) => Some(load.clone()),
+                    Slot::Ready(_) => None,
+                })
+                .collect()
+        };
+        // Each load sees `closing`, stops its half-started engine and ends.
+        futures_util::future::join_all(loads).await;
         let sessions: Vec<Arc<Session>> = {
             let mut slots = self.slots.lock().expect("slots lock");
             slots
@@ -376,7 +412,14 @@ impl Sessions {
     }
 
     async fn load(self: Arc<Self>, model: Model) -> Result<Arc<Session>, LoadError> {
-        let result = self.clone().start(model.clone()).await;
+        let mut result = self.clone().start(model.clone()).await;
+        if let (Ok(session), true) = (&result, self.closing.is_cancelled()) {
+            session.end("the host is shutting down".into());
+            session.process.stop(STOP_GRACE).await;
+            result = Err(LoadError::ShuttingDown {
+                model: model.id.clone(),
+            });
+        }
         let mut slots = self.slots.lock().expect("slots lock");
         match &result {
             Ok(session) => {
@@ -401,7 +444,12 @@ impl Sessions {
     async fn start(self: Arc<Self>, model: Model) -> Result<Arc<Session>, LoadError> {
         let registry = self.registry.clone();
         let id = format!("s{}", self.next_id.fetch_add(1, Ordering::Relaxed));
-        let work_dir = self.state_dir.join("sessions").join(&id);
+        // Unique across hosts that share a state dir; removed when the
+        // session ends.
+        let work_dir = self
+            .state_dir
+            .join("sessions")
+            .join(format!("{}-{id}", std::process::id()));
         let host_err = |reason: String| LoadError::Host {
             model: model.id.clone(),
             reason,
@@ -425,23 +473,33 @@ impl Sessions {
             program,
             args: plan.args.clone(),
             env: plan.env.clone(),
-            cwd: plan.cwd.clone().map(PathBuf::from).unwrap_or(work_dir),
+            cwd: plan
+                .cwd
+                .clone()
+                .map(PathBuf::from)
+                .unwrap_or(work_dir.clone()),
         };
         let start_err = |reason: String| LoadError::Start {
             plugin: plugin.clone(),
             model: model.id.clone(),
             reason,
         };
-        let process =
-            EngineProcess::start(&self.keeper, &spawn).map_err(|e| start_err(e.to_string()))?;
+        let process = EngineProcess::start(&self.keeper, &spawn).map_err(|e| {
+            let _ = std::fs::remove_dir_all(&work_dir);
+            start_err(e.to_string())
+        })?;
         let base_url = format!("http://127.0.0.1:{port}");
         let timeout = Duration::from_millis(plan.start_timeout_ms);
-        if let Err(e) = process
-            .wait_ready(&self.client, &base_url, &plan.readiness, timeout)
-            .await
-        {
+        let ready = tokio::select! {
+            r = process.wait_ready(&self.client, &base_url, &plan.readiness, timeout) => {
+                r.map_err(|e| start_err(e.to_string()))
+            }
+            _ = self.closing.cancelled() => Err(LoadError::ShuttingDown { model: model.id.clone() }),
+        };
+        if let Err(e) = ready {
             process.stop(STOP_GRACE).await;
-            return Err(start_err(e.to_string()));
+            let _ = std::fs::remove_dir_all(&work_dir);
+            return Err(e);
         }
         let session = Arc::new(Session {
             id,
@@ -458,6 +516,7 @@ impl Sessions {
             end_reason: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
             served: AtomicU64::new(0),
+            work_dir,
         });
         tokio::spawn(self.clone().watch(session.clone()));
         Ok(session)

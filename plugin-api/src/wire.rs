@@ -199,7 +199,8 @@ pub enum Protocol {
 
 /// Readiness: poll `health_path` until it answers `ready_status`; then, if
 /// given, send one `warmup` request, which must succeed. A status in
-/// `failed_statuses` after the first success means the engine failed.
+/// `failed_statuses` means the engine failed to load: the host stops it at
+/// once instead of waiting out the start timeout.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Readiness {
     /// The health route (`/health`).
@@ -210,6 +211,11 @@ pub struct Readiness {
     /// A request that proves the model is loaded, sent once health is ok.
     #[serde(default)]
     pub warmup: Option<WarmupRequest>,
+    /// Health statuses that mean the load failed for good (mlx_lm.server
+    /// answers 503 after its loading thread died). Leave empty for engines
+    /// that use such a status while loading.
+    #[serde(default)]
+    pub failed_statuses: Vec<u16>,
 }
 
 fn default_ready_status() -> u16 {

@@ -35,6 +35,7 @@ impl Plugin for Beta {
                 health_path: "/".into(),
                 ready_status: 200,
                 warmup: None,
+                failed_statuses: vec![],
             },
             start_timeout_ms: 20_000,
             protocol: Default::default(),

@@ -138,6 +138,9 @@ class Server:
         self._serving = threading.Event()
         self.url = ""
         self.model_count = -1
+        self.stop_seconds: float | None = None
+        # The test that started it ("" for session fixtures' setup too).
+        self.started_by = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
         self.proc = subprocess.Popen(
             args,
             env=env,
@@ -181,24 +184,30 @@ class Server:
             self.proc.kill()
             self.proc.wait()
 
-    def stop(self) -> list[str]:
+    def stop(self, timeout: float = STOP_TIMEOUT_S, check_zombies: bool = True) -> list[str]:
         """SIGTERM, wait, and return the problems found: a host that did not
-        exit, engines or keepers that outlived it, zombies it left."""
+        exit within `timeout`, engines or keepers that outlived it, zombies
+        it left. `self.stop_seconds` says how long it took to exit."""
         problems = []
+        self.stop_seconds = None
         if self.proc.poll() is not None:
             return [f"{self.name} had already exited with {self.proc.returncode}"]
         # Zombies among its children while it runs: give a just-exited child
         # a moment to be reaped before calling it a leak.
-        zombies = wait_until(lambda: not [p for p in children(self.pid) if is_zombie(p)], 2.0)
-        if not zombies:
+        zombies = check_zombies and wait_until(
+            lambda: not [p for p in children(self.pid) if is_zombie(p)], 2.0
+        )
+        if check_zombies and not zombies:
             left = [f"{p}: {proc_status(p).get('Name')}" for p in children(self.pid) if is_zombie(p)]
             problems.append(f"{self.name} has zombie children while running: {left}")
         family = {p: proc_start_time(p) for p in descendants(self.pid)}
+        sent = time.monotonic()
         self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(STOP_TIMEOUT_S)
+            self.proc.wait(timeout)
+            self.stop_seconds = time.monotonic() - sent
         except subprocess.TimeoutExpired:
-            problems.append(f"{self.name} did not exit within {STOP_TIMEOUT_S} s of SIGTERM")
+            problems.append(f"{self.name} did not exit within {timeout} s of SIGTERM")
             self.kill()
         self._drain.join(5)
         # Its engines and keepers must be gone, zombies included (a zombie
@@ -351,5 +360,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.failed:
+        # The servers still running, and those this test started.
         for srv in _SERVERS:
-            report.sections.append((f"{srv.name} stderr (pid {srv.pid}, last 80 lines)", srv.log(80)))
+            if srv.proc.poll() is None or srv.started_by == item.nodeid:
+                report.sections.append((f"{srv.name} stderr (pid {srv.pid}, last 80 lines)", srv.log(80)))

@@ -123,9 +123,34 @@ impl From<LoadError> for ApiError {
             LoadError::NoEngine { .. } => (StatusCode::SERVICE_UNAVAILABLE, "no_engine"),
             LoadError::Plan { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_model_settings"),
             LoadError::Start { .. } => (StatusCode::SERVICE_UNAVAILABLE, "engine_start_failed"),
+            LoadError::ShuttingDown { .. } => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             LoadError::Host { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "host_error"),
         };
         ApiError::new(status, "engine_error", code, e.to_string())
+    }
+}
+
+impl From<axum::extract::rejection::BytesRejection> for ApiError {
+    fn from(e: axum::extract::rejection::BytesRejection) -> ApiError {
+        let status = e.status();
+        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            format!(
+                "the request body is larger than {} MiB; send a smaller request",
+                super::MAX_BODY_MIB
+            )
+        } else {
+            format!("cannot read the request body: {e}")
+        };
+        ApiError {
+            status,
+            ..ApiError::bad_request(message, None)
+        }
+    }
+}
+
+impl From<axum::extract::rejection::QueryRejection> for ApiError {
+    fn from(e: axum::extract::rejection::QueryRejection) -> ApiError {
+        ApiError::bad_request(format!("bad query string: {}", e.body_text()), None)
     }
 }
 

@@ -39,8 +39,9 @@ pub struct ResolveQuery {
 /// `GET /api/resolve?model=ID_OR_FORMAT`.
 pub async fn resolve(
     State(app): State<Arc<App>>,
-    Query(q): Query<ResolveQuery>,
+    query: Result<Query<ResolveQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    let Query(q) = query?;
     let discovery = app.discover().await;
     let model = discovery.find(&q.model).cloned();
     let format = match &model {

@@ -22,13 +22,14 @@ mod openai;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 
 pub use error::ApiError;
+use subtle::ConstantTimeEq;
 
 use crate::models::{discover, Discovery, Model};
 use crate::sessions::Sessions;
@@ -90,9 +91,23 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/events", get(manage::events))
         .layer(middleware::from_fn_with_state(app.clone(), authorize))
         .route("/health", get(manage::health))
+        .layer(DefaultBodyLimit::max(MAX_BODY_MIB * 1024 * 1024))
         .fallback(|| async { ApiError::not_found("no such route; see GET /v1/models and /api/*") })
+        .method_not_allowed_fallback(|| async {
+            ApiError {
+                status: axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                ..ApiError::bad_request(
+                    "this route does not take that method (completions are POST, lists are GET)",
+                    None,
+                )
+            }
+        })
         .with_state(app)
 }
+
+/// The largest request body accepted, in MiB: room for long prompts and
+/// inline images.
+pub const MAX_BODY_MIB: usize = 64;
 
 async fn authorize(
     State(app): State<Arc<App>>,
@@ -104,8 +119,12 @@ async fn authorize(
             .headers()
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if sent != Some(key.as_str()) {
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
+        // Constant-time, so the comparison leaks nothing about the key.
+        let ok = sent.is_some_and(|t| bool::from(t.as_bytes().ct_eq(key.as_bytes())));
+        if !ok {
             return Err(ApiError::unauthorized());
         }
     }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -32,8 +33,11 @@ pub async fn chat_completions(
 }
 
 /// `POST /v1/completions`.
-pub async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
-    forward(app, "/v1/completions", body).await
+pub async fn completions(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    forward(app, "/v1/completions", body?).await
 }
 
 /// `GET /v1/models`: every discovered model, in OpenAI's list shape.

@@ -73,6 +73,9 @@ pub struct EngineProcess {
     /// Held open for the process's lifetime: its closing tells the keeper
     /// that the host is gone.
     _lifeline: ChildStdin,
+    /// Set once no process of the group is left, so that `Drop` never
+    /// signals a group id the system may have handed to someone else.
+    gone: std::sync::atomic::AtomicBool,
 }
 
 /// Why an engine did not become ready.
@@ -145,6 +148,7 @@ impl EngineProcess {
             exit,
             log,
             _lifeline: lifeline,
+            gone: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -198,8 +202,19 @@ impl EngineProcess {
                 .timeout(Duration::from_secs(2))
                 .send()
                 .await;
-            if matches!(&health, Ok(r) if r.status().as_u16() == readiness.ready_status) {
-                break;
+            match health {
+                Ok(r) if r.status().as_u16() == readiness.ready_status => break,
+                Ok(r) if readiness.failed_statuses.contains(&r.status().as_u16()) => {
+                    let status = r.status().as_u16();
+                    let body: String = r.text().await.unwrap_or_default().chars().take(300).collect();
+                    return Err(StartError::Failed {
+                        path: readiness.health_path.clone(),
+                        status,
+                        body,
+                        tail: tail(),
+                    });
+                }
+                _ => {}
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(50)) => {}
@@ -254,37 +269,48 @@ impl EngineProcess {
     /// then KILL. Returns once no process of the group is left.
     pub async fn stop(&self, grace: Duration) {
         let group = Pid::from_raw(self.pgid);
-        if killpg(group, Signal::SIGTERM) == Err(Errno::ESRCH) {
+        if self.is_gone() || killpg(group, Signal::SIGTERM) == Err(Errno::ESRCH) {
+            self.gone.store(true, std::sync::atomic::Ordering::SeqCst);
             return;
         }
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
-            if group_is_gone(group) {
+            if self.group_is_gone() {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let _ = killpg(group, Signal::SIGKILL);
         for _ in 0..100 {
-            if group_is_gone(group) {
+            if self.group_is_gone() {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    fn is_gone(&self) -> bool {
+        self.gone.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Signal 0 checks existence: ESRCH means no process is left in the
+    /// group. A zombie keeper still counts until the exit watcher reaps it.
+    fn group_is_gone(&self) -> bool {
+        let gone = matches!(killpg(Pid::from_raw(self.pgid), None), Err(Errno::ESRCH));
+        if gone {
+            self.gone.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        gone
     }
 }
 
 impl Drop for EngineProcess {
     fn drop(&mut self) {
         // Whatever happened before, a dropped engine leaves no process.
-        let _ = killpg(Pid::from_raw(self.pgid), Signal::SIGKILL);
+        if !self.is_gone() {
+            let _ = killpg(Pid::from_raw(self.pgid), Signal::SIGKILL);
+        }
     }
-}
-
-/// Signal 0 checks existence: ESRCH means no process is left in the group.
-/// A zombie keeper still counts, so the exit watcher reaps it first.
-fn group_is_gone(group: Pid) -> bool {
-    matches!(nix::sys::signal::killpg(group, None), Err(Errno::ESRCH))
 }
 
 /// Picks a free loopback port. The port is free when we look; an engine

@@ -272,6 +272,8 @@ pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
             settings::CONTEXT_LENGTH
         ));
     }
+    // Settings this table does not name (the host's own, such as TTLs)
+    // are not the engine's business and are left alone.
     for flag in FLAGS {
         let Some(value) = setting(request, flag.setting) else {
             continue;
@@ -313,9 +315,9 @@ pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
         .or_else(|| request.plugin_settings.get(START_TIMEOUT_MS))
     {
         None => DEFAULT_START_TIMEOUT_MS,
-        Some(value) => positive_integer(value)
-            .ok()
-            .and_then(|ms| ms.parse().ok())
+        Some(value) => value
+            .as_u64()
+            .filter(|&ms| ms > 0)
             .ok_or_else(|| {
                 format!("model '{model}': setting {START_TIMEOUT_MS} = {value} is invalid: it must be a whole number of milliseconds above 0")
             })?,
@@ -354,6 +356,8 @@ pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
                 path: "/v1/completions".into(),
                 body: serde_json::json!({"prompt": "hi", "max_tokens": 1}),
             }),
+            // A load that fails leaves /health at 503 for good.
+            failed_statuses: vec![503],
         },
         start_timeout_ms,
         protocol: Protocol::OpenaiHttp,
