@@ -206,7 +206,13 @@ impl EngineProcess {
                 Ok(r) if r.status().as_u16() == readiness.ready_status => break,
                 Ok(r) if readiness.failed_statuses.contains(&r.status().as_u16()) => {
                     let status = r.status().as_u16();
-                    let body: String = r.text().await.unwrap_or_default().chars().take(300).collect();
+                    let body: String = r
+                        .text()
+                        .await
+                        .unwrap_or_default()
+                        .chars()
+                        .take(300)
+                        .collect();
                     return Err(StartError::Failed {
                         path: readiness.health_path.clone(),
                         status,
