@@ -13,6 +13,7 @@ use serde::Serialize;
 use crate::config::{self, Config};
 use crate::platform;
 use crate::registry::{EngineState, Registry};
+use crate::settings::SettingsStore;
 
 /// Hangar: one API over every local LLM inference engine.
 #[derive(Debug, Parser)]
@@ -130,7 +131,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     dirs.extend(config::default_plugins_dir());
     let registry = Registry::scan(&dirs, &required, config, machine);
     match cli.command {
-        Command::Serve(args) => crate::serve::run(registry, args),
+        Command::Serve(args) => {
+            let settings =
+                SettingsStore::open(config::settings_path(cli.global.config.as_deref()))?;
+            crate::serve::run(registry, settings, args)
+        }
         Command::Plugins => {
             let report = plugins_report(&registry);
             print(cli.global.json, &report, || plugins_table(&report));
@@ -138,7 +143,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Resolve { model } => {
             let format = format_of(&model)?;
-            let resolution = registry.resolve(&format);
+            let settings =
+                SettingsStore::open(config::settings_path(cli.global.config.as_deref()))?;
+            let resolution = registry.resolve(&format, &settings.get().default_engines);
             print(cli.global.json, &resolution, || {
                 resolution_table(&resolution)
             });

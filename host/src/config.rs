@@ -5,15 +5,12 @@
 //! model_dirs = ["~/models"]
 //! platform = "linux/x86_64/cpu"            # override detection
 //!
-//! [default_engines]                        # per-format default engine
-//! mlx = "mlx-lm"
-//!
 //! [plugins.mlx-lm]                         # settings handed to one plugin
 //! program = "/opt/venv/bin/python3"        # where its probe program lives
-//!
-//! [models.tiny-llama]                      # settings of one model
-//! max_tokens = 256
 //! ```
+//!
+//! Settings (generation defaults, default engines, engine and model
+//! settings) live beside it in `settings.toml`: see [`crate::settings`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -37,16 +34,9 @@ pub struct Config {
     /// Overrides platform detection (`os/arch/acc,acc`).
     #[serde(default)]
     pub platform: Option<String>,
-    /// Format → the plugin id to prefer for it.
-    #[serde(default)]
-    pub default_engines: BTreeMap<String, String>,
     /// Plugin id → that plugin's settings.
     #[serde(default)]
     pub plugins: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
-    /// Model id → that model's settings (`context_length`, `max_tokens`,
-    /// `temperature`, …), handed to the serving plugin.
-    #[serde(default)]
-    pub models: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
 }
 
 /// Why the configuration could not be read.
@@ -103,11 +93,20 @@ impl Config {
     }
 }
 
-impl Config {
-    /// The settings the operator gave model `id`.
-    pub fn model_settings(&self, id: &str) -> BTreeMap<String, serde_json::Value> {
-        self.models.get(id).cloned().unwrap_or_default()
+/// The environment variable naming the settings file.
+pub const SETTINGS_ENV: &str = "HANGAR_SETTINGS";
+
+/// Where settings persist: `HANGAR_SETTINGS`, else `settings.toml` beside
+/// the config file in use.
+pub fn settings_path(config: Option<&Path>) -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(SETTINGS_ENV) {
+        return Some(PathBuf::from(path));
     }
+    let config = config
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os(CONFIG_ENV).map(PathBuf::from))
+        .or_else(default_path)?;
+    Some(config.with_file_name("settings.toml"))
 }
 
 /// `~/.config/hangar/config.toml` (or the platform's equivalent).

@@ -15,4 +15,5 @@ pub mod platform;
 pub mod registry;
 pub mod serve;
 pub mod sessions;
+pub mod settings;
 pub mod supervisor;

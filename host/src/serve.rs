@@ -12,9 +12,14 @@ use crate::api::{router, App};
 use crate::cli::ServeArgs;
 use crate::registry::Registry;
 use crate::sessions::Sessions;
+use crate::settings::SettingsStore;
 
 /// Runs the server; returns when it has shut down.
-pub fn run(registry: Registry, args: ServeArgs) -> anyhow::Result<ExitCode> {
+pub fn run(
+    registry: Registry,
+    settings: SettingsStore,
+    args: ServeArgs,
+) -> anyhow::Result<ExitCode> {
     if !args.host.is_loopback() && args.api_key.as_deref().unwrap_or("").is_empty() {
         bail!(
             "refusing to bind {} without an API key: anything beyond loopback must be protected; pass --api-key or set HANGAR_API_KEY",
@@ -42,7 +47,13 @@ pub fn run(registry: Registry, args: ServeArgs) -> anyhow::Result<ExitCode> {
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .build()?;
-        let sessions = Sessions::new(Arc::new(registry), keeper, state_dir, client);
+        let sessions = Sessions::new(
+            Arc::new(registry),
+            Arc::new(settings),
+            keeper,
+            state_dir,
+            client,
+        );
         let app = Arc::new(App {
             sessions: sessions.clone(),
             model_dirs,

@@ -18,7 +18,8 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::models::Model;
-use crate::registry::{probe::find_program, EngineState, Registry};
+use crate::registry::{probe::find_program, Registry};
+use crate::settings::SettingsStore;
 use crate::supervisor::{free_port, EngineProcess, Spawn};
 
 /// How long an engine gets between TERM and KILL.
@@ -212,6 +213,7 @@ enum Slot {
 /// Every session of the host.
 pub struct Sessions {
     registry: Arc<Registry>,
+    settings: Arc<SettingsStore>,
     keeper: PathBuf,
     state_dir: PathBuf,
     client: reqwest::Client,
@@ -230,12 +232,14 @@ impl Sessions {
     /// with work folders under `state_dir`.
     pub fn new(
         registry: Arc<Registry>,
+        settings: Arc<SettingsStore>,
         keeper: PathBuf,
         state_dir: PathBuf,
         client: reqwest::Client,
     ) -> Arc<Sessions> {
         Arc::new(Sessions {
             registry,
+            settings,
             keeper,
             state_dir,
             client,
@@ -249,6 +253,11 @@ impl Sessions {
     /// The registry.
     pub fn registry(&self) -> &Arc<Registry> {
         &self.registry
+    }
+
+    /// The stored settings.
+    pub fn settings(&self) -> &Arc<SettingsStore> {
+        &self.settings
     }
 
     /// The HTTP client used to reach engines.
@@ -459,9 +468,11 @@ impl Sessions {
         let port = free_port().map_err(|e| host_err(format!("no free loopback port: {e}")))?;
         let m = model.clone();
         let wd = work_dir.clone();
-        let planned = tokio::task::spawn_blocking(move || plan(&registry, &m, port, &wd))
-            .await
-            .map_err(|e| host_err(format!("planning failed: {e}")))??;
+        let settings = self.settings.clone();
+        let planned =
+            tokio::task::spawn_blocking(move || plan(&registry, &settings, &m, port, &wd))
+                .await
+                .map_err(|e| host_err(format!("planning failed: {e}")))??;
         let Planned {
             plugin,
             engine_version,
@@ -469,6 +480,26 @@ impl Sessions {
             plan,
             program,
         } = planned;
+        for (name, contents) in &plan.files {
+            let relative = Path::new(name);
+            let safe = relative
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !safe {
+                return Err(LoadError::Plan {
+                    plugin: plugin.clone(),
+                    model: model.id.clone(),
+                    reason: format!("the launch plan's file '{name}' is not a plain relative path"),
+                });
+            }
+            let path = work_dir.join(relative);
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| host_err(format!("cannot create {}: {e}", dir.display())))?;
+            }
+            std::fs::write(&path, contents)
+                .map_err(|e| host_err(format!("cannot write {}: {e}", path.display())))?;
+        }
         let spawn = Spawn {
             program,
             args: plan.args.clone(),
@@ -563,40 +594,21 @@ struct Planned {
 /// (blocking: plugin calls and probes are synchronous).
 fn plan(
     registry: &Registry,
+    settings: &SettingsStore,
     model: &Model,
     port: u16,
     work_dir: &Path,
 ) -> Result<Planned, LoadError> {
-    let resolution = registry.resolve(&model.format);
-    let no_engine = |reason: String| LoadError::NoEngine {
-        model: model.id.clone(),
-        format: model.format.clone(),
-        path: model.path.display().to_string(),
-        reason,
-    };
-    let Some(chosen) = resolution.chosen.clone() else {
-        let rejections: Vec<String> = resolution
-            .trace
-            .iter()
-            .filter_map(|t| match &t.verdict {
-                crate::registry::resolve::Verdict::Rejected(r) => {
-                    Some(format!("{}: {r}", t.plugin))
-                }
-                _ => None,
-            })
-            .collect();
-        let mut reason = resolution.reason.clone();
-        if !rejections.is_empty() {
-            reason.push_str(&format!(" ({})", rejections.join("; ")));
-        }
-        return Err(no_engine(reason));
-    };
-    let entry = registry
-        .plugin(&chosen)
-        .expect("resolution chose a known plugin");
-    let EngineState::Ready(engine) = registry.engine(entry) else {
-        return Err(no_engine(format!("plugin '{chosen}' stopped being ready")));
-    };
+    let stored = settings.get();
+    let (entry, engine) = registry
+        .serving(&model.format, &stored.default_engines)
+        .map_err(|reason| LoadError::NoEngine {
+            model: model.id.clone(),
+            format: model.format.clone(),
+            path: model.path.display().to_string(),
+            reason,
+        })?;
+    let chosen = entry.manifest.id.clone();
     let manifest = &entry.manifest;
     let plan_err = |reason: String| LoadError::Plan {
         plugin: chosen.clone(),
@@ -605,6 +617,7 @@ fn plan(
     };
     let config = registry.config();
     let plugin_settings = config.plugin_settings(&chosen);
+    let (effective, setting_notes) = crate::settings::effective(&stored, entry, engine, &model.id);
     let request = LoadRequest {
         model_id: model.id.clone(),
         model_path: model.path.display().to_string(),
@@ -621,13 +634,14 @@ fn plan(
             .filter(|(_, s)| s.is_on())
             .map(|(id, _)| id.clone())
             .collect(),
-        settings: config.model_settings(&model.id),
+        settings: effective.into_iter().map(|(k, e)| (k, e.value)).collect(),
         plugin_settings: plugin_settings.clone(),
         host: "127.0.0.1".into(),
         port,
         work_dir: work_dir.display().to_string(),
     };
-    let plan = engine.plugin.plan_launch(&request).map_err(plan_err)?;
+    let mut plan = engine.plugin.plan_launch(&request).map_err(plan_err)?;
+    plan.notes.splice(0..0, setting_notes);
     // The host runs only programs the manifest declares: the probe's
     // resolved program, or a declared name found the same way.
     let program = if engine.report.program.as_deref() == Some(plan.program.as_str()) {

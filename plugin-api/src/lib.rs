@@ -8,6 +8,8 @@
 //! - [`platform`]: operating systems, architectures and accelerators, and how
 //!   a manifest's platform list matches a machine;
 //! - [`capability`]: the capability ids that engines gate on versions;
+//! - [`settings`]: the settings a plugin declares, with types, defaults and
+//!   the capability each needs;
 //! - [`wire`]: the messages that cross the plugin boundary (descriptions,
 //!   probe input and report, load requests and launch plans);
 //! - [`abi`]: the `abi_stable` root module a native plugin exports.
@@ -26,6 +28,7 @@ pub mod abi;
 pub mod capability;
 pub mod manifest;
 pub mod platform;
+pub mod settings;
 pub mod wire;
 
 pub use manifest::{Manifest, ManifestError, PluginKind};

@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::capability;
 use crate::platform::PlatformSpec;
+use crate::settings::{SettingSpec, SettingType};
 
 /// The name of the manifest file in a plugin folder.
 pub const MANIFEST_FILE: &str = "plugin.toml";
@@ -101,6 +102,14 @@ pub struct Manifest {
     /// Capability id → engine versions that have it.
     #[serde(default)]
     pub capabilities: BTreeMap<String, VersionReq>,
+    /// The settings the plugin understands.
+    #[serde(default)]
+    pub settings: Vec<SettingSpec>,
+    /// Request fields that need a capability (`thinking_budget_tokens` →
+    /// `reasoning_budget`): a request that sends one while the capability is
+    /// off is refused.
+    #[serde(default)]
+    pub request_fields: BTreeMap<String, String>,
 }
 
 /// How the host finds the engine and reads its version.
@@ -300,6 +309,7 @@ impl Manifest {
                 format!("'{bad}' is not a capability id (lowercase snake_case)"),
             );
         }
+        self.validate_settings()?;
         if let Some(bad) = self.allowed_programs().find(|p| p.trim().is_empty()) {
             return invalid("programs", format!("'{bad}' is an empty program name"));
         }
@@ -321,6 +331,63 @@ fn malformed(e: toml::de::Error) -> ManifestError {
         .map(|at| format!(" ({at})"))
         .unwrap_or_default();
     ManifestError::Malformed(format!("{what}{at}"))
+}
+
+impl Manifest {
+    /// The declared setting called `name`.
+    pub fn setting(&self, name: &str) -> Option<&SettingSpec> {
+        self.settings.iter().find(|s| s.name == name)
+    }
+
+    fn validate_settings(&self) -> Result<(), ManifestError> {
+        let invalid = |reason: String| {
+            Err(ManifestError::Invalid {
+                field: "settings",
+                reason,
+            })
+        };
+        let declared = |cap: &str| self.capabilities.contains_key(cap);
+        let mut seen = std::collections::BTreeSet::new();
+        for s in &self.settings {
+            if !capability::is_valid_id(&s.name) {
+                return invalid(format!(
+                    "'{}' is not a setting name (lowercase snake_case)",
+                    s.name
+                ));
+            }
+            if !seen.insert(&s.name) {
+                return invalid(format!("'{}' is declared twice", s.name));
+            }
+            let caps = s.capability.iter().map(String::as_str);
+            let value_caps = s.values.iter().filter_map(|v| v.capability());
+            if let Some(cap) = caps.chain(value_caps).find(|c| !declared(c)) {
+                return invalid(format!(
+                    "'{}' needs capability '{cap}', which [capabilities] does not declare",
+                    s.name
+                ));
+            }
+            if (s.kind == SettingType::Enum) == s.values.is_empty() {
+                return invalid(format!(
+                    "'{}': enum settings list their values, and only enum settings do",
+                    s.name
+                ));
+            }
+            if let Some(default) = &s.default {
+                if let Err(e) = s.check(default, |_| true) {
+                    return invalid(format!("the default of '{}' is invalid: {e}", s.name));
+                }
+            }
+        }
+        if let Some((field, cap)) = self.request_fields.iter().find(|(_, c)| !declared(c)) {
+            return Err(ManifestError::Invalid {
+                field: "request_fields",
+                reason: format!(
+                    "'{field}' needs capability '{cap}', which [capabilities] does not declare"
+                ),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Whether `id` is a valid plugin id.

@@ -186,6 +186,11 @@ pub struct LaunchPlan {
     /// ignored, fallbacks taken).
     #[serde(default)]
     pub notes: Vec<String>,
+    /// Files the host writes into the session's work dir before starting
+    /// the engine (relative path → contents), such as a distributed
+    /// config. Plugins never write files themselves.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
 }
 
 /// The protocol an engine process speaks.

@@ -41,6 +41,7 @@ impl Plugin for Beta {
             protocol: Default::default(),
             upstream_model: None,
             notes: vec![],
+            files: Default::default(),
         })
     }
 }

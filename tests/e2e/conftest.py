@@ -289,12 +289,14 @@ def env(tmp_path_factory):
     shutil.copy(models / "tiny-llama" / "model.safetensors", models / "bad-json" / "model.safetensors")
 
     config = root / "config.toml"
-    config.write_text(f'[plugins.mlx-lm]\nprogram = "{python}"\n[models.tiny-llama]\nmax_tokens = 64\n')
+    config.write_text(f'[plugins.mlx-lm]\nprogram = "{python}"\n')
+    (root / "settings.toml").write_text('[models.tiny-llama]\nmax_tokens = 64\n')
     state = root / "state"
     state.mkdir()
 
     proc_env = {k: v for k, v in os.environ.items() if k not in ("HANGAR_API_KEY", "HANGAR_MODEL_DIR",
-                                                               "HANGAR_PLUGINS_DIR", "HANGAR_CONFIG")}
+                                                               "HANGAR_PLUGINS_DIR", "HANGAR_CONFIG",
+                                                               "HANGAR_SETTINGS")}
     proc_env.update(HANGAR_PLATFORM="linux/x86_64/cpu", HANGAR_LOG="info")
     base_args = [
         str(HANGAR), "serve", "--port", "0",

@@ -94,6 +94,36 @@ impl ApiError {
         )
     }
 
+    /// 422: settings or request fields the engine cannot take.
+    pub fn unprocessable(message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request_error",
+            "unsupported_setting",
+            message.into(),
+        )
+    }
+
+    /// 503: nothing can serve this now.
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "engine_error",
+            "no_engine",
+            message.into(),
+        )
+    }
+
+    /// 500: the host failed.
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "host_error",
+            message.into(),
+        )
+    }
+
     /// 502: the engine failed while serving.
     pub fn engine(message: impl Into<String>) -> ApiError {
         ApiError::new(

@@ -50,7 +50,8 @@ pub async fn resolve(
         None => q.model.clone(),
     };
     let registry = app.sessions.registry().clone();
-    let resolution = tokio::task::spawn_blocking(move || registry.resolve(&format))
+    let defaults = app.sessions.settings().get().default_engines;
+    let resolution = tokio::task::spawn_blocking(move || registry.resolve(&format, &defaults))
         .await
         .expect("resolution does not panic");
     Ok(Json(json!({ "model": model, "resolution": resolution })))

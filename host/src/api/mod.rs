@@ -9,6 +9,8 @@
 //! | `GET /api/resolve?model=ID_OR_FORMAT` | the resolution trace |
 //! | `GET /api/models` | discovered models, their state, and folders that are not models |
 //! | `POST /api/models/{id}/load`, `POST /api/models/{id}/unload` | load or stop a model (`/` in ids as `%2F`) |
+//! | `GET/PUT /api/settings` | app defaults, default engines, engine settings |
+//! | `GET/PUT /api/models/{id}/settings`, `GET /api/models/{id}/settings/schema` | one model's settings, and what its engine supports now |
 //! | `GET /api/sessions`, `GET /api/sessions/{id}/logs` | running engines and their output |
 //! | `GET /api/events` | loads, unloads, crashes |
 //!
@@ -18,6 +20,7 @@
 mod error;
 mod manage;
 mod openai;
+mod settings;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -86,6 +89,15 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/models", get(manage::models))
         .route("/api/models/{id}/load", post(manage::load))
         .route("/api/models/{id}/unload", post(manage::unload))
+        .route(
+            "/api/settings",
+            get(settings::get_app).put(settings::put_app),
+        )
+        .route(
+            "/api/models/{id}/settings",
+            get(settings::get_model).put(settings::put_model),
+        )
+        .route("/api/models/{id}/settings/schema", get(settings::schema))
         .route("/api/sessions", get(manage::sessions))
         .route("/api/sessions/{id}/logs", get(manage::logs))
         .route("/api/events", get(manage::events))

@@ -22,6 +22,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use super::{ApiError, App};
+use crate::models::Model;
 use crate::sessions::{InFlight, Session};
 
 /// `POST /v1/chat/completions`.
@@ -83,6 +84,7 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
         }
     };
     let model = app.find_model(&model_id).await?;
+    refuse_gated_fields(&app, &model, &request).await?;
     let session = app.sessions.ensure(&model).await?;
     let in_flight = session.begin_request();
     match &session.upstream_model {
@@ -143,6 +145,35 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
             }
             Err(e)
         }
+    }
+}
+
+/// A request field whose capability is off for the serving engine is
+/// refused (422) before anything loads, rather than sent to an engine
+/// version that does not know it.
+async fn refuse_gated_fields(
+    app: &App,
+    model: &Model,
+    request: &Map<String, Value>,
+) -> Result<(), ApiError> {
+    let registry = app.sessions.registry().clone();
+    let defaults = app.sessions.settings().get().default_engines;
+    let format = model.format.clone();
+    let present: Map<String, Value> = request
+        .iter()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, _)| (k.clone(), Value::Bool(true)))
+        .collect();
+    let refused = tokio::task::spawn_blocking(move || match registry.serving(&format, &defaults) {
+        Ok((entry, engine)) => crate::settings::refused_request_fields(entry, engine, &present),
+        // Loading reports the missing engine with the whole story.
+        Err(_) => vec![],
+    })
+    .await
+    .unwrap_or_default();
+    match refused.is_empty() {
+        true => Ok(()),
+        false => Err(ApiError::unprocessable(refused.join("; "))),
     }
 }
 

@@ -211,6 +211,37 @@ impl Registry {
     }
 }
 
+impl Registry {
+    /// The plugin and engine that serve `format`, or why none can (the
+    /// resolution's reason and every rejection, in one sentence).
+    pub fn serving(
+        &self,
+        format: &str,
+        default_engines: &BTreeMap<String, String>,
+    ) -> Result<(&PluginEntry, &Engine), String> {
+        let resolution = self.resolve(format, default_engines);
+        let chosen = resolution.chosen.as_deref().and_then(|id| self.plugin(id));
+        if let Some(entry) = chosen {
+            if let EngineState::Ready(engine) = self.engine(entry) {
+                return Ok((entry, engine));
+            }
+        }
+        let rejections: Vec<String> = resolution
+            .trace
+            .iter()
+            .filter_map(|t| match &t.verdict {
+                resolve::Verdict::Rejected(r) => Some(format!("{}: {r}", t.plugin)),
+                _ => None,
+            })
+            .collect();
+        let mut reason = resolution.reason;
+        if !rejections.is_empty() {
+            reason.push_str(&format!(" ({})", rejections.join("; ")));
+        }
+        Err(reason)
+    }
+}
+
 fn read_plugin(folder: &Path, platform: &Platform) -> Result<PluginEntry, String> {
     if !folder.join(MANIFEST_FILE).exists() {
         return Err(format!(

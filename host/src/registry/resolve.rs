@@ -8,6 +8,7 @@
 //!    else sort by priority, then engine version, then id.
 
 use std::cmp::Reverse;
+use std::collections::BTreeMap;
 
 use semver::Version;
 use serde::Serialize;
@@ -57,8 +58,10 @@ pub enum Verdict {
 }
 
 impl Registry {
-    /// Resolves a format (or alias) to the engine that serves it.
-    pub fn resolve(&self, format: &str) -> Resolution {
+    /// Resolves a format (or alias) to the engine that serves it, preferring
+    /// the operator's default engine for that format (`default_engines`,
+    /// keyed by canonical format) when it can serve.
+    pub fn resolve(&self, format: &str, default_engines: &BTreeMap<String, String>) -> Resolution {
         let requested = format.to_ascii_lowercase();
         let canonical = self.canonical_format(&requested);
         let alias = self.aliases().get(&requested).map(|a| {
@@ -114,7 +117,7 @@ impl Registry {
                 entry.manifest.id.clone(),
             )
         });
-        let default = self.config().default_engines.get(&canonical);
+        let default = default_engines.get(&canonical);
         let mut reason = String::new();
         if let Some(default) = default {
             match eligible.iter().position(|(e, _)| &e.manifest.id == default) {

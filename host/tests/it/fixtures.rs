@@ -81,6 +81,11 @@ impl Scenario {
         std::fs::write(self.root.path().join("config.toml"), text).unwrap();
     }
 
+    /// Writes `settings.toml`, which lives beside the config file.
+    pub fn settings(&self, text: &str) {
+        std::fs::write(self.root.path().join("settings.toml"), text).unwrap();
+    }
+
     /// Runs `hangar ARGS` against this scenario; returns exit code and
     /// stdout with the scenario's paths replaced by `$ROOT`.
     pub fn hangar(&self, args: &[&str]) -> (i32, String) {

@@ -79,7 +79,7 @@ fn a_per_format_default_engine_overrides_priority() {
     let s = Scenario::new();
     alpha(&s, 20, "alpha 1.5.0");
     beta(&s, 10);
-    s.config("[default_engines]\nmlx = \"beta\"\n");
+    s.settings("[default_engines]\nmlx = \"beta\"\n");
     check(
         &s,
         &["resolve", "mlx"],
@@ -97,7 +97,7 @@ fn a_per_format_default_engine_overrides_priority() {
 fn a_default_engine_that_cannot_serve_falls_back_to_priority() {
     let s = Scenario::new();
     alpha(&s, 20, "alpha 1.5.0");
-    s.config("[default_engines]\nmlx = \"beta\"\n");
+    s.settings("[default_engines]\nmlx = \"beta\"\n");
     check(
         &s,
         &["resolve", "mlx"],

@@ -363,6 +363,7 @@ pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
         protocol: Protocol::OpenaiHttp,
         upstream_model: Some(model_path),
         notes,
+        files: Default::default(),
     })
 }
 

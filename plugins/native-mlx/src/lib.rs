@@ -1,1 +1,2 @@
 //! x
+pub fn v() -> String { String::new() }
