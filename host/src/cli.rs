@@ -61,6 +61,17 @@ pub enum Command {
     Platform,
     /// Serve every model of the model dirs behind one OpenAI-compatible API.
     Serve(ServeArgs),
+    /// Internal: hosts one in-process engine in a child process of its own,
+    /// serving the OpenAI routes on the load request's port.
+    #[command(hide = true)]
+    Worker {
+        /// The plugin folder.
+        #[arg(long)]
+        plugin_dir: PathBuf,
+        /// The load request (JSON) the host wrote.
+        #[arg(long)]
+        request: PathBuf,
+    },
     /// Internal: stands between the host and one engine process so that no
     /// engine outlives the host.
     #[command(hide = true)]
@@ -97,15 +108,21 @@ pub struct ServeArgs {
 
 /// Runs the command line and returns the process exit code.
 pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // A worker's output is its session's log, where engine events belong;
+    // everything else stays quiet unless HANGAR_LOG says otherwise.
+    let default_level = match cli.command {
+        Command::Worker { .. } => "info",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("HANGAR_LOG")
-                .unwrap_or_else(|_| "warn".into()),
+                .unwrap_or_else(|_| default_level.into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -116,8 +133,15 @@ pub fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    if let Command::Keeper { program, args } = &cli.command {
-        return Ok(crate::supervisor::keeper::run(program, args));
+    match &cli.command {
+        Command::Keeper { program, args } => {
+            return Ok(crate::supervisor::keeper::run(program, args))
+        }
+        Command::Worker {
+            plugin_dir,
+            request,
+        } => return crate::worker::run(plugin_dir, request),
+        _ => {}
     }
     let config = Config::load(cli.global.config.as_deref())?;
     let machine = platform::current(config.platform.as_deref()).map_err(anyhow::Error::msg)?;
@@ -155,7 +179,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ExitCode::from(2)
             })
         }
-        Command::Platform | Command::Keeper { .. } => unreachable!("handled above"),
+        Command::Platform | Command::Keeper { .. } | Command::Worker { .. } => {
+            unreachable!("handled above")
+        }
     }
 }
 

@@ -17,3 +17,4 @@ pub mod serve;
 pub mod sessions;
 pub mod settings;
 pub mod supervisor;
+pub mod worker;

@@ -87,7 +87,8 @@ pub fn run(
     })
 }
 
-async fn wait_for_signal() {
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("a TERM handler");
     tokio::select! {

@@ -17,6 +17,7 @@ use hangar_plugin_api::wire::{LaunchPlan, LoadRequest};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::inprocess::Served;
 use crate::models::Model;
 use crate::registry::{probe::find_program, Registry};
 use crate::settings::SettingsStore;
@@ -90,16 +91,12 @@ pub struct Session {
     pub engine_version: Option<String>,
     /// The accelerator chosen.
     pub accelerator: String,
-    /// `http://127.0.0.1:PORT`.
-    pub base_url: String,
-    /// The `model` value the engine expects (`None`: omit the field).
-    pub upstream_model: Option<String>,
+    /// How requests reach the engine.
+    pub backend: Backend,
     /// Notes from the plan (settings ignored, fallbacks).
     pub notes: Vec<String>,
     /// Seconds since the epoch when it became ready.
     pub started_at: u64,
-    /// The engine process.
-    pub process: EngineProcess,
     /// Cancelled when the session ends (crash, unload, shutdown).
     pub ended: CancellationToken,
     end_reason: OnceLock<String>,
@@ -126,6 +123,22 @@ impl Session {
         self.ended.cancel();
     }
 
+    /// The engine process, unless the engine runs inside the host.
+    pub fn process(&self) -> Option<&EngineProcess> {
+        match &self.backend {
+            Backend::Process { process, .. } => Some(process),
+            Backend::InProcess(_) => None,
+        }
+    }
+
+    /// Stops the engine: its process tree, or (in-process) lets the engine
+    /// go once its last request is done.
+    pub async fn stop(&self, grace: Duration) {
+        if let Some(process) = self.process() {
+            process.stop(grace).await;
+        }
+    }
+
     /// Counts a request in flight until the guard drops.
     pub fn begin_request(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
@@ -141,12 +154,40 @@ impl Session {
             plugin: self.plugin.clone(),
             engine_version: self.engine_version.clone(),
             accelerator: self.accelerator.clone(),
-            endpoint: self.base_url.clone(),
-            pid: self.process.engine_pid(),
+            endpoint: match &self.backend {
+                Backend::Process { base_url, .. } => base_url.clone(),
+                Backend::InProcess(_) => "in-process".into(),
+            },
+            pid: self.process().and_then(EngineProcess::engine_pid),
             started_at: self.started_at,
             in_flight: self.in_flight.load(Ordering::SeqCst),
             requests_served: self.served.load(Ordering::Relaxed),
             notes: self.notes.clone(),
+        }
+    }
+}
+
+/// How a session's requests reach its engine.
+pub enum Backend {
+    /// An engine process (a plugin's launch plan, or a `hangar worker`
+    /// hosting an in-process engine) behind loopback HTTP.
+    Process {
+        /// The process.
+        process: EngineProcess,
+        /// `http://127.0.0.1:PORT`.
+        base_url: String,
+        /// The `model` value the engine expects (`None`: omit the field).
+        upstream_model: Option<String>,
+    },
+    /// An engine inside the host (`isolation = "none"`).
+    InProcess(Arc<Served>),
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Backend::Process { base_url, .. } => write!(f, "Process({base_url})"),
+            Backend::InProcess(s) => write!(f, "InProcess({})", s.model_id),
         }
     }
 }
@@ -349,7 +390,7 @@ impl Sessions {
             }
         };
         session.end(format!("model '{model}' was unloaded"));
-        session.process.stop(STOP_GRACE).await;
+        session.stop(STOP_GRACE).await;
         self.record(
             "unloaded",
             model,
@@ -387,7 +428,7 @@ impl Sessions {
         };
         let stops = sessions.iter().map(|s| {
             s.end("the host is shutting down".into());
-            s.process.stop(STOP_GRACE)
+            s.stop(STOP_GRACE)
         });
         futures_util::future::join_all(stops).await;
     }
@@ -424,7 +465,7 @@ impl Sessions {
         let mut result = self.clone().start(model.clone()).await;
         if let (Ok(session), true) = (&result, self.closing.is_cancelled()) {
             session.end("the host is shutting down".into());
-            session.process.stop(STOP_GRACE).await;
+            session.stop(STOP_GRACE).await;
             result = Err(LoadError::ShuttingDown {
                 model: model.id.clone(),
             });
@@ -438,7 +479,7 @@ impl Sessions {
                     "loaded",
                     &model.id,
                     Some(&session.id),
-                    format!("served by {} at {}", session.plugin, session.base_url),
+                    format!("served by {} ({:?})", session.plugin, session.backend),
                 );
             }
             Err(e) => {
@@ -466,39 +507,100 @@ impl Sessions {
         std::fs::create_dir_all(&work_dir)
             .map_err(|e| host_err(format!("cannot create {}: {e}", work_dir.display())))?;
         let port = free_port().map_err(|e| host_err(format!("no free loopback port: {e}")))?;
-        let m = model.clone();
-        let wd = work_dir.clone();
+        let (m, wd, keeper) = (model.clone(), work_dir.clone(), self.keeper.clone());
         let settings = self.settings.clone();
         let planned =
-            tokio::task::spawn_blocking(move || plan(&registry, &settings, &m, port, &wd))
+            tokio::task::spawn_blocking(move || plan(&registry, &settings, &keeper, &m, port, &wd))
                 .await
-                .map_err(|e| host_err(format!("planning failed: {e}")))??;
-        let Planned {
-            plugin,
-            engine_version,
-            accelerator,
-            plan,
-            program,
-        } = planned;
+                .map_err(|e| host_err(format!("planning failed: {e}")))?;
+        let planned = match planned {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&work_dir);
+                return Err(e);
+            }
+        };
+        let session = |backend: Backend, notes: Vec<String>| Session {
+            id: id.clone(),
+            model: model.clone(),
+            plugin: planned.plugin.clone(),
+            engine_version: planned.engine_version.clone(),
+            accelerator: planned.accelerator.clone(),
+            backend,
+            notes,
+            started_at: now(),
+            ended: CancellationToken::new(),
+            end_reason: OnceLock::new(),
+            in_flight: AtomicUsize::new(0),
+            served: AtomicU64::new(0),
+            work_dir: work_dir.clone(),
+        };
+        let (plan, program) = match planned.how {
+            How::InProcess { served, notes } => {
+                return Ok(Arc::new(session(Backend::InProcess(served), notes)))
+            }
+            How::Launch { plan, program } => (plan, program),
+        };
+        let start_err = |reason: String| LoadError::Start {
+            plugin: planned.plugin.clone(),
+            model: model.id.clone(),
+            reason,
+        };
+        let started = self.launch(&plan, program, &work_dir, port).await;
+        let (process, base_url) = match started {
+            Ok(started) => started,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&work_dir);
+                return Err(match e {
+                    Launch::Plan(reason) => LoadError::Plan {
+                        plugin: planned.plugin.clone(),
+                        model: model.id.clone(),
+                        reason,
+                    },
+                    Launch::Host(reason) => host_err(reason),
+                    Launch::Start(reason) => start_err(reason),
+                    Launch::ShuttingDown => LoadError::ShuttingDown {
+                        model: model.id.clone(),
+                    },
+                });
+            }
+        };
+        let backend = Backend::Process {
+            process,
+            base_url,
+            upstream_model: plan.upstream_model.clone(),
+        };
+        let session = Arc::new(session(backend, plan.notes.clone()));
+        tokio::spawn(self.clone().watch(session.clone()));
+        Ok(session)
+    }
+
+    /// Writes the plan's files, starts its process and waits until it is
+    /// ready; a process that does not become ready is stopped.
+    async fn launch(
+        &self,
+        plan: &LaunchPlan,
+        program: PathBuf,
+        work_dir: &Path,
+        port: u16,
+    ) -> Result<(EngineProcess, String), Launch> {
         for (name, contents) in &plan.files {
             let relative = Path::new(name);
             let safe = relative
                 .components()
                 .all(|c| matches!(c, std::path::Component::Normal(_)));
             if !safe {
-                return Err(LoadError::Plan {
-                    plugin: plugin.clone(),
-                    model: model.id.clone(),
-                    reason: format!("the launch plan's file '{name}' is not a plain relative path"),
-                });
+                return Err(Launch::Plan(format!(
+                    "the launch plan's file '{name}' is not a plain relative path"
+                )));
             }
             let path = work_dir.join(relative);
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)
-                    .map_err(|e| host_err(format!("cannot create {}: {e}", dir.display())))?;
+                    .map_err(|e| Launch::Host(format!("cannot create {}: {e}", dir.display())))?;
             }
             std::fs::write(&path, contents)
-                .map_err(|e| host_err(format!("cannot write {}: {e}", path.display())))?;
+                .map_err(|e| Launch::Host(format!("cannot write {}: {e}", path.display())))?;
         }
         let spawn = Spawn {
             program,
@@ -508,62 +610,41 @@ impl Sessions {
                 .cwd
                 .clone()
                 .map(PathBuf::from)
-                .unwrap_or(work_dir.clone()),
+                .unwrap_or(work_dir.to_path_buf()),
         };
-        let start_err = |reason: String| LoadError::Start {
-            plugin: plugin.clone(),
-            model: model.id.clone(),
-            reason,
-        };
-        let process = EngineProcess::start(&self.keeper, &spawn).map_err(|e| {
-            let _ = std::fs::remove_dir_all(&work_dir);
-            start_err(e.to_string())
-        })?;
+        let process =
+            EngineProcess::start(&self.keeper, &spawn).map_err(|e| Launch::Start(e.to_string()))?;
         let base_url = format!("http://127.0.0.1:{port}");
         let timeout = Duration::from_millis(plan.start_timeout_ms);
         let ready = tokio::select! {
             r = process.wait_ready(&self.client, &base_url, &plan.readiness, timeout) => {
-                r.map_err(|e| start_err(e.to_string()))
+                r.map_err(|e| Launch::Start(e.to_string()))
             }
-            _ = self.closing.cancelled() => Err(LoadError::ShuttingDown { model: model.id.clone() }),
+            _ = self.closing.cancelled() => Err(Launch::ShuttingDown),
         };
-        if let Err(e) = ready {
-            process.stop(STOP_GRACE).await;
-            let _ = std::fs::remove_dir_all(&work_dir);
-            return Err(e);
+        match ready {
+            Ok(()) => Ok((process, base_url)),
+            Err(e) => {
+                process.stop(STOP_GRACE).await;
+                Err(e)
+            }
         }
-        let session = Arc::new(Session {
-            id,
-            model,
-            plugin,
-            engine_version,
-            accelerator,
-            base_url,
-            upstream_model: plan.upstream_model.clone(),
-            notes: plan.notes.clone(),
-            started_at: now(),
-            process,
-            ended: CancellationToken::new(),
-            end_reason: OnceLock::new(),
-            in_flight: AtomicUsize::new(0),
-            served: AtomicU64::new(0),
-            work_dir,
-        });
-        tokio::spawn(self.clone().watch(session.clone()));
-        Ok(session)
     }
 
     /// Waits for the session's engine to exit; an exit nobody asked for is
     /// a crash: the session goes at once and its requests are told why.
     async fn watch(self: Arc<Self>, session: Arc<Session>) {
+        let Some(process) = session.process() else {
+            return;
+        };
         let exit = tokio::select! {
-            exit = session.process.exited() => exit,
+            exit = process.exited() => exit,
             _ = session.ended.cancelled() => return,
         };
         if session.ended.is_cancelled() {
             return;
         }
-        let tail = session.process.log.tail(5).join(" | ");
+        let tail = process.log.tail(5).join(" | ");
         let reason = format!(
             "engine '{}' serving model '{}' exited unexpectedly ({exit}); the next request loads it again. Last output: {tail}",
             session.plugin, session.model.id
@@ -577,24 +658,48 @@ impl Sessions {
         }
         session.end(reason.clone());
         // Reap whatever the engine left in its group.
-        session.process.stop(Duration::from_millis(200)).await;
+        process.stop(Duration::from_millis(200)).await;
         self.record("crashed", &session.model.id, Some(&session.id), reason);
     }
+}
+
+/// Why a launch failed, before it becomes a [`LoadError`].
+enum Launch {
+    Plan(String),
+    Host(String),
+    Start(String),
+    ShuttingDown,
 }
 
 struct Planned {
     plugin: String,
     engine_version: Option<String>,
     accelerator: String,
-    plan: LaunchPlan,
-    program: PathBuf,
+    how: How,
 }
 
-/// Resolves the model's engine and asks its plugin for a launch plan
-/// (blocking: plugin calls and probes are synchronous).
+/// How a model will be served.
+enum How {
+    /// Run this plan's program (already checked against the manifest).
+    Launch {
+        plan: Box<LaunchPlan>,
+        program: PathBuf,
+    },
+    /// The engine is loaded in the host already.
+    InProcess {
+        served: Arc<Served>,
+        notes: Vec<String>,
+    },
+}
+
+/// Resolves the model's engine and asks its plugin how to serve it
+/// (blocking: plugin calls and probes are synchronous). A plugin that runs
+/// inference itself is hosted by `hangar worker` (the `keeper` binary),
+/// unless the operator set `isolation = "none"` for it.
 fn plan(
     registry: &Registry,
     settings: &SettingsStore,
+    keeper: &Path,
     model: &Model,
     port: u16,
     work_dir: &Path,
@@ -615,9 +720,10 @@ fn plan(
         model: model.id.clone(),
         reason,
     };
-    let config = registry.config();
-    let plugin_settings = config.plugin_settings(&chosen);
-    let (effective, setting_notes) = crate::settings::effective(&stored, entry, engine, &model.id);
+    let plugin_settings = registry.config().plugin_settings(&chosen);
+    let (effective, mut notes) = crate::settings::effective(&stored, entry, engine, &model.id);
+    let effective: crate::settings::SettingMap =
+        effective.into_iter().map(|(k, e)| (k, e.value)).collect();
     let request = LoadRequest {
         model_id: model.id.clone(),
         model_path: model.path.display().to_string(),
@@ -634,14 +740,71 @@ fn plan(
             .filter(|(_, s)| s.is_on())
             .map(|(id, _)| id.clone())
             .collect(),
-        settings: effective.into_iter().map(|(k, e)| (k, e.value)).collect(),
+        settings: effective.clone(),
         plugin_settings: plugin_settings.clone(),
         host: "127.0.0.1".into(),
         port,
         work_dir: work_dir.display().to_string(),
     };
+    let planned = |how| Planned {
+        plugin: chosen.clone(),
+        engine_version: engine.version.as_ref().map(ToString::to_string),
+        accelerator: request.accelerator.clone(),
+        how,
+    };
+    if manifest.in_process {
+        match plugin_settings.get("isolation").and_then(|v| v.as_str()) {
+            Some("none") => {
+                let engine = engine.plugin.load_in_process(&request).map_err(plan_err)?;
+                notes.push("runs inside the host (isolation = \"none\"): a crash in the engine takes the host down".into());
+                let served = Arc::new(Served {
+                    engine: Arc::new(engine),
+                    model_id: model.id.clone(),
+                    defaults: effective,
+                });
+                return Ok(planned(How::InProcess { served, notes }));
+            }
+            None | Some("worker") => {}
+            Some(other) => {
+                return Err(plan_err(format!(
+                "isolation = \"{other}\" is not a mode; use \"worker\" (the default) or \"none\""
+            )))
+            }
+        }
+        let load = serde_json::to_string_pretty(&request).expect("requests serialize");
+        let plan = LaunchPlan {
+            program: keeper.display().to_string(),
+            args: vec![
+                "worker".into(),
+                "--plugin-dir".into(),
+                entry.dir.display().to_string(),
+                "--request".into(),
+                work_dir.join("load.json").display().to_string(),
+            ],
+            env: Default::default(),
+            cwd: None,
+            readiness: hangar_plugin_api::wire::Readiness {
+                health_path: "/health".into(),
+                ready_status: 200,
+                warmup: None,
+                failed_statuses: vec![],
+            },
+            start_timeout_ms: effective
+                .get("start_timeout_ms")
+                .and_then(|v| v.as_u64())
+                .unwrap_or(300_000),
+            protocol: Default::default(),
+            upstream_model: None,
+            notes,
+            files: [("load.json".to_string(), load)].into_iter().collect(),
+        };
+        return Ok(planned(How::Launch {
+            plan: Box::new(plan),
+            program: keeper.to_path_buf(),
+        }));
+    }
     let mut plan = engine.plugin.plan_launch(&request).map_err(plan_err)?;
-    plan.notes.splice(0..0, setting_notes);
+    plan.notes.splice(0..0, notes);
     // The host runs only programs the manifest declares: the probe's
     // resolved program, or a declared name found the same way.
     let program = if engine.report.program.as_deref() == Some(plan.program.as_str()) {
@@ -667,13 +830,10 @@ fn plan(
             manifest.allowed_programs().collect::<Vec<_>>().join(", ")
         )));
     };
-    Ok(Planned {
-        plugin: chosen,
-        engine_version: engine.version.as_ref().map(ToString::to_string),
-        accelerator: request.accelerator,
-        plan,
+    Ok(planned(How::Launch {
+        plan: Box::new(plan),
         program,
-    })
+    }))
 }
 
 fn now() -> u64 {

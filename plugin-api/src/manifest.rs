@@ -102,6 +102,12 @@ pub struct Manifest {
     /// Capability id → engine versions that have it.
     #[serde(default)]
     pub capabilities: BTreeMap<String, VersionReq>,
+    /// Whether the plugin runs inference itself (its `load_in_process()`
+    /// serves models) rather than planning engine processes. The host runs
+    /// such an engine in a `hangar worker` child process by default, or in
+    /// the host itself when the operator sets `isolation = "none"`.
+    #[serde(default)]
+    pub in_process: bool,
     /// The settings the plugin understands.
     #[serde(default)]
     pub settings: Vec<SettingSpec>,

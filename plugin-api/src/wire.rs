@@ -235,3 +235,64 @@ pub struct WarmupRequest {
     /// The JSON body.
     pub body: serde_json::Value,
 }
+
+/// One generation request for an in-process engine: the OpenAI request,
+/// reduced to what an engine needs. The host has already applied the
+/// model's settings as defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerateRequest {
+    /// Chat messages (OpenAI shape) or a plain prompt.
+    pub input: GenerateInput,
+    /// Most tokens to generate.
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    /// Sampling temperature (0: greedy).
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling mass.
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    /// Top-k (0: off).
+    #[serde(default)]
+    pub top_k: Option<u32>,
+    /// Min-p.
+    #[serde(default)]
+    pub min_p: Option<f32>,
+    /// Sampling seed.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Strings that end generation (not included in the output).
+    #[serde(default)]
+    pub stop: Vec<String>,
+}
+
+/// What to generate from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum GenerateInput {
+    /// OpenAI chat messages; the engine applies the model's chat template.
+    Chat {
+        /// The messages.
+        messages: Vec<serde_json::Value>,
+    },
+    /// A raw prompt.
+    Completion {
+        /// The prompt text.
+        prompt: String,
+    },
+}
+
+/// How a generation ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenerateOutcome {
+    /// `stop` (EOS or a stop string), `length` (max tokens) or `cancelled`
+    /// (the sink said stop).
+    pub finish_reason: String,
+    /// Tokens in the prompt.
+    pub prompt_tokens: u32,
+    /// Tokens generated.
+    pub completion_tokens: u32,
+    /// Prompt tokens served from a cache (prefix reuse).
+    #[serde(default)]
+    pub cached_tokens: u32,
+}

@@ -37,7 +37,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use abi_stable::std_types::{RResult, RStr, RString};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use wire::{Description, LaunchPlan, LoadRequest, ProbeInput, ProbeReport, ProbeRun};
+use std::ops::ControlFlow;
+
+use wire::{
+    Description, GenerateOutcome, GenerateRequest, LaunchPlan, LoadRequest, ProbeInput,
+    ProbeReport, ProbeRun,
+};
 
 /// An engine plugin. Every function runs behind a panic guard: a panic
 /// reaches the host as an error naming the plugin function, never as an
@@ -56,6 +61,30 @@ pub trait Plugin {
         let _ = request;
         Err("this plugin runs no engine process".into())
     }
+
+    /// Loads the model into an engine that runs inside the calling process
+    /// (the host, or a `hangar worker` child that isolates it). Plugins
+    /// with `in_process = true` in their manifest implement this instead of
+    /// [`Plugin::plan_launch`].
+    fn load_in_process(request: LoadRequest) -> Result<Box<dyn Engine>, String> {
+        let _ = request;
+        Err("this plugin runs no in-process engine".into())
+    }
+}
+
+/// An engine that runs inside the calling process, serving one model.
+///
+/// `generate` blocks its thread until the request is done. It calls `emit`
+/// with each piece of output (complete UTF-8 text and the token id) and
+/// stops as soon as `emit` answers [`ControlFlow::Break`]: the client went
+/// away. Panics become errors for the host.
+pub trait Engine: Send + Sync + 'static {
+    /// Runs one request.
+    fn generate(
+        &self,
+        request: GenerateRequest,
+        emit: &mut dyn FnMut(&str, u32) -> ControlFlow<()>,
+    ) -> Result<GenerateOutcome, String>;
 }
 
 /// Exports a [`Plugin`] implementation as this library's root module.
@@ -70,6 +99,7 @@ macro_rules! export_plugin {
                 describe: $crate::__private::describe::<$plugin>,
                 probe: $crate::__private::probe::<$plugin>,
                 plan_launch: $crate::__private::plan_launch::<$plugin>,
+                load_in_process: $crate::__private::load_in_process::<$plugin>,
             }
             .leak_into_prefix()
         }
@@ -166,6 +196,10 @@ pub fn version_from_output(
 #[doc(hidden)]
 pub mod __private {
     use super::*;
+    use abi_stable::sabi_trait::TD_Opaque;
+    use abi_stable::sabi_types::RMut;
+    use abi_stable::std_types::RBox;
+    use hangar_plugin_api::abi::{InProcessEngine, InProcessEngine_TO, SinkControl, TokenSink_TO};
 
     pub extern "C" fn describe<P: Plugin>(_input: RStr<'_>) -> RResult<RString, RString> {
         guarded("describe", || Ok(P::describe()))
@@ -177,6 +211,50 @@ pub mod __private {
 
     pub extern "C" fn plan_launch<P: Plugin>(input: RStr<'_>) -> RResult<RString, RString> {
         guarded("plan_launch", || P::plan_launch(decode(input)?))
+    }
+
+    pub extern "C" fn load_in_process<P: Plugin>(
+        input: RStr<'_>,
+    ) -> RResult<InProcessEngine_TO<'static, RBox<()>>, RString> {
+        quiet_panics();
+        match catch_unwind(AssertUnwindSafe(|| {
+            decode(input).and_then(P::load_in_process)
+        })) {
+            Ok(Ok(engine)) => RResult::ROk(InProcessEngine_TO::from_value(
+                EngineAdapter(engine),
+                TD_Opaque,
+            )),
+            Ok(Err(message)) => RResult::RErr(message.into()),
+            Err(_) => RResult::RErr(panic_message().into()),
+        }
+    }
+
+    /// Puts an SDK [`Engine`] behind the ABI's trait object.
+    struct EngineAdapter(Box<dyn Engine>);
+
+    impl InProcessEngine for EngineAdapter {
+        fn generate(
+            &self,
+            request: RStr<'_>,
+            mut sink: TokenSink_TO<'_, RMut<'_, ()>>,
+        ) -> RResult<RString, RString> {
+            guarded("generate", || {
+                let request = decode(request)?;
+                self.0.generate(request, &mut |text, token| match sink
+                    .emit(RStr::from_str(text), token)
+                {
+                    SinkControl::Continue => ControlFlow::Continue(()),
+                    SinkControl::Stop => ControlFlow::Break(()),
+                })
+            })
+        }
+    }
+
+    fn panic_message() -> String {
+        let message = LAST_PANIC
+            .with(|p| p.borrow_mut().take())
+            .unwrap_or_else(|| "unknown panic".into());
+        format!("the plugin panicked: {message}")
     }
 
     fn decode<T: DeserializeOwned>(input: RStr<'_>) -> Result<T, String> {
@@ -223,12 +301,7 @@ pub mod __private {
                 }
             },
             Ok(Err(message)) => RResult::RErr(message.into()),
-            Err(_) => {
-                let message = LAST_PANIC
-                    .with(|p| p.borrow_mut().take())
-                    .unwrap_or_else(|| "unknown panic".into());
-                RResult::RErr(format!("the plugin panicked: {message}").into())
-            }
+            Err(_) => RResult::RErr(panic_message().into()),
         }
     }
 }

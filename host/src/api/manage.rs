@@ -119,7 +119,13 @@ pub async fn logs(
             "no running session '{id}'; GET /api/sessions lists them"
         ))
     })?;
-    let (lines, dropped) = session.process.log.snapshot();
+    let (lines, dropped) = match session.process() {
+        Some(process) => process.log.snapshot(),
+        None => (
+            vec!["(the engine runs inside the host: its output is the host's)".into()],
+            0,
+        ),
+    };
     Ok(Json(
         json!({ "session": id, "model": session.model.id, "dropped": dropped, "lines": lines }),
     ))

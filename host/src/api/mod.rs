@@ -18,6 +18,7 @@
 //! needs `Authorization: Bearer KEY`.
 
 mod error;
+pub mod inprocess;
 mod manage;
 mod openai;
 mod settings;

@@ -21,9 +21,10 @@ use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
+use super::inprocess::Route;
 use super::{ApiError, App};
 use crate::models::Model;
-use crate::sessions::{InFlight, Session};
+use crate::sessions::{Backend, InFlight, Session};
 
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(
@@ -87,14 +88,33 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
     refuse_gated_fields(&app, &model, &request).await?;
     let session = app.sessions.ensure(&model).await?;
     let in_flight = session.begin_request();
-    match &session.upstream_model {
+    let (base_url, upstream_model) = match &session.backend {
+        Backend::Process {
+            base_url,
+            upstream_model,
+            ..
+        } => (base_url, upstream_model),
+        Backend::InProcess(served) => {
+            let route = if path.ends_with("chat/completions") {
+                Route::Chat
+            } else {
+                Route::Completion
+            };
+            let answer = served.answer(route, &request);
+            return tokio::select! {
+                r = answer => r,
+                _ = session.ended.cancelled() => Err(ended_error(&session)),
+            };
+        }
+    };
+    match upstream_model {
         Some(upstream) => request.insert("model".into(), Value::String(upstream.clone())),
         None => request.remove("model"),
     };
     let send = app
         .sessions
         .client()
-        .post(format!("{}{path}", session.base_url))
+        .post(format!("{base_url}{path}"))
         .json(&request)
         .send();
     let response = tokio::select! {

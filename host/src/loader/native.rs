@@ -12,6 +12,10 @@ use std::path::Path;
 use abi_stable::library::{lib_header_from_path, LibraryError};
 use abi_stable::std_types::{RResult, RStr};
 use hangar_plugin_api::abi::PluginModuleRef;
+
+/// An engine a plugin loaded into this process.
+pub type InProcessEngine =
+    hangar_plugin_api::abi::InProcessEngine_TO<'static, abi_stable::std_types::RBox<()>>;
 use object::{Architecture, BinaryFormat, Object};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -58,6 +62,20 @@ impl NativePlugin {
         request: &hangar_plugin_api::wire::LoadRequest,
     ) -> Result<hangar_plugin_api::wire::LaunchPlan, String> {
         call("plan_launch", self.module.plan_launch(), request)
+    }
+
+    /// Calls the plugin's `load_in_process()`: the model, loaded into an
+    /// engine in this process.
+    pub fn load_in_process(
+        &self,
+        request: &hangar_plugin_api::wire::LoadRequest,
+    ) -> Result<InProcessEngine, String> {
+        let json = serde_json::to_string(request)
+            .map_err(|e| format!("cannot encode load_in_process() input: {e}"))?;
+        match (self.module.load_in_process())(RStr::from_str(&json)) {
+            RResult::ROk(engine) => Ok(engine),
+            RResult::RErr(message) => Err(format!("load_in_process() failed: {message}")),
+        }
     }
 }
 

@@ -396,7 +396,7 @@ fn load_and_probe(entry: &PluginEntry, config: &Config) -> EngineState {
 
 /// A plugin that lies about itself is refused: its code must say what its
 /// manifest says.
-fn check_description(
+pub fn check_description(
     manifest: &Manifest,
     d: &hangar_plugin_api::wire::Description,
 ) -> Result<(), String> {

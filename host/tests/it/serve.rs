@@ -12,9 +12,9 @@ use serde_json::{json, Value};
 use crate::fixtures::{manifest, Scenario};
 
 /// A running `hangar serve`, killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
+pub struct Server {
+    pub child: Child,
+    pub url: String,
     _scenario: Scenario,
 }
 
@@ -29,24 +29,32 @@ impl Server {
     /// Serves one fake `mlx` model `tiny` with the beta plugin, whose
     /// manifest gets `programs` as given.
     fn start(programs: &str) -> Server {
+        Server::with(|s| {
+            let probe = s.engine_program("beta-engine", "beta 0.9.0");
+            let extra = format!(
+                "programs = {programs}\n[probe]\nprogram = \"{}\"\n",
+                probe.display()
+            );
+            s.plugin(
+                "beta",
+                &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
+                Some("engine_beta"),
+            );
+            s.config("");
+        })
+    }
+
+    /// Serves one fake `mlx` model `tiny` with the plugins and config that
+    /// `setup` writes.
+    pub fn with(setup: impl FnOnce(&Scenario)) -> Server {
         let s = Scenario::new();
-        let probe = s.engine_program("beta-engine", "beta 0.9.0");
-        let extra = format!(
-            "programs = {programs}\n[probe]\nprogram = \"{}\"\n",
-            probe.display()
-        );
-        s.plugin(
-            "beta",
-            &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
-            Some("engine_beta"),
-        );
+        setup(&s);
         let model = s.root.path().join("models/tiny");
         std::fs::create_dir_all(&model).unwrap();
         std::fs::write(model.join("config.json"), "{}").unwrap();
         let mut weights = 2u64.to_le_bytes().to_vec();
         weights.extend_from_slice(b"{}");
         std::fs::write(model.join("model.safetensors"), weights).unwrap();
-        s.config("");
         let mut child = Command::new(env!("CARGO_BIN_EXE_hangar"))
             .args(["serve", "--port", "0", "--model-dir"])
             .arg(s.root.path().join("models"))
@@ -88,12 +96,12 @@ impl Server {
         }
     }
 
-    fn get(&self, path: &str) -> (u16, Value) {
+    pub fn get(&self, path: &str) -> (u16, Value) {
         let r = reqwest::blocking::get(format!("{}{path}", self.url)).unwrap();
         (r.status().as_u16(), r.json().unwrap_or(Value::Null))
     }
 
-    fn post(&self, path: &str, body: Value) -> (u16, Value) {
+    pub fn post(&self, path: &str, body: Value) -> (u16, Value) {
         let r = reqwest::blocking::Client::new()
             .post(format!("{}{path}", self.url))
             .json(&body)
@@ -103,13 +111,13 @@ impl Server {
         (r.status().as_u16(), r.json().unwrap_or(Value::Null))
     }
 
-    fn load(&self) -> Value {
+    pub fn load(&self) -> Value {
         let (status, body) = self.post("/api/models/tiny/load", json!({}));
         assert_eq!(status, 200, "{body}");
         body["session"].clone()
     }
 
-    fn events(&self, kind: &str) -> usize {
+    pub fn events(&self, kind: &str) -> usize {
         let (_, body) = self.get("/api/events");
         body["events"]
             .as_array()
@@ -122,7 +130,7 @@ impl Server {
 
 /// Whether `pid` is a live process (a zombie counts as gone but is
 /// reported, since nothing may be left unreaped).
-fn alive(pid: u64) -> bool {
+pub fn alive(pid: u64) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/status")) {
         Ok(status) => {
             let zombie = status
@@ -135,7 +143,7 @@ fn alive(pid: u64) -> bool {
     }
 }
 
-fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+pub fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
         if cond() {
@@ -146,7 +154,7 @@ fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
     panic!("{what} did not happen within {within:?}");
 }
 
-fn kill9(pid: u64) {
+pub fn kill9(pid: u64) {
     let status = Command::new("kill")
         .args(["-9", &pid.to_string()])
         .status()
@@ -154,7 +162,7 @@ fn kill9(pid: u64) {
     assert!(status.success());
 }
 
-fn pid_of(session: &Value) -> u64 {
+pub fn pid_of(session: &Value) -> u64 {
     session["pid"]
         .as_u64()
         .expect("the session reports its engine pid")

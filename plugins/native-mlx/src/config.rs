@@ -1,0 +1,476 @@
+//! `config.json` of a model folder: which architecture, which shapes, which quantization.
+//!
+//! The defaults follow mlx-lm 0.32's model classes (`llama`, `qwen2`,
+//! `qwen3`; `mistral` is served by the Llama code, as mlx-lm remaps it), so a
+//! folder that loads there loads here with the same numbers.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// The `model_type` values this engine implements.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+
+/// The model families this engine implements; they differ only in a few details.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// Llama 2 and 3 (and their many derivatives).
+    Llama,
+    /// Mistral (dense), computed as Llama.
+    Mistral,
+    /// Qwen2 and Qwen2.5: biases on the q/k/v projections.
+    Qwen2,
+    /// Qwen3 (dense): RMS norms on queries and keys, explicit `head_dim`.
+    Qwen3,
+}
+
+impl Family {
+    fn parse(model_type: &str) -> Option<Self> {
+        match model_type {
+            "llama" => Some(Self::Llama),
+            "mistral" => Some(Self::Mistral),
+            "qwen2" => Some(Self::Qwen2),
+            "qwen3" => Some(Self::Qwen3),
+            _ => None,
+        }
+    }
+}
+
+/// How rotary position embeddings scale with position.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        /// The divisor.
+        factor: f32,
+    },
+    /// Llama 3.1's frequency-dependent scaling.
+    Llama3 {
+        /// Overall scale of low frequencies.
+        factor: f32,
+        /// Wavelength boundary (as a fraction of the original context) of low frequencies.
+        low_freq_factor: f32,
+        /// Wavelength boundary of high frequencies.
+        high_freq_factor: f32,
+        /// The context length the model was pre-trained with.
+        original_max_position_embeddings: f32,
+    },
+}
+
+/// MLX affine quantization of a linear or embedding layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuantParams {
+    /// Weights that share one scale and bias.
+    pub group_size: i32,
+    /// Bits per weight.
+    pub bits: i32,
+}
+
+/// The `quantization` block of an MLX-quantized checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Quantization {
+    /// Parameters of every quantized layer without an override.
+    pub default: QuantParams,
+    /// Per-layer overrides by module path (`model.layers.0.mlp.down_proj`);
+    /// `None` means that layer is not quantized.
+    pub overrides: BTreeMap<String, Option<QuantParams>>,
+}
+
+impl Quantization {
+    /// The parameters for the module at `path` (whether it is quantized at
+    /// all is decided by the presence of its `scales` tensor, as in mlx-lm).
+    pub fn for_module(&self, path: &str) -> Option<QuantParams> {
+        match self.overrides.get(path) {
+            Some(over) => *over,
+            None => Some(self.default),
+        }
+    }
+}
+
+/// A validated model configuration.
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    /// The architecture.
+    pub family: Family,
+    /// Width of the residual stream.
+    pub hidden_size: i32,
+    /// Number of transformer blocks.
+    pub num_layers: usize,
+    /// Width of the MLP.
+    pub intermediate_size: i32,
+    /// Query heads.
+    pub num_heads: i32,
+    /// Key/value heads (grouped-query attention when fewer than `num_heads`).
+    pub num_kv_heads: i32,
+    /// Width of one head.
+    pub head_dim: i32,
+    /// Rows of the embedding table.
+    pub vocab_size: i32,
+    /// Epsilon of every RMS norm.
+    pub rms_norm_eps: f32,
+    /// RoPE base frequency.
+    pub rope_theta: f32,
+    /// GPT-J style (interleaved) RoPE instead of the NeoX style.
+    pub rope_traditional: bool,
+    /// RoPE scaling.
+    pub rope_scaling: RopeScaling,
+    /// The output projection reuses the embedding table.
+    pub tie_word_embeddings: bool,
+    /// Biases on the q/k/v projections.
+    pub qkv_bias: bool,
+    /// Bias on the attention output projection.
+    pub o_bias: bool,
+    /// Biases on the MLP projections.
+    pub mlp_bias: bool,
+    /// MLX quantization, when the checkpoint is quantized.
+    pub quantization: Option<Quantization>,
+    /// End-of-sequence ids declared in `config.json`.
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// The subset of `config.json` that is read, as written.
+#[derive(Debug, Deserialize)]
+struct RawConfig {
+    model_type: Option<String>,
+    hidden_size: Option<i32>,
+    num_hidden_layers: Option<usize>,
+    intermediate_size: Option<i32>,
+    num_attention_heads: Option<i32>,
+    num_key_value_heads: Option<i32>,
+    head_dim: Option<i32>,
+    vocab_size: Option<i32>,
+    rms_norm_eps: Option<f32>,
+    rope_theta: Option<f32>,
+    #[serde(default)]
+    rope_traditional: bool,
+    rope_scaling: Option<Value>,
+    /// transformers >= 5 nests `rope_theta` and the scaling here.
+    rope_parameters: Option<Value>,
+    tie_word_embeddings: Option<bool>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
+    layer_types: Option<Vec<String>>,
+    quantization: Option<Value>,
+    quantization_config: Option<Value>,
+    eos_token_id: Option<Value>,
+}
+
+impl ModelConfig {
+    /// Reads `config.json` from a model folder.
+    pub fn load(model_dir: &Path) -> Result<Self> {
+        let path = model_dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Self::parse(&text, &path)
+    }
+
+    /// Parses the text of a `config.json`; `path` only labels errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Self> {
+        let raw: RawConfig = serde_json::from_str(text).map_err(|source| Error::Json {
+            path: path.to_owned(),
+            source,
+        })?;
+        let invalid = |what: String| Error::InvalidConfig {
+            path: path.to_owned(),
+            what,
+        };
+        let unsupported = |what: String| Error::UnsupportedConfig {
+            path: path.to_owned(),
+            what,
+        };
+        let model_type = raw
+            .model_type
+            .clone()
+            .ok_or_else(|| invalid("no \"model_type\"".into()))?;
+        let family = Family::parse(&model_type).ok_or_else(|| Error::UnsupportedModelType {
+            model_type: model_type.clone(),
+            path: path.to_owned(),
+        })?;
+        let required = |value: Option<i32>, name: &str| {
+            value
+                .filter(|v| *v > 0)
+                .ok_or_else(|| invalid(format!("\"{name}\" is missing or not positive")))
+        };
+        let hidden_size = required(raw.hidden_size, "hidden_size")?;
+        let num_heads = required(raw.num_attention_heads, "num_attention_heads")?;
+        let num_kv_heads = match raw.num_key_value_heads {
+            Some(n) => required(Some(n), "num_key_value_heads")?,
+            None if family == Family::Qwen2 => {
+                return Err(invalid("\"num_key_value_heads\" is missing".into()))
+            }
+            None => num_heads,
+        };
+        if num_heads % num_kv_heads != 0 {
+            return Err(invalid(format!(
+                "num_attention_heads ({num_heads}) is not a multiple of num_key_value_heads ({num_kv_heads})"
+            )));
+        }
+        let head_dim = match family {
+            // mlx-lm's Qwen2 ignores a `head_dim` entry.
+            Family::Qwen2 => hidden_size / num_heads,
+            Family::Qwen3 => required(raw.head_dim, "head_dim")?,
+            Family::Llama | Family::Mistral => match raw.head_dim {
+                Some(d) => required(Some(d), "head_dim")?,
+                None => hidden_size / num_heads,
+            },
+        };
+        let num_layers = raw
+            .num_hidden_layers
+            .filter(|n| *n > 0)
+            .ok_or_else(|| invalid("\"num_hidden_layers\" is missing or not positive".into()))?;
+        if let Some(types) = &raw.layer_types {
+            if types.iter().any(|t| t != "full_attention") {
+                return Err(unsupported(
+                    "sliding-window attention (\"layer_types\")".into(),
+                ));
+            }
+        }
+
+        let rope = raw.rope_parameters.as_ref();
+        let rope_theta = raw
+            .rope_theta
+            .or_else(|| {
+                rope.and_then(|p| p.get("rope_theta"))
+                    .and_then(Value::as_f64)
+                    .map(|v| v as f32)
+            })
+            .or(match family {
+                Family::Llama | Family::Mistral => Some(10_000.0),
+                Family::Qwen2 => Some(1_000_000.0),
+                Family::Qwen3 => None,
+            })
+            .ok_or_else(|| invalid("\"rope_theta\" is missing".into()))?;
+        let rope_scaling = parse_rope_scaling(raw.rope_scaling.as_ref().or(rope))
+            .map_err(|what| unsupported(what))?;
+
+        let quantization = match (&raw.quantization, &raw.quantization_config) {
+            (Some(q), _) => Some(parse_quantization(q).map_err(|what| unsupported(what))?),
+            (None, Some(q)) if q.get("quant_method").is_some() => {
+                return Err(unsupported(format!(
+                    "quantization method {} (only MLX affine quantization is)",
+                    q["quant_method"]
+                )))
+            }
+            (None, _) => None,
+        };
+
+        let attention_bias = raw.attention_bias.unwrap_or(false);
+        let (qkv_bias, o_bias, mlp_bias) = match family {
+            Family::Llama | Family::Mistral => {
+                (attention_bias, attention_bias, raw.mlp_bias.unwrap_or(false))
+            }
+            Family::Qwen2 => (true, false, false),
+            Family::Qwen3 => (false, false, false),
+        };
+
+        Ok(Self {
+            family,
+            hidden_size,
+            num_layers,
+            intermediate_size: required(raw.intermediate_size, "intermediate_size")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            vocab_size: required(raw.vocab_size, "vocab_size")?,
+            rms_norm_eps: raw
+                .rms_norm_eps
+                .ok_or_else(|| invalid("\"rms_norm_eps\" is missing".into()))?,
+            rope_theta,
+            rope_traditional: raw.rope_traditional,
+            rope_scaling,
+            tie_word_embeddings: raw
+                .tie_word_embeddings
+                .unwrap_or(family != Family::Qwen3),
+            qkv_bias,
+            o_bias,
+            mlp_bias,
+            quantization,
+            eos_token_ids: token_ids(raw.eos_token_id.as_ref()),
+        })
+    }
+}
+
+/// Reads an `eos_token_id`-style value: one id, a list of ids, or nothing.
+pub(crate) fn token_ids(value: Option<&Value>) -> Vec<u32> {
+    match value {
+        Some(Value::Number(n)) => n.as_u64().map(|id| vec![id as u32]).unwrap_or_default(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|id| id as u32)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn parse_rope_scaling(value: Option<&Value>) -> Result<RopeScaling, String> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(RopeScaling::None);
+    };
+    let kind = value
+        .get("type")
+        .or_else(|| value.get("rope_type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let number = |key: &str, default: Option<f32>| {
+        value
+            .get(key)
+            .and_then(Value::as_f64)
+            .map(|v| v as f32)
+            .or(default)
+            .ok_or_else(|| format!("rope scaling '{kind}' without \"{key}\""))
+    };
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear {
+            factor: number("factor", None)?,
+        }),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor: number("factor", None)?,
+            low_freq_factor: number("low_freq_factor", Some(1.0))?,
+            high_freq_factor: number("high_freq_factor", Some(4.0))?,
+            original_max_position_embeddings: number(
+                "original_max_position_embeddings",
+                Some(8192.0),
+            )?,
+        }),
+        other => Err(format!(
+            "rope scaling type '{other}' (supported: default, linear, llama3)"
+        )),
+    }
+}
+
+fn parse_quantization(value: &Value) -> Result<Quantization, String> {
+    let params = |v: &Value, fallback: Option<QuantParams>| -> Result<QuantParams, String> {
+        let field = |key: &str, default: Option<i32>| {
+            v.get(key)
+                .and_then(Value::as_i64)
+                .map(|n| n as i32)
+                .or(default)
+                .ok_or_else(|| format!("a quantization block without \"{key}\""))
+        };
+        if let Some(mode) = v.get("mode").and_then(Value::as_str) {
+            if mode != "affine" {
+                return Err(format!(
+                    "quantization mode '{mode}' (only 'affine' is)"
+                ));
+            }
+        }
+        Ok(QuantParams {
+            group_size: field("group_size", fallback.map(|p| p.group_size))?,
+            bits: field("bits", fallback.map(|p| p.bits))?,
+        })
+    };
+    let default = params(value, None)?;
+    let mut overrides = BTreeMap::new();
+    if let Some(entries) = value.as_object() {
+        for (key, entry) in entries {
+            match entry {
+                Value::Object(_) => {
+                    overrides.insert(key.clone(), Some(params(entry, Some(default))?));
+                }
+                Value::Bool(false) => {
+                    overrides.insert(key.clone(), None);
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(Quantization { default, overrides })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<ModelConfig> {
+        ModelConfig::parse(json, Path::new("m/config.json"))
+    }
+
+    const LLAMA: &str = r#"{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 512, "rms_norm_eps": 1e-6, "eos_token_id": [2, 7]}"#;
+
+    #[test]
+    fn unknown_model_type_names_the_supported_ones() {
+        let err = parse(r#"{"model_type": "gpt2"}"#).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "model type 'gpt2' in m/config.json is not supported by native-mlx; \
+             supported model types: llama, mistral, qwen2, qwen3"
+        );
+    }
+
+    #[test]
+    fn llama_defaults_follow_mlx_lm() {
+        let c = parse(LLAMA).unwrap();
+        assert_eq!(c.family, Family::Llama);
+        assert_eq!(c.head_dim, 16);
+        assert_eq!(c.rope_theta, 10_000.0);
+        assert!(c.tie_word_embeddings);
+        assert!(!c.qkv_bias);
+        assert_eq!(c.eos_token_ids, vec![2, 7]);
+        assert!(c.quantization.is_none());
+    }
+
+    #[test]
+    fn qwen2_has_qkv_bias_and_ignores_head_dim() {
+        let json = LLAMA
+            .replace("\"llama\"", "\"qwen2\"")
+            .replace("\"vocab_size\"", "\"head_dim\": 99, \"vocab_size\"");
+        let c = parse(&json).unwrap();
+        assert_eq!((c.qkv_bias, c.o_bias, c.head_dim), (true, false, 16));
+        assert_eq!(c.rope_theta, 1_000_000.0);
+    }
+
+    #[test]
+    fn qwen3_reads_rope_parameters() {
+        let json = LLAMA.replace("\"llama\"", "\"qwen3\"").replace(
+            "\"vocab_size\"",
+            "\"head_dim\": 32, \"rope_parameters\": {\"rope_theta\": 5000, \"rope_type\": \"default\"}, \"vocab_size\"",
+        );
+        let c = parse(&json).unwrap();
+        assert_eq!((c.head_dim, c.rope_theta), (32, 5000.0));
+        assert_eq!(c.rope_scaling, RopeScaling::None);
+        assert!(!c.tie_word_embeddings);
+    }
+
+    #[test]
+    fn quantization_with_overrides() {
+        let json = LLAMA.replace(
+            "\"vocab_size\"",
+            r#""quantization": {"group_size": 64, "bits": 4, "mode": "affine",
+                "lm_head": {"bits": 8}, "model.embed_tokens": false}, "vocab_size""#,
+        );
+        let q = parse(&json).unwrap().quantization.unwrap();
+        assert_eq!(q.default, QuantParams { group_size: 64, bits: 4 });
+        assert_eq!(q.for_module("lm_head"), Some(QuantParams { group_size: 64, bits: 8 }));
+        assert_eq!(q.for_module("model.embed_tokens"), None);
+    }
+
+    #[test]
+    fn unsupported_settings_are_named() {
+        let json = LLAMA.replace(
+            "\"vocab_size\"",
+            r#""rope_scaling": {"type": "yarn", "factor": 4}, "vocab_size""#,
+        );
+        assert_eq!(
+            parse(&json).unwrap_err().to_string(),
+            "m/config.json: rope scaling type 'yarn' (supported: default, linear, llama3) \
+             is not supported by native-mlx"
+        );
+        let json = LLAMA.replace(
+            "\"vocab_size\"",
+            r#""quantization_config": {"quant_method": "gptq"}, "vocab_size""#,
+        );
+        assert!(parse(&json).unwrap_err().to_string().contains("\"gptq\""));
+    }
+}

@@ -1,0 +1,341 @@
+//! The decoder-only transformer of the supported families, built from a config and its weights.
+//!
+//! The graph is the one mlx-lm builds for `llama`, `qwen2` and `qwen3` (op
+//! for op, including `addmm` for biased projections and the fast RoPE, RMS
+//! norm and attention kernels), which is what makes greedy outputs
+//! bit-identical to mlx-lm's on the same MLX.
+
+mod layers;
+mod weights;
+
+use std::path::Path;
+
+use mlx_rs::fast::{rms_norm, rope, scaled_dot_product_attention, ScaledDotProductAttentionMask};
+use mlx_rs::nn::silu;
+use mlx_rs::ops::{arange, r#where};
+use mlx_rs::transforms::eval;
+use mlx_rs::Array;
+
+use crate::cache::KvCache;
+use crate::config::{Family, ModelConfig, RopeScaling};
+use crate::error::Result;
+use layers::{Embedding, Linear};
+use weights::Weights;
+
+/// Rotary position embedding, as mlx-lm's `initialize_rope` configures it.
+struct Rope {
+    dims: i32,
+    traditional: bool,
+    base: Option<f32>,
+    scale: f32,
+    /// Precomputed frequencies (Llama 3 scaling) instead of `base`.
+    freqs: Option<Array>,
+}
+
+impl Rope {
+    fn new(config: &ModelConfig) -> Result<Self> {
+        let mut rope = Self {
+            dims: config.head_dim,
+            traditional: config.rope_traditional,
+            base: Some(config.rope_theta),
+            scale: 1.0,
+            freqs: None,
+        };
+        match config.rope_scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => rope.scale = 1.0 / factor,
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings: old_context,
+            } => {
+                rope.base = None;
+                rope.freqs = Some(llama3_freqs(
+                    config.head_dim,
+                    config.rope_theta,
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    old_context,
+                )?);
+            }
+        }
+        Ok(rope)
+    }
+
+    fn apply(&self, x: &Array, offset: i32) -> Result<Array> {
+        Ok(rope(
+            x,
+            self.dims,
+            self.traditional,
+            self.base,
+            self.scale,
+            offset,
+            self.freqs.as_ref(),
+        )?)
+    }
+}
+
+/// Llama 3.1's scaled RoPE frequencies, with the same ops and the same
+/// float32/float64 mix as mlx-lm's `Llama3RoPE`.
+fn llama3_freqs(
+    dims: i32,
+    base: f32,
+    factor: f32,
+    low_freq_factor: f32,
+    high_freq_factor: f32,
+    old_context: f32,
+) -> Result<Array> {
+    let scalar = |v: f64| Array::from_f32(v as f32);
+    let (factor, low, high, old) = (
+        factor as f64,
+        low_freq_factor as f64,
+        high_freq_factor as f64,
+        old_context as f64,
+    );
+    let exponents = arange::<_, i32>(0, dims, 2)?.divide(Array::from_int(dims))?;
+    let freqs = scalar(base as f64).power(&exponents)?;
+    let wavelens = freqs.multiply(scalar(2.0 * std::f64::consts::PI))?;
+    let low_wavelen = scalar(old / low);
+    let high_wavelen = scalar(old / high);
+    let freqs = r#where(
+        wavelens.gt(&low_wavelen)?,
+        freqs.multiply(scalar(factor))?,
+        &freqs,
+    )?;
+    let medium = wavelens
+        .gt(&high_wavelen)?
+        .logical_and(wavelens.lt(&low_wavelen)?)?;
+    let smooth = scalar(old)
+        .divide(&wavelens)?
+        .subtract(scalar(low))?
+        .divide(scalar(high - low))?;
+    let smooth_freqs = freqs.divide(
+        Array::from_int(1)
+            .subtract(&smooth)?
+            .divide(scalar(factor))?
+            .add(&smooth)?,
+    )?;
+    let freqs = r#where(medium, smooth_freqs, freqs)?;
+    eval([&freqs])?;
+    Ok(freqs)
+}
+
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    /// Qwen3's per-head RMS norms of queries and keys.
+    qk_norms: Option<(Array, Array)>,
+    num_heads: i32,
+    num_kv_heads: i32,
+    scale: f32,
+    eps: f32,
+}
+
+impl Attention {
+    fn forward(&self, x: &Array, cache: &mut KvCache, rope: &Rope) -> Result<Array> {
+        let (batch, len) = (x.dim(0), x.dim(1));
+        let heads = |y: Array, n: i32, norm: Option<&Array>| -> Result<Array> {
+            let y = y.reshape(&[batch, len, n, -1])?;
+            let y = match norm {
+                Some(w) => rms_norm(&y, Some(w), self.eps)?,
+                None => y,
+            };
+            Ok(y.transpose_axes(&[0, 2, 1, 3])?)
+        };
+        let (q_norm, k_norm) = match &self.qk_norms {
+            Some((q, k)) => (Some(q), Some(k)),
+            None => (None, None),
+        };
+        let queries = heads(self.q_proj.forward(x)?, self.num_heads, q_norm)?;
+        let keys = heads(self.k_proj.forward(x)?, self.num_kv_heads, k_norm)?;
+        let values = heads(self.v_proj.forward(x)?, self.num_kv_heads, None)?;
+
+        let offset = cache.offset();
+        let queries = rope.apply(&queries, offset)?;
+        let keys = rope.apply(&keys, offset)?;
+        let (keys, values) = cache.update_and_fetch(&keys, &values)?;
+
+        // One query attends to every cached key; several (prefill) need the
+        // causal mask, which the kernel aligns to the end of the keys.
+        let mask = (len > 1).then_some(ScaledDotProductAttentionMask::Causal);
+        let out = scaled_dot_product_attention(&queries, &keys, &values, self.scale, mask, None)?;
+        let out = out
+            .transpose_axes(&[0, 2, 1, 3])?
+            .reshape(&[batch, len, -1])?;
+        self.o_proj.forward(&out)
+    }
+}
+
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        let gate = silu(self.gate_proj.forward(x)?)?;
+        self.down_proj
+            .forward(&gate.multiply(self.up_proj.forward(x)?)?)
+    }
+}
+
+struct Block {
+    attention: Attention,
+    mlp: Mlp,
+    input_norm: Array,
+    post_attention_norm: Array,
+    eps: f32,
+}
+
+impl Block {
+    fn forward(&self, x: &Array, cache: &mut KvCache, rope: &Rope) -> Result<Array> {
+        let r = self
+            .attention
+            .forward(&rms_norm(x, Some(&self.input_norm), self.eps)?, cache, rope)?;
+        let h = x.add(&r)?;
+        let r = self
+            .mlp
+            .forward(&rms_norm(&h, Some(&self.post_attention_norm), self.eps)?)?;
+        Ok(h.add(&r)?)
+    }
+}
+
+/// A loaded model: weights on the default device, ready to run.
+pub struct Model {
+    config: ModelConfig,
+    embed: Embedding,
+    blocks: Vec<Block>,
+    norm: Array,
+    /// `None` when the output projection is tied to the embedding.
+    lm_head: Option<Linear>,
+    rope: Rope,
+}
+
+impl Model {
+    /// Loads the weights of `dir` for `config` and evaluates them, so the
+    /// first request does not pay for reading the files.
+    pub fn load(dir: &Path, config: ModelConfig) -> Result<Self> {
+        let mut w = Weights::load(dir)?;
+        let q = config.quantization.as_ref();
+        let embed = Embedding::take(&mut w, "model.embed_tokens", q)?;
+        let mut blocks = Vec::with_capacity(config.num_layers);
+        for i in 0..config.num_layers {
+            let p = format!("model.layers.{i}");
+            let attn = |name: &str| format!("{p}.self_attn.{name}");
+            let mlp = |name: &str| format!("{p}.mlp.{name}");
+            let qk_norms = if config.family == Family::Qwen3 {
+                Some((
+                    w.take(&attn("q_norm.weight"))?,
+                    w.take(&attn("k_norm.weight"))?,
+                ))
+            } else {
+                None
+            };
+            let attention = Attention {
+                q_proj: Linear::take(&mut w, &attn("q_proj"), config.qkv_bias, q)?,
+                k_proj: Linear::take(&mut w, &attn("k_proj"), config.qkv_bias, q)?,
+                v_proj: Linear::take(&mut w, &attn("v_proj"), config.qkv_bias, q)?,
+                o_proj: Linear::take(&mut w, &attn("o_proj"), config.o_bias, q)?,
+                qk_norms,
+                num_heads: config.num_heads,
+                num_kv_heads: config.num_kv_heads,
+                scale: (config.head_dim as f32).powf(-0.5),
+                eps: config.rms_norm_eps,
+            };
+            let mlp = Mlp {
+                gate_proj: Linear::take(&mut w, &mlp("gate_proj"), config.mlp_bias, q)?,
+                up_proj: Linear::take(&mut w, &mlp("up_proj"), config.mlp_bias, q)?,
+                down_proj: Linear::take(&mut w, &mlp("down_proj"), config.mlp_bias, q)?,
+            };
+            blocks.push(Block {
+                attention,
+                mlp,
+                input_norm: w.take(&format!("{p}.input_layernorm.weight"))?,
+                post_attention_norm: w.take(&format!("{p}.post_attention_layernorm.weight"))?,
+                eps: config.rms_norm_eps,
+            });
+        }
+        let norm = w.take("model.norm.weight")?;
+        let lm_head = if config.tie_word_embeddings {
+            None
+        } else {
+            Some(Linear::take(&mut w, "lm_head", false, q)?)
+        };
+        // What mlx-lm's `sanitize` drops: precomputed rotary tables, and an
+        // output projection that a tied model does not use.
+        let tied = config.tie_word_embeddings;
+        w.finish(|name| {
+            name.contains("self_attn.rotary_emb.inv_freq") || (tied && name.starts_with("lm_head."))
+        })?;
+        let rope = Rope::new(&config)?;
+        let model = Self {
+            config,
+            embed,
+            blocks,
+            norm,
+            lm_head,
+            rope,
+        };
+        eval(model.arrays())?;
+        Ok(model)
+    }
+
+    /// The configuration the model was built from.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// A fresh, empty cache with one entry per layer.
+    pub(crate) fn new_cache(&self) -> Vec<KvCache> {
+        (0..self.blocks.len()).map(|_| KvCache::default()).collect()
+    }
+
+    /// Runs `ids` (`(1, len)`, appended after the cached positions) through
+    /// every block, filling the caches; returns the last hidden states before
+    /// the final norm. Lazy: nothing is computed until evaluated.
+    pub(crate) fn hidden(&self, ids: &Array, caches: &mut [KvCache]) -> Result<Array> {
+        let mut h = self.embed.forward(ids)?;
+        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
+            h = block.forward(&h, cache, &self.rope)?;
+        }
+        Ok(h)
+    }
+
+    /// Like [`Model::hidden`], then the final norm and output projection:
+    /// logits `(1, len, vocab)`.
+    pub(crate) fn logits(&self, ids: &Array, caches: &mut [KvCache]) -> Result<Array> {
+        let h = self.hidden(ids, caches)?;
+        let h = rms_norm(&h, Some(&self.norm), self.config.rms_norm_eps)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => self.embed.as_linear(&h),
+        }
+    }
+
+    fn arrays(&self) -> Vec<&Array> {
+        let mut all = self.embed.arrays();
+        for block in &self.blocks {
+            let a = &block.attention;
+            for linear in [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj] {
+                all.extend(linear.arrays());
+            }
+            if let Some((q, k)) = &a.qk_norms {
+                all.extend([q, k]);
+            }
+            for linear in [&block.mlp.gate_proj, &block.mlp.up_proj, &block.mlp.down_proj] {
+                all.extend(linear.arrays());
+            }
+            all.extend([&block.input_norm, &block.post_attention_norm]);
+        }
+        all.push(&self.norm);
+        if let Some(head) = &self.lm_head {
+            all.extend(head.arrays());
+        }
+        all
+    }
+}
