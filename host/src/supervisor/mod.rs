@@ -205,20 +205,7 @@ impl EngineProcess {
             match health {
                 Ok(r) if r.status().as_u16() == readiness.ready_status => break,
                 Ok(r) if readiness.failed_statuses.contains(&r.status().as_u16()) => {
-                    let status = r.status().as_u16();
-                    let body: String = r
-                        .text()
-                        .await
-                        .unwrap_or_default()
-                        .chars()
-                        .take(300)
-                        .collect();
-                    return Err(StartError::Failed {
-                        path: readiness.health_path.clone(),
-                        status,
-                        body,
-                        tail: tail(),
-                    });
+                    return Err(failed(&readiness.health_path, r, tail()).await);
                 }
                 _ => {}
             }
@@ -242,22 +229,7 @@ impl EngineProcess {
         };
         match response {
             Ok(r) if r.status().is_success() => Ok(()),
-            Ok(r) => {
-                let status = r.status().as_u16();
-                let body: String = r
-                    .text()
-                    .await
-                    .unwrap_or_default()
-                    .chars()
-                    .take(300)
-                    .collect();
-                Err(StartError::Failed {
-                    path: warmup.path.clone(),
-                    status,
-                    body,
-                    tail: tail(),
-                })
-            }
+            Ok(r) => Err(failed(&warmup.path, r, tail()).await),
             Err(e) if e.is_timeout() => Err(StartError::Timeout(timeout, tail())),
             Err(e) => match self.exit_status() {
                 Some(exit) => Err(StartError::Exited { exit, tail: tail() }),
@@ -316,6 +288,19 @@ impl Drop for EngineProcess {
         if !self.is_gone() {
             let _ = killpg(Pid::from_raw(self.pgid), Signal::SIGKILL);
         }
+    }
+}
+
+/// A readiness answer that means the engine failed, with the start of its
+/// body.
+async fn failed(path: &str, response: reqwest::Response, tail: String) -> StartError {
+    let status = response.status().as_u16();
+    let body = response.text().await.unwrap_or_default();
+    StartError::Failed {
+        path: path.to_string(),
+        status,
+        body: body.chars().take(300).collect(),
+        tail,
     }
 }
 
