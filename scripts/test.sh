@@ -13,4 +13,4 @@ export HANGAR_PYTHON
 cargo build --workspace --all-targets
 cargo test --workspace
 # End to end: hangar serve + real mlx_lm.server, driven by the openai client.
-"$HANGAR_PYTHON" -m pytest tests/e2e -q
+"$HANGAR_PYTHON" -m pytest tests/stand-ins tests/e2e -q

@@ -41,7 +41,8 @@ pub struct TraceEntry {
     pub priority: i32,
     /// The probed engine version, when known.
     pub engine_version: Option<String>,
-    /// What happened to it.
+    /// What happened to it (`verdict`, and `reason` for a rejection).
+    #[serde(flatten)]
     pub verdict: Verdict,
 }
 
