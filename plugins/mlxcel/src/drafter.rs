@@ -4,28 +4,41 @@
 //! mlxcel's own rule: a drafter whose `config.json` has `model_type`
 //! `gemma4_assistant`, `gemma4_unified_assistant` or `qwen3_5_mtp` is a
 //! multi-token-prediction (MTP) drafter; anything else (DFlash configs carry
-//! no `model_type`) is DFlash. MTP drafters pair with Gemma 4 targets,
-//! DFlash with Qwen 3.5 text and VLM targets, and a drafter must share the
-//! target's vocabulary. A drafter that does not fit, or an engine version
-//! without the kind's capability, falls back to normal decoding, and the
-//! session's notes say why; a drafter that is not a local folder is an
-//! error, since nothing is fetched from a hub.
+//! no `model_type`) is DFlash. `draft_kind = "auto"` applies that rule;
+//! `classic` runs the folder as a plain small draft model.
+//!
+//! MTP drafters pair with Gemma 4 targets, DFlash drafters with Qwen 3.5
+//! text and VLM targets, and both must share the target's vocabulary size.
+//! (A classic draft model is not checked: small and large models of one
+//! family often pad their embeddings to different `vocab_size`s while
+//! sharing a tokenizer, as Qwen2.5 0.5B and 7B do.)
+//!
+//! A drafter that does not fit, or an engine version without the kind's
+//! capability, falls back to normal decoding, with no draft flag at all and
+//! a note (shown by `GET /api/sessions`) saying exactly why. A drafter
+//! that is not a local folder is an error: mlxcel-server would download a
+//! hub name, and Hangar never fetches anything.
 
 use std::path::Path;
 
-use hangar_sdk::wire::LoadRequest;
+use hangar_sdk::wire::{settings as names, LoadRequest};
 use serde_json::Value;
 
-use crate::off_reason;
+use crate::{has, invalid, local_path, off_reason, read_config, setting};
+
+/// `draft_kind`: `auto`, `classic`, `mtp` or `dflash`.
+pub const DRAFT_KIND: &str = "draft_kind";
+/// `draft_block_size`: block length of MTP and DFlash drafters.
+pub const DRAFT_BLOCK_SIZE: &str = "draft_block_size";
 
 /// The kinds of drafter mlxcel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     /// A small model of the same family (`--model-draft`, `--draft-max`).
     Classic,
-    /// Multi-token prediction heads.
+    /// Multi-token prediction heads (`--draft-kind mtp`).
     Mtp,
-    /// DFlash block drafters.
+    /// DFlash block drafters (`--draft-kind dflash`).
     Dflash,
 }
 
@@ -39,69 +52,85 @@ impl Kind {
         }
     }
 
-    /// The kind's name on mlxcel's command line.
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Classic => "classic",
-            Kind::Mtp => "mtp",
-            Kind::Dflash => "dflash",
-        }
-    }
-
     /// The kind in a sentence.
     fn described(self) -> &'static str {
         match self {
-            Kind::Classic => "a classic drafter",
+            Kind::Classic => "a classic draft model",
             Kind::Mtp => "an MTP drafter",
             Kind::Dflash => "a DFlash drafter",
         }
     }
+
+    /// `--draft-kind` and the default `--draft-block-size` (mlxcel's own
+    /// defaults); a classic draft model takes neither.
+    fn block_kind(self) -> Option<(&'static str, u64)> {
+        match self {
+            Kind::Classic => None,
+            Kind::Mtp => Some(("mtp", 4)),
+            Kind::Dflash => Some(("dflash", 16)),
+        }
+    }
 }
 
+/// Drafter `model_type`s that mlxcel runs as MTP.
 const MTP_TYPES: &[&str] = &[
     "gemma4_assistant",
     "gemma4_unified_assistant",
     "qwen3_5_mtp",
 ];
 
-/// mlxcel's detection rule, from the drafter's `config.json`.
-pub fn detect(drafter_config: &Value) -> Kind {
+/// mlxcel's detection rule, from the drafter's `config.json`, with the
+/// evidence in words.
+pub fn detect(drafter_config: &Value) -> (Kind, String) {
     match drafter_config.get("model_type").and_then(Value::as_str) {
-        Some(t) if MTP_TYPES.contains(&t) => Kind::Mtp,
-        _ => Kind::Dflash,
+        Some(t) if MTP_TYPES.contains(&t) => (Kind::Mtp, format!("its model_type is '{t}'")),
+        Some(t) => (
+            Kind::Dflash,
+            format!("its model_type '{t}' is not an MTP type, which mlxcel reads as DFlash"),
+        ),
+        None => (
+            Kind::Dflash,
+            "its config.json has no model_type, which mlxcel reads as DFlash".into(),
+        ),
     }
 }
 
-fn model_type(config: &Value) -> &str {
+/// A field of the config, or of its `text_config` (VLMs nest the language
+/// model's there).
+fn field<'a>(config: &'a Value, key: &str) -> Option<&'a Value> {
     config
-        .get("model_type")
-        .or_else(|| config.get("text_config").and_then(|t| t.get("model_type")))
+        .get(key)
+        .or_else(|| config.get("text_config").and_then(|t| t.get(key)))
+}
+
+fn model_type(config: &Value) -> &str {
+    field(config, "model_type")
         .and_then(Value::as_str)
         .unwrap_or("")
 }
 
 fn vocab_size(config: &Value) -> Option<u64> {
-    config
-        .get("vocab_size")
-        .or_else(|| config.get("text_config").and_then(|t| t.get("vocab_size")))
-        .and_then(Value::as_u64)
+    field(config, "vocab_size").and_then(Value::as_u64)
 }
 
-/// Why `kind` cannot draft for `target`, if it cannot.
+/// Why `kind` cannot draft for `target`, if it cannot. Only MTP and DFlash
+/// drafters are checked (see the module docs).
 pub fn mismatch(kind: Kind, target: &Value, drafter: &Value) -> Option<String> {
     let target_type = model_type(target);
-    match kind {
-        Kind::Mtp if !target_type.starts_with("gemma4") => {
-            return Some(format!(
-                "an MTP drafter needs a Gemma 4 target, and the model is '{target_type}'"
-            ))
-        }
-        Kind::Dflash if !target_type.starts_with("qwen3_5") => {
-            return Some(format!(
-                "a DFlash drafter needs a Qwen 3.5 text or VLM target, and the model is '{target_type}'"
-            ))
-        }
-        _ => {}
+    let family = match kind {
+        Kind::Classic => return None,
+        Kind::Mtp => ("gemma4", "a Gemma 4 target (model_type gemma4*)"),
+        Kind::Dflash => (
+            "qwen3_5",
+            "a Qwen 3.5 text or VLM target (model_type qwen3_5*)",
+        ),
+    };
+    if !target_type.starts_with(family.0) {
+        return Some(format!(
+            "{} needs {}, and the model is '{target_type}'",
+            kind.described(),
+            family.1
+        ));
     }
     match (vocab_size(target), vocab_size(drafter)) {
         (Some(t), Some(d)) if t != d => Some(format!(
@@ -111,84 +140,142 @@ pub fn mismatch(kind: Kind, target: &Value, drafter: &Value) -> Option<String> {
     }
 }
 
-fn read_config(folder: &Path) -> Result<Value, String> {
-    let path = folder.join("config.json");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{} is not valid JSON: {e}", path.display()))
+/// What speculative decoding adds to the plan.
+#[derive(Debug, Default)]
+pub struct Planned {
+    /// Draft flags; empty when decoding normally.
+    pub args: Vec<String>,
+    /// What was decided, and why.
+    pub notes: Vec<String>,
 }
 
-/// The drafter flags for `request`, or none with a note saying why the
-/// session decodes normally.
-pub fn plan(request: &LoadRequest) -> Result<(Vec<String>, Option<String>), String> {
-    let Some(draft) = request.settings.get("draft_model").filter(|v| !v.is_null()) else {
-        return Ok((vec![], None));
+/// The drafter flags for `request` (whose model folder is `target_dir`),
+/// or none with a note saying why the session decodes normally.
+pub fn plan(request: &LoadRequest, target_dir: &Path) -> Result<Planned, String> {
+    let mut planned = Planned::default();
+    let related = [DRAFT_KIND, names::DRAFT_TOKENS, DRAFT_BLOCK_SIZE];
+    let Some(draft) = setting(request, names::DRAFT_MODEL) else {
+        for name in related.iter().filter(|n| setting(request, n).is_some()) {
+            planned.notes.push(format!(
+                "setting '{name}' was not applied: it does nothing without draft_model"
+            ));
+        }
+        return Ok(planned);
     };
-    let draft = draft
-        .as_str()
-        .ok_or_else(|| format!("setting 'draft_model' must be a folder path, not {draft}"))?;
-    let folder = Path::new(draft);
-    if !folder.is_absolute() || !folder.join("config.json").is_file() {
-        return Err(format!(
-            "draft_model '{draft}' is not a local model folder with a config.json; hub names are not fetched: download the drafter and give its absolute path"
+    if !has(request, "speculative") {
+        planned.notes.push(format!(
+            "speculative decoding is off, decoding normally: {}",
+            off_reason(request, "speculative")
+        ));
+        return Ok(planned);
+    }
+    let path = draft.as_str().ok_or_else(|| {
+        invalid(
+            request,
+            names::DRAFT_MODEL,
+            draft,
+            "it must be the path of a local drafter folder (a string)",
+        )
+    })?;
+    let folder = local_path(path);
+    if !folder.join("config.json").is_file() {
+        return Err(invalid(
+            request,
+            names::DRAFT_MODEL,
+            draft,
+            &format!(
+                "'{}' is not a local model folder with a config.json; hub names are not fetched: download the drafter and give its folder",
+                folder.display()
+            ),
         ));
     }
-    let has = |cap: &str| request.capabilities.iter().any(|c| c == cap);
-    let fallback = |why: String| {
-        Ok((
-            vec![],
-            Some(format!(
-                "speculative decoding is off, decoding normally: {why}"
-            )),
-        ))
-    };
-    if !has("speculative") {
-        return fallback(off_reason(request, "speculative"));
-    }
-    let drafter = read_config(folder)?;
-    let target = read_config(Path::new(&request.model_path))?;
-    let kind = match request.settings.get("draft_kind").and_then(Value::as_str) {
-        None | Some("auto") => detect(&drafter),
-        Some("classic") => Kind::Classic,
-        Some("mtp") => Kind::Mtp,
-        Some("dflash") => Kind::Dflash,
-        Some(other) => {
-            return Err(format!(
-                "draft_kind must be auto, classic, mtp or dflash, not '{other}'"
+    let shown = folder.display().to_string();
+    let drafter = read_config(&folder)?;
+    let chosen = setting(request, DRAFT_KIND);
+    let auto = matches!(chosen.map(Value::as_str), None | Some(Some("auto")));
+    let (kind, evidence) = match chosen.map(|v| (v, v.as_str())) {
+        None | Some((_, Some("auto"))) => detect(&drafter),
+        Some((_, Some("classic"))) => (Kind::Classic, "draft_kind = \"classic\"".into()),
+        Some((_, Some("mtp"))) => (Kind::Mtp, "draft_kind = \"mtp\"".into()),
+        Some((_, Some("dflash"))) => (Kind::Dflash, "draft_kind = \"dflash\"".into()),
+        Some((value, _)) => {
+            return Err(invalid(
+                request,
+                DRAFT_KIND,
+                value,
+                "it must be auto, classic, mtp or dflash",
             ))
         }
     };
-    if !has(kind.capability()) {
-        return fallback(format!(
-            "the drafter is {}: {}",
-            kind.described(),
-            off_reason(request, kind.capability())
+    let fallback = |planned: &mut Planned, why: String| {
+        let hint = if auto && kind == Kind::Dflash {
+            "; to draft with it as a plain small model, set draft_kind = \"classic\""
+        } else {
+            ""
+        };
+        planned.notes.push(format!(
+            "speculative decoding is off, decoding normally: draft_model '{shown}' is {} ({evidence}), and {why}{hint}",
+            kind.described()
         ));
+    };
+    if !has(request, kind.capability()) {
+        fallback(&mut planned, off_reason(request, kind.capability()));
+        return Ok(planned);
     }
-    if let Some(why) = mismatch(kind, &target, &drafter) {
-        return fallback(why);
+    if kind != Kind::Classic {
+        let target = read_config(target_dir)?;
+        if let Some(why) = mismatch(kind, &target, &drafter) {
+            fallback(&mut planned, why);
+            return Ok(planned);
+        }
+        if vocab_size(&target).is_none() || vocab_size(&drafter).is_none() {
+            planned.notes.push(format!(
+                "the vocabularies of draft_model '{shown}' and the model were not compared: a config.json has no vocab_size"
+            ));
+        }
     }
-    let mut args = vec!["--model-draft".to_string(), draft.to_string()];
-    let number = |name: &str| request.settings.get(name).and_then(Value::as_u64);
-    match kind {
-        Kind::Classic => {
-            if let Some(n) = number("draft_tokens") {
-                args.extend(["--draft-max".into(), n.to_string()]);
+    let positive = |name: &str| -> Result<Option<u64>, String> {
+        match setting(request, name) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .filter(|&n| n > 0)
+                .map(Some)
+                .ok_or_else(|| invalid(request, name, v, "it must be a whole number above 0")),
+        }
+    };
+    planned.args = vec!["--model-draft".into(), shown.clone()];
+    match kind.block_kind() {
+        None => {
+            if let Some(n) = positive(names::DRAFT_TOKENS)? {
+                planned.args.extend(["--draft-max".into(), n.to_string()]);
+            }
+            if setting(request, DRAFT_BLOCK_SIZE).is_some() {
+                planned.notes.push(format!(
+                    "setting '{DRAFT_BLOCK_SIZE}' was not applied: it sizes MTP and DFlash drafter blocks, and draft_model is a classic draft model"
+                ));
             }
         }
-        Kind::Mtp | Kind::Dflash => {
-            let block =
-                number("draft_block_size").unwrap_or(if kind == Kind::Mtp { 4 } else { 16 });
-            args.extend([
+        Some((name, default_block)) => {
+            let block = positive(DRAFT_BLOCK_SIZE)?.unwrap_or(default_block);
+            planned.args.extend([
                 "--draft-kind".into(),
-                kind.name().into(),
+                name.into(),
                 "--draft-block-size".into(),
                 block.to_string(),
             ]);
+            if setting(request, names::DRAFT_TOKENS).is_some() {
+                planned.notes.push(format!(
+                    "setting '{}' was not applied: it sets a classic draft model's --draft-max; {} drafts draft_block_size tokens",
+                    names::DRAFT_TOKENS,
+                    kind.described()
+                ));
+            }
         }
     }
-    Ok((
-        args,
-        Some(format!("speculative decoding with {}", kind.described())),
-    ))
+    planned.notes.push(format!(
+        "speculative decoding with {} ({evidence})",
+        kind.described()
+    ));
+    Ok(planned)
 }

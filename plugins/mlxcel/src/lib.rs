@@ -1,19 +1,36 @@
-//! Hangar plugin for Lablup's `mlxcel-server`, the preferred engine for
-//! MLX models.
+//! `mlxcel`: the Hangar engine plugin for Lablup's `mlxcel-server`, the
+//! preferred engine for MLX models.
 //!
-//! The probe reads `mlxcel-server --version`; plan_launch maps Hangar's
-//! settings to the server's flags, each only when the probed version has
-//! the capability behind it (an old binary never sees a flag it does not
-//! know), picks and checks speculative drafters ([`drafter`]) and plans
-//! pipeline serving across machines ([`pipeline`]).
+//! The host runs `mlxcel-server --version` (clap prints
+//! `mlxcel-server 0.4.2`) and [`probe`] reads it. For each model
+//! [`plan_launch`] then plans
+//!
+//! ```text
+//! mlxcel-server --model DIR --alias MODEL_ID --host 127.0.0.1 --port P [flags]
+//! ```
+//!
+//! with one group of flags per setting, each only where the probed version
+//! has the capability behind it: an old binary never sees a flag it does
+//! not know (clap would refuse it and the load would fail). The host
+//! already refuses such settings with 422 from the manifest's
+//! `[[settings]]`; the plan drops what still arrives (a value stored before
+//! a downgrade) with a note. Speculative decoding ([`drafter`]) and
+//! pipeline serving across machines ([`pipeline`]) have modules of their
+//! own. The plugin never runs anything itself.
+//!
+//! Readiness is mlxcel's own: `GET /health` answers 503 while the model
+//! loads (and when every slot is busy) and 200 once it serves, so no
+//! warmup request is needed and no status means the load failed.
 
 pub mod drafter;
 pub mod pipeline;
 #[cfg(test)]
 mod tests;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
+use hangar_sdk::api::Manifest;
 use hangar_sdk::wire::{
     settings as names, Description, LaunchPlan, LoadRequest, ProbeInput, ProbeReport, ProbeRun,
     Protocol, Readiness,
@@ -21,14 +38,15 @@ use hangar_sdk::wire::{
 use hangar_sdk::{export_plugin, Plugin};
 use serde_json::Value;
 
-/// The plugin id.
+/// The plugin id, as in `plugin.toml`.
 pub const ID: &str = "mlxcel";
 /// The engine's program name.
 pub const PROGRAM: &str = "mlxcel-server";
-/// The manifest, compiled in so that notes can quote its requirements.
+/// The manifest, compiled in: the one source of the version requirements
+/// and of each setting's capability.
 pub const MANIFEST: &str = include_str!("../plugin.toml");
 
-/// Every capability id the manifest declares.
+/// Every capability id the manifest declares (`describe()` lists them).
 pub const CAPABILITIES: &[&str] = &[
     "speculative",
     "kv_cache_quantization",
@@ -47,7 +65,20 @@ pub const CAPABILITIES: &[&str] = &[
     "split_prefill_decode",
 ];
 
-struct Mlxcel;
+/// The plugin's own setting (per model, or in `[plugins.mlxcel]`) for how
+/// long the server may take to load a model, in milliseconds.
+pub const START_TIMEOUT_MS: &str = "start_timeout_ms";
+
+/// Loading a large model from a slow disk takes minutes; five of them
+/// cover a 70B 4-bit checkpoint on an ordinary SSD.
+const DEFAULT_START_TIMEOUT_MS: u64 = 300_000;
+
+/// Where the release binaries are published.
+const RELEASES: &str = "https://github.com/lablup/mlxcel/releases";
+
+/// The plugin. Every function is pure: it reads what the host sends and
+/// answers with data.
+pub struct Mlxcel;
 
 impl Plugin for Mlxcel {
     fn describe() -> Description {
@@ -67,192 +98,293 @@ impl Plugin for Mlxcel {
 
 export_plugin!(Mlxcel);
 
-/// Reads the engine from `mlxcel-server --version`. Only a missing binary
-/// makes the engine unavailable; a probe that fails, times out or prints
-/// something unparseable leaves it usable with its version unknown (so
-/// every gated capability is off), and says why.
+/// Reads the engine from `mlxcel-server --version`.
+///
+/// Only an engine that cannot run at all is unavailable: a missing binary
+/// (with installation advice) or one the system cannot start (a build for
+/// another platform). A probe that exits non-zero, times out or prints
+/// something unreadable is *ambiguous*: the engine stays usable with its
+/// version unknown, so every gated capability is off, and the detail
+/// (shown by `hangar plugins`) says why.
 pub fn probe(input: &ProbeInput) -> ProbeReport {
-    let report = hangar_sdk::version_from_output(input, |out| {
-        out.lines()
-            .find_map(|l| l.trim().strip_prefix("mlxcel-server "))
-            .map(str::trim)
-    });
+    let ambiguous = |program: &str, why: String| ProbeReport {
+        available: true,
+        version: None,
+        program: Some(program.to_string()),
+        device: None,
+        detail: Some(format!(
+            "{why}; the version is unknown, so every gated capability is off"
+        )),
+    };
+    let unavailable = |program: Option<&str>, detail: String| ProbeReport {
+        available: false,
+        program: program.map(str::to_string),
+        detail: Some(detail),
+        ..ProbeReport::default()
+    };
     match &input.run {
-        Some(ProbeRun::NotFound { searched }) => ProbeReport {
-            detail: Some(format!(
-                "mlxcel-server is not installed (looked in {}); download a release asset (macOS arm64, linux-aarch64-cuda13, linux-x86_64-cuda13) and put it on PATH or set [plugins.mlxcel] program",
-                searched.join(", ")
-            )),
-            ..report
-        },
-        Some(ProbeRun::Exited { program, code, stderr, .. }) if *code != Some(0) => ProbeReport {
-            available: true,
-            version: None,
-            program: Some(program.clone()),
-            device: None,
-            detail: Some(format!(
-                "`{program} --version` failed ({}): {}; the version is unknown, so every gated capability is off",
-                code.map_or("killed by a signal".into(), |c| format!("exit code {c}")),
-                stderr.lines().last().unwrap_or("").trim()
-            )),
-        },
-        _ => report,
+        None => unavailable(None, "the manifest names no probe program".into()),
+        Some(ProbeRun::NotFound { searched }) => unavailable(
+            None,
+            format!(
+                "{PROGRAM} is not installed (looked in {}). {}",
+                searched.join(", "),
+                install_advice()
+            ),
+        ),
+        Some(ProbeRun::FailedToStart { program, error }) => unavailable(
+            Some(program),
+            format!(
+                "{program} could not be started ({error}); if it is a build for another platform, replace it. {}",
+                install_advice()
+            ),
+        ),
+        Some(ProbeRun::TimedOut { program, after_ms }) => ambiguous(
+            program,
+            format!("`{program} --version` did not answer within {after_ms} ms"),
+        ),
+        Some(ProbeRun::Exited {
+            program,
+            code,
+            stdout,
+            stderr,
+        }) => {
+            if *code != Some(0) {
+                let tail = stderr.lines().rfind(|l| !l.trim().is_empty());
+                return ambiguous(
+                    program,
+                    format!(
+                        "`{program} --version` failed ({}): {}",
+                        code.map_or("killed by a signal".into(), |c| format!("exit code {c}")),
+                        tail.unwrap_or("no output").trim()
+                    ),
+                );
+            }
+            match version_in(stdout).or_else(|| version_in(stderr)) {
+                Some(Ok(version)) => ProbeReport {
+                    available: true,
+                    version: Some(version),
+                    program: Some(program.clone()),
+                    device: None,
+                    detail: None,
+                },
+                Some(Err(token)) => ambiguous(program, format!("version '{token}' is not semver")),
+                None => ambiguous(
+                    program,
+                    format!(
+                        "could not read a version from `{program} --version` ({:?})",
+                        stdout.trim().chars().take(80).collect::<String>()
+                    ),
+                ),
+            }
+        }
     }
 }
 
-/// The manifest's requirement for `capability` (`>=0.0.26`).
-pub fn requirement(capability: &str) -> String {
-    let manifest: toml::Table = toml::from_str(MANIFEST).expect("the manifest is valid TOML");
-    manifest
-        .get("capabilities")
-        .and_then(|c| c.get(capability))
-        .and_then(|r| r.as_str())
-        .unwrap_or("a newer version")
-        .to_string()
+/// The version in clap's `--version` line (`mlxcel-server 0.4.2`; a `v`
+/// prefix is tolerated): `Ok` when it is semver, `Err` with the token when
+/// the line is there but its version is not (`nightly-7f3a`).
+fn version_in(output: &str) -> Option<Result<String, String>> {
+    output.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        let name = words.next()?;
+        let token = words.next()?;
+        if !name.starts_with("mlxcel") {
+            return None;
+        }
+        let version = token.strip_prefix('v').unwrap_or(token);
+        Some(match semver::Version::parse(version) {
+            Ok(v) => Ok(v.to_string()),
+            Err(_) => Err(token.to_string()),
+        })
+    })
 }
 
-/// Why `capability` is off for this engine, in words.
-pub fn off_reason(request: &LoadRequest, capability: &str) -> String {
+fn install_advice() -> String {
     format!(
-        "{PROGRAM} {} is needed for {capability}; found {}",
-        requirement(capability),
-        request
-            .engine
-            .version
-            .as_deref()
-            .unwrap_or("an unknown version")
+        "Download {PROGRAM} from {RELEASES}: the macOS arm64 (Metal) build, or \
+         mlxcel-server-linux-aarch64-cuda13 / mlxcel-server-linux-x86_64-cuda13 on Linux; put it on \
+         PATH or in ~/.local/bin, or point Hangar at it with `[plugins.{ID}] program = \
+         \"/path/to/{PROGRAM}\"` in config.toml"
     )
 }
 
-/// A setting's value; JSON `null` counts as unset.
-fn setting<'a>(request: &'a LoadRequest, name: &str) -> Option<&'a Value> {
+/// The manifest compiled into the plugin.
+pub fn manifest() -> Result<&'static Manifest, String> {
+    static PARSED: OnceLock<Result<Manifest, String>> = OnceLock::new();
+    PARSED
+        .get_or_init(|| Manifest::parse(MANIFEST).map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| format!("plugin '{ID}' was built with an invalid plugin.toml: {e}"))
+}
+
+/// Why `capability` is off for this engine, in the host's words: the
+/// plugin, the engine, the versions that have it and the version found.
+pub fn off_reason(request: &LoadRequest, capability: &str) -> String {
+    let required = manifest()
+        .ok()
+        .and_then(|m| m.capabilities.get(capability))
+        .map_or_else(|| "a newer version".to_string(), ToString::to_string);
+    let found = request
+        .engine
+        .version
+        .as_deref()
+        .unwrap_or("an unknown version");
+    format!("plugin '{ID}' needs {PROGRAM} {required} for {capability}; found {found}")
+}
+
+/// Whether the host turned `capability` on for this engine version.
+pub fn has(request: &LoadRequest, capability: &str) -> bool {
+    request.capabilities.iter().any(|c| c == capability)
+}
+
+/// A setting's value; JSON `null` counts as unset, so a layer can clear a
+/// value set below it.
+pub fn setting<'a>(request: &'a LoadRequest, name: &str) -> Option<&'a Value> {
     request.settings.get(name).filter(|v| !v.is_null())
 }
 
-/// One setting that maps to flags.
+/// The refusal of an invalid setting value, naming the model.
+pub fn invalid(request: &LoadRequest, name: &str, value: &Value, reason: &str) -> String {
+    format!(
+        "model '{}': setting {name} = {value} is invalid: {reason}",
+        request.model_id
+    )
+}
+
+/// A path as the operator wrote it in a setting: `~/` is their home
+/// folder, a relative path is taken from the host's working folder (the
+/// engine runs in the session's work dir and would read it from there).
+pub fn local_path(path: &str) -> PathBuf {
+    let expanded = match path.strip_prefix("~/") {
+        Some(rest) => std::env::var_os("HOME")
+            .map(|home| Path::new(&home).join(rest))
+            .unwrap_or_else(|| PathBuf::from(path)),
+        None => PathBuf::from(path),
+    };
+    std::path::absolute(&expanded).unwrap_or(expanded)
+}
+
+/// A model's `config.json`, parsed.
+pub fn read_config(folder: &Path) -> Result<Value, String> {
+    let path = folder.join("config.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{} is not valid JSON: {e}", path.display()))
+}
+
+/// One setting that becomes command-line flags. Its capability, and the
+/// capabilities of single enum values (`turbo4`), come from the manifest.
 struct Flag {
     setting: &'static str,
-    capability: Option<&'static str>,
-    flags: fn(&Value) -> Result<Vec<String>, String>,
+    /// The flags, for notes.
+    flags: &'static str,
+    /// Renders the flags; the value's type, range and enum membership were
+    /// already checked against the manifest's declaration.
+    render: fn(&Value) -> Result<Vec<String>, String>,
 }
 
-fn integer(
-    name: &'static str,
-    flag: &'static str,
-) -> impl Fn(&Value) -> Result<Vec<String>, String> {
-    move |v| match v.as_i64() {
-        Some(n) => Ok(vec![flag.into(), n.to_string()]),
-        None => Err(format!("setting '{name}' must be a whole number, not {v}")),
-    }
+/// `FLAG VALUE`, the value as JSON writes it (numbers and strings alike).
+macro_rules! single {
+    ($flag:literal) => {
+        |v: &Value| Ok(vec![$flag.to_string(), plain(v)])
+    };
 }
 
+/// Every flag, in the order it appears on the command line.
 const FLAGS: &[Flag] = &[
     Flag {
         setting: names::CONTEXT_LENGTH,
-        capability: None,
-        flags: |v| integer(names::CONTEXT_LENGTH, "-c")(v),
+        flags: "-c",
+        render: single!("-c"),
     },
     Flag {
         setting: names::MAX_TOKENS,
-        capability: None,
-        flags: |v| integer(names::MAX_TOKENS, "-n")(v),
+        flags: "-n",
+        render: single!("-n"),
     },
     Flag {
         setting: "parallel",
-        capability: None,
-        flags: |v| integer("parallel", "--parallel")(v),
+        flags: "--parallel",
+        render: single!("--parallel"),
     },
     Flag {
         setting: "kv_cache_type",
-        capability: Some("kv_cache_quantization"),
-        flags: |v| match v.as_str() {
-            Some(t @ ("fp16" | "int8" | "turbo4")) => Ok(vec![
+        flags: "--cache-type-k/--cache-type-v",
+        render: |v| {
+            let t = plain(v);
+            Ok(vec![
                 "--cache-type-k".into(),
-                t.into(),
+                t.clone(),
                 "--cache-type-v".into(),
-                t.into(),
-            ]),
-            _ => Err(format!(
-                "setting 'kv_cache_type' must be fp16, int8 or turbo4, not {v}"
-            )),
+                t,
+            ])
         },
     },
     Flag {
-        setting: "kv_bits",
-        capability: Some("kv_cache_turbo"),
-        flags: |v| integer("kv_bits", "--kv-bits")(v),
+        setting: names::KV_BITS,
+        flags: "--kv-bits",
+        render: single!("--kv-bits"),
     },
     Flag {
         setting: "decode_storage",
-        capability: Some("paged_attention"),
-        flags: |v| match v.as_str() {
-            Some(s @ ("auto" | "dense" | "paged")) => {
-                Ok(vec!["--decode-storage-backend".into(), s.into()])
-            }
-            _ => Err(format!(
-                "setting 'decode_storage' must be auto, dense or paged, not {v}"
-            )),
-        },
+        flags: "--decode-storage-backend",
+        render: single!("--decode-storage-backend"),
     },
     Flag {
         setting: "prompt_cache",
-        capability: Some("prompt_cache"),
-        flags: |v| match v.as_bool() {
-            Some(true) => Ok(vec!["--prompt-cache-enabled".into()]),
-            Some(false) => Ok(vec!["--no-prompt-cache".into()]),
-            None => Err(format!(
-                "setting 'prompt_cache' must be true or false, not {v}"
-            )),
+        flags: "--prompt-cache-enabled/--no-prompt-cache",
+        render: |v| {
+            Ok(vec![if v.as_bool() == Some(true) {
+                "--prompt-cache-enabled".into()
+            } else {
+                "--no-prompt-cache".into()
+            }])
         },
     },
     Flag {
         setting: "prompt_cache_capacity_bytes",
-        capability: Some("prompt_cache"),
-        flags: |v| {
-            integer(
-                "prompt_cache_capacity_bytes",
-                "--prompt-cache-capacity-bytes",
-            )(v)
-        },
+        flags: "--prompt-cache-capacity-bytes",
+        render: single!("--prompt-cache-capacity-bytes"),
     },
     Flag {
         setting: "prompt_cache_ttl",
-        capability: Some("prompt_cache"),
-        flags: |v| integer("prompt_cache_ttl", "--prompt-cache-ttl")(v),
+        flags: "--prompt-cache-ttl",
+        render: single!("--prompt-cache-ttl"),
     },
     Flag {
         setting: "apc",
-        capability: Some("apc"),
-        flags: |v| match v.as_bool() {
-            Some(true) => Ok(vec!["--apc-enabled".into()]),
-            Some(false) => Ok(vec![]),
-            None => Err(format!("setting 'apc' must be true or false, not {v}")),
+        flags: "--apc-enabled",
+        // mlxcel has no flag that turns APC off; off is its default.
+        render: |v| {
+            Ok(match v.as_bool() {
+                Some(true) => vec!["--apc-enabled".into()],
+                _ => vec![],
+            })
         },
     },
     Flag {
         setting: "apc_block_size",
-        capability: Some("apc"),
-        flags: |v| integer("apc_block_size", "--apc-block-size")(v),
+        flags: "--apc-block-size",
+        render: single!("--apc-block-size"),
     },
     Flag {
         setting: "reasoning_budget",
-        capability: Some("reasoning_budget"),
-        flags: |v| match v.as_i64() {
-            Some(n) if n >= -1 => Ok(vec!["--reasoning-budget".into(), n.to_string()]),
-            _ => Err(format!(
-                "setting 'reasoning_budget' must be -1 (unlimited), 0 (none) or more, not {v}"
-            )),
-        },
+        flags: "--reasoning-budget",
+        render: single!("--reasoning-budget"),
     },
     Flag {
         setting: "tensor_parallel_size",
-        capability: Some("tensor_parallel"),
-        flags: |v| integer("tensor_parallel_size", "--tp-size")(v),
+        flags: "--tp-size",
+        render: |v| match v.as_u64() {
+            Some(n) if n.is_power_of_two() => Ok(vec!["--tp-size".into(), n.to_string()]),
+            _ => Err("mlxcel shards across a power of 2 of ranks (1, 2, 4, 8, …)".into()),
+        },
     },
     Flag {
         setting: "kv_cache_budget",
-        capability: Some("kv_cache_budget"),
-        flags: |v| match v.as_str() {
+        flags: "--kv-cache-budget",
+        render: |v| match v.as_str() {
             Some(b)
                 if b == "auto"
                     || b == "none"
@@ -260,43 +392,50 @@ const FLAGS: &[Flag] = &[
             {
                 Ok(vec!["--kv-cache-budget".into(), b.into()])
             }
-            _ => Err(format!(
-                "setting 'kv_cache_budget' must be a byte count, auto or none, not {v}"
-            )),
+            _ => Err(
+                "it must be \"auto\", \"none\" or a whole number of bytes such as \"8589934592\""
+                    .into(),
+            ),
         },
     },
     Flag {
         setting: "chat_template_kwargs",
-        capability: None,
-        flags: |v| match v {
-            Value::Object(_) => Ok(vec!["--chat-template-kwargs".into(), v.to_string()]),
-            _ => Err(format!(
-                "setting 'chat_template_kwargs' must be an object, not {v}"
-            )),
-        },
+        flags: "--chat-template-kwargs",
+        render: |v| Ok(vec!["--chat-template-kwargs".into(), v.to_string()]),
     },
 ];
 
+/// A value as a command-line word: strings without their quotes.
+fn plain(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
 /// Plans `mlxcel-server` for one model.
 pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
+    let manifest = manifest()?;
     let model = &request.model_id;
     if request.format != "mlx" {
         return Err(format!(
-            "plugin '{ID}' serves the mlx format, not '{}'",
+            "model '{model}': plugin '{ID}' serves the mlx format, not '{}'",
             request.format
         ));
     }
-    let model_path = Path::new(&request.model_path);
+    // mlxcel-server downloads a `-m` that is not an existing folder from
+    // the hub; the plan only ever names an existing one.
+    let model_path = local_path(&request.model_path);
     if !model_path.join("config.json").is_file() {
         return Err(format!(
-            "model '{model}': {} has no config.json; mlxcel-server serves MLX model folders",
+            "model '{model}': {} is not a model folder with a config.json; {PROGRAM} serves MLX model folders (config.json, tokenizer, *.safetensors)",
             model_path.display()
         ));
     }
-    let has = |capability: &str| request.capabilities.iter().any(|c| c == capability);
+    let model_path = model_path.display().to_string();
     let mut args: Vec<String> = vec![
         "--model".into(),
-        request.model_path.clone(),
+        model_path.clone(),
         "--alias".into(),
         model.clone(),
         "--host".into(),
@@ -305,37 +444,55 @@ pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
         request.port.to_string(),
     ];
     let mut notes = Vec::new();
+    // Settings this table does not name (the host's own, and the ones the
+    // modules below handle) are left alone here.
     for flag in FLAGS {
         let Some(value) = setting(request, flag.setting) else {
             continue;
         };
-        if let Some(capability) = flag.capability.filter(|c| !has(c)) {
+        let spec = manifest.setting(flag.setting).ok_or_else(|| {
+            format!(
+                "plugin '{ID}' maps setting '{}' but plugin.toml does not declare it",
+                flag.setting
+            )
+        })?;
+        if let Some(capability) = spec.capability.as_deref().filter(|c| !has(request, c)) {
             notes.push(format!(
-                "setting '{}' was not applied: {}",
+                "setting '{}' was not applied ({}): {}",
                 flag.setting,
+                flag.flags,
                 off_reason(request, capability)
             ));
             continue;
         }
-        if flag.setting == "kv_cache_type"
-            && value.as_str() == Some("turbo4")
-            && !has("kv_cache_turbo")
-        {
+        let value_capability = spec
+            .values
+            .iter()
+            .find(|v| Some(v.value()) == value.as_str())
+            .and_then(|v| v.capability())
+            .filter(|c| !has(request, c));
+        if let Some(capability) = value_capability {
             notes.push(format!(
-                "kv_cache_type turbo4 was not applied: {}",
-                off_reason(request, "kv_cache_turbo")
+                "setting {} = {value} was not applied ({}): {}",
+                flag.setting,
+                flag.flags,
+                off_reason(request, capability)
             ));
             continue;
         }
-        args.extend((flag.flags)(value)?);
+        spec.check(value, |_| true)
+            .map_err(|e| format!("model '{model}': {e}"))?;
+        let rendered = (flag.render)(value)
+            .map_err(|reason| invalid(request, flag.setting, value, &reason))?;
+        args.extend(rendered);
     }
-    let (draft_args, draft_note) = drafter::plan(request)?;
-    args.extend(draft_args);
-    notes.extend(draft_note);
+    let speculative = drafter::plan(request, Path::new(&model_path))?;
+    args.extend(speculative.args);
+    notes.extend(speculative.notes);
     let mut files = std::collections::BTreeMap::new();
     if let Some(value) = setting(request, "pipeline") {
-        if has("distributed_pipeline") {
-            let planned = pipeline::plan(request, value)?;
+        if has(request, "distributed_pipeline") {
+            let planned = pipeline::plan(request, Path::new(&model_path), value)?;
             args.extend(planned.args);
             notes.extend(planned.notes);
             files.insert(pipeline::FILE.to_string(), planned.config);
@@ -346,9 +503,19 @@ pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
             ));
         }
     }
-    let start_timeout_ms = setting(request, "start_timeout_ms")
-        .and_then(Value::as_u64)
-        .unwrap_or(300_000);
+    let start_timeout_ms = match setting(request, START_TIMEOUT_MS)
+        .or_else(|| request.plugin_settings.get(START_TIMEOUT_MS))
+    {
+        None => DEFAULT_START_TIMEOUT_MS,
+        Some(value) => value.as_u64().filter(|&ms| ms > 0).ok_or_else(|| {
+            invalid(
+                request,
+                START_TIMEOUT_MS,
+                value,
+                "it must be a whole number of milliseconds above 0",
+            )
+        })?,
+    };
     Ok(LaunchPlan {
         program: request
             .engine
@@ -369,6 +536,7 @@ pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
         },
         start_timeout_ms,
         protocol: Protocol::OpenaiHttp,
+        // `--alias` makes the served model's name the model id.
         upstream_model: Some(model.clone()),
         notes,
         files,
