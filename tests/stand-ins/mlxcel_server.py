@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """A protocol-faithful stand-in for Lablup's `mlxcel-server`, for tests.
 
-Written from ../../../shared/reference/engines.md alone (never from Hangar's
-plugin), so that it catches the plugin's mistakes. It pretends to be the
-version in MLXCEL_STANDIN_VERSION (default 0.4.2) and, like the real clap
-binary, refuses (exit 2) any flag that version did not have. It records its
-argv (stderr line `mlxcel-server argv: [...]`, and MLXCEL_STANDIN_ARGV_FILE
-if set), answers /health with 503 "loading model" for MLXCEL_STANDIN_LOAD_MS
-(default 300) and then 200, and serves OpenAI-compatible chat and text
-completions, streaming or not, with deterministic fake tokens.
+Written from shared/reference/engines.md (section "mlxcel-server") alone,
+never from Hangar's plugin, so that it catches the plugin's mistakes. See
+README.md next to this file for what it does and what it guesses.
+
+Environment:
+  MLXCEL_STANDIN_VERSION    the version it pretends to be (default 0.4.2)
+  MLXCEL_STANDIN_ARGV_FILE  if set, its argv (JSON list) is written there
+  MLXCEL_STANDIN_LOAD_MS    how long /health says "loading model" (300)
+  MLXCEL_STANDIN_TOKEN_MS   delay per generated token (0), to keep slots busy
 """
 from __future__ import annotations
 
@@ -19,298 +20,663 @@ import signal
 import sys
 import threading
 import time
-import tomllib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+# http.server, socket, tomllib and difflib are imported where needed: most
+# runs in the tests are `--version`/`--help` probes, and they stay fast.
 
 NAME = "mlxcel-server"
 VERSION_TEXT = os.environ.get("MLXCEL_STANDIN_VERSION", "0.4.2")
-_m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", VERSION_TEXT)
-VERSION = tuple(int(x) for x in _m.groups()) if _m else None  # None: unparseable
 
-# Flags from the reference: (names, takes a value, allowed values or a check,
-# first version). Basic flags exist in every version.
-BASIC = (0, 0, 0)
+# semver.org's grammar; build metadata is ignored, a pre-release sorts
+# before its release (so 0.0.25-rc.1 does not have 0.0.25's flags).
+_SEMVER = re.compile(
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)(?:\.(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*))*))?"
+    r"(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?"
+)
+
+
+def parse_version(text: str):
+    """(major, minor, patch, is_release) or None when `text` is not semver."""
+    m = _SEMVER.fullmatch(text)
+    if not m:
+        return None
+    return int(m[1]), int(m[2]), int(m[3]), m[4] is None
+
+
+VERSION = parse_version(VERSION_TEXT)
+
+
+def has(first) -> bool:
+    """Whether the pretended version has what first shipped in `first`
+    (None: basic, in every version). An unparseable version is basic only."""
+    if first is None:
+        return True
+    if VERSION is None:
+        return False
+    # (x, y, z, pre-release) < (x, y, z, release)
+    return VERSION >= (*first, True)
+
+
+# ---------------------------------------------------------------- the flags
+
+class Flag:
+    def __init__(self, names, value=None, first=None, env=None, help="", default=None,
+                 negative=False):
+        self.names = names                # primary first; a short form, if any, is "-x"
+        self.value = value                # None: boolean; else a checker kind (see check_value)
+        self.first = first                # None: basic
+        self.env = env                    # LLAMA_ARG_* for some basic flags
+        self.help = help
+        self.default = default
+        self.negative = negative          # accepts a value like "-1" (clap allow_negative_numbers)
+
+    @property
+    def long(self) -> str:
+        return next(n for n in self.names if n.startswith("--"))
+
+    @property
+    def key(self) -> str:
+        return self.long[2:]
+
+    @property
+    def value_name(self) -> str:
+        return self.key.upper().replace("-", "_")
+
+    @property
+    def display(self) -> str:
+        return f"{self.long} <{self.value_name}>" if self.value else self.long
+
+
+def _cache_types():
+    return ["fp16", "int8"] + (["turbo4"] if has((0, 0, 26)) else [])
+
+
+def _node_roles():
+    return ["prefill", "decode", "router"]
+
+
 FLAGS = [
-    (("-m", "--model"), True, None, BASIC),
-    (("-a", "--alias"), True, None, BASIC),
-    (("--host",), True, None, BASIC),
-    (("--port",), True, "int", BASIC),
-    (("-c", "--ctx-size"), True, "int", BASIC),
-    (("-n", "--predict"), True, "int", BASIC),
-    (("--parallel",), True, "int", BASIC),
-    (("--api-key",), True, None, BASIC),
-    (("--timeout",), True, "int", BASIC),
-    (("--chat-template",), True, None, BASIC),
-    (("--chat-template-file",), True, None, BASIC),
-    (("--chat-template-kwargs",), True, "json", BASIC),
-    (("--no-warmup",), False, None, BASIC),
-    (("--metrics",), False, None, BASIC),
-    (("--props",), False, None, BASIC),
+    # basic
+    Flag(["-m", "--model"], "text", env="LLAMA_ARG_MODEL", help="Model folder (MLX checkpoint)"),
+    Flag(["-a", "--alias"], "text", env="LLAMA_ARG_ALIAS", help="Model name served by the API"),
+    Flag(["--host"], "text", env="LLAMA_ARG_HOST", default="127.0.0.1", help="Address to listen on"),
+    Flag(["--port"], ("uint", 0, 65535), env="LLAMA_ARG_PORT", default="8080", help="Port to listen on"),
+    Flag(["-c", "--ctx-size"], ("uint", 0, None), env="LLAMA_ARG_CTX_SIZE",
+         help="Context size per slot (0: from the model)"),
+    Flag(["-n", "--predict"], ("int", -1, None), env="LLAMA_ARG_N_PREDICT", negative=True,
+         help="Tokens to predict (-1: unlimited)"),
+    Flag(["--parallel"], ("uint", 1, None), env="LLAMA_ARG_N_PARALLEL", help="Number of slots"),
+    Flag(["--api-key"], "text", env="LLAMA_API_KEY", help="API key clients must send"),
+    Flag(["--timeout"], ("uint", 0, None), env="LLAMA_ARG_TIMEOUT", help="Server read/write timeout (s)"),
+    Flag(["--chat-template"], "text", env="LLAMA_ARG_CHAT_TEMPLATE", help="Chat template"),
+    Flag(["--chat-template-file"], "text", env="LLAMA_ARG_CHAT_TEMPLATE_FILE", help="Chat template file"),
+    Flag(["--chat-template-kwargs"], "text", help="JSON object of extra template arguments"),
+    Flag(["--no-warmup"], help="Skip the warmup run"),
+    Flag(["--metrics"], help="Enable /metrics"),
+    Flag(["--props"], help="Enable /props"),
     # speculative (classic draft model)
-    (("--model-draft", "--draft-model"), True, None, (0, 0, 1)),
-    (("--draft", "--draft-max"), True, "int", (0, 0, 1)),
+    Flag(["--model-draft", "--draft-model"], "text", (0, 0, 1), help="Draft model folder"),
+    Flag(["--draft-max", "--draft"], ("uint", 0, None), (0, 0, 1), help="Draft tokens per step"),
     # KV cache quantization (int8); turbo4 from 0.0.26
-    (("--cache-type-k",), True, "cache-type", (0, 0, 14)),
-    (("--cache-type-v",), True, "cache-type", (0, 0, 14)),
-    (("--tp-size",), True, "int", (0, 0, 20)),
-    (("--decode-storage-backend",), True, ("auto", "dense", "paged"), (0, 0, 21)),
-    (("--distributed-config",), True, "toml-file", (0, 0, 22)),
-    (("--node-id",), True, None, (0, 0, 22)),
-    (("--node-role",), True, "node-role", (0, 0, 22)),
-    (("--pp-layers",), True, None, (0, 0, 22)),
-    (("--pp-auto",), True, "int", (0, 0, 24)),
-    (("--cluster-discovery",), True, ("mdns",), (0, 0, 24)),
-    (("--cluster-peers",), True, None, (0, 0, 24)),
-    (("--prompt-cache-enabled",), False, None, (0, 0, 25)),
-    (("--no-prompt-cache",), False, None, (0, 0, 25)),
-    (("--prompt-cache-capacity-bytes",), True, "int", (0, 0, 25)),
-    (("--prompt-cache-ttl",), True, "int", (0, 0, 25)),
-    (("--reasoning-budget",), True, "budget", (0, 0, 25)),
-    (("--kv-bits",), True, "int", (0, 0, 26)),
-    (("--apc-enabled",), False, None, (0, 0, 26)),
-    (("--apc-block-size",), True, "int", (0, 0, 26)),
-    (("--draft-kind",), True, ("dflash", "mtp"), (0, 0, 27)),
-    (("--draft-block-size",), True, "int", (0, 0, 27)),
-    (("--kv-cache-budget",), True, "kv-budget", (0, 2, 0)),
+    Flag(["--cache-type-k"], ("choice", _cache_types), (0, 0, 14), default="fp16", help="K cache type"),
+    Flag(["--cache-type-v"], ("choice", _cache_types), (0, 0, 14), default="fp16", help="V cache type"),
+    # tensor parallel
+    Flag(["--tp-size"], ("uint", 1, None), (0, 0, 20), help="Tensor parallel size"),
+    # paged attention
+    Flag(["--decode-storage-backend"], ("choice", lambda: ["auto", "dense", "paged"]), (0, 0, 21),
+         default="auto", help="KV storage for decoding"),
+    # distributed pipeline
+    Flag(["--distributed-config"], "text", (0, 0, 22), help="Pipeline cluster TOML"),
+    Flag(["--node-id"], "text", (0, 0, 22), help="This node's id"),
+    Flag(["--node-role"], "node-role", (0, 0, 22), help="This node's role"),
+    Flag(["--pp-layers"], "text", (0, 0, 22), help="Layers of this pipeline stage"),
+    # zero-config pipeline
+    Flag(["--pp-auto"], ("uint", 1, None), (0, 0, 24), help="Pipeline over N discovered nodes"),
+    Flag(["--cluster-discovery"], ("choice", lambda: ["mdns"]), (0, 0, 24), help="Peer discovery"),
+    Flag(["--cluster-peers"], "text", (0, 0, 24), help="Peers (host:port,...)"),
+    # prompt cache
+    Flag(["--prompt-cache-enabled"], None, (0, 0, 25), help="Enable the prompt cache"),
+    Flag(["--no-prompt-cache"], None, (0, 0, 25), help="Disable the prompt cache"),
+    Flag(["--prompt-cache-capacity-bytes"], ("uint", 0, None), (0, 0, 25), help="Prompt cache capacity"),
+    Flag(["--prompt-cache-ttl"], ("uint", 0, None), (0, 0, 25), help="Prompt cache entry TTL (s)"),
+    # reasoning budget
+    Flag(["--reasoning-budget"], ("int", -1, None), (0, 0, 25), negative=True, default="-1",
+         help="Thinking tokens (-1 unlimited, 0 none)"),
+    # KV quant (turbo), APC
+    Flag(["--kv-bits"], ("uint", 1, 16), (0, 0, 26), help="KV quantization bits"),
+    Flag(["--apc-enabled"], None, (0, 0, 26), help="Enable automatic prefix caching"),
+    Flag(["--apc-block-size"], ("uint", 1, None), (0, 0, 26), help="APC block size"),
+    # speculative MTP / DFlash
+    Flag(["--draft-kind"], ("choice", lambda: ["dflash", "mtp"]), (0, 0, 27), help="Drafter kind"),
+    Flag(["--draft-block-size"], ("uint", 1, None), (0, 0, 27), help="Draft block size (MTP 4, DFlash 16)"),
+    # KV cache budget (split prefill/decode is --node-role's new values)
+    Flag(["--kv-cache-budget"], "kv-budget", (0, 2, 0), help="KV cache budget: BYTES, auto or none"),
 ]
 
 
-def has(first: tuple) -> bool:
-    """Whether this version has a feature first shipped in `first`; an
-    unparseable version has only the basic flags."""
-    if first == BASIC:
-        return True
-    return VERSION is not None and VERSION >= first
+class UsageError(Exception):
+    """A clap error: printed to stderr, exit status 2."""
 
 
-def usage_error(message: str) -> None:
-    sys.stderr.write(f"error: {message}\n\nUsage: {NAME} [OPTIONS]\n\nFor more information, try '--help'.\n")
-    sys.exit(2)
+def usage_error(message: str, tip: str | None = None):
+    raise UsageError(message + (f"\n\n  tip: {tip}" if tip else ""))
 
 
-def check_value(flag: str, kind, value: str):
-    bad = lambda: usage_error(f"invalid value '{value}' for '{flag} <{flag.lstrip('-').upper()}>'")
-    if kind is None:
-        return value
-    if isinstance(kind, tuple):
-        if value not in kind:
-            bad()
-        return value
-    if kind == "int":
-        if not re.fullmatch(r"-?\d+", value):
-            bad()
-        return int(value)
-    if kind == "budget":
-        if not re.fullmatch(r"-?\d+", value) or int(value) < -1:
-            bad()
-        return int(value)
-    if kind == "json":
-        try:
-            return json.loads(value)
-        except ValueError:
-            bad()
-    if kind == "cache-type":
-        allowed = ["fp16", "int8"] + (["turbo4"] if has((0, 0, 26)) else [])
-        if value not in allowed:
-            bad()
-        return value
+def check_value(flag: Flag, raw: str):
+    """Validate like clap's value parsers; return the parsed value."""
+    kind = flag.value
+    where = f"'{flag.display}'"
+    if kind == "text":
+        return raw
     if kind == "node-role":
-        allowed = ["prefill", "decode", "router"] if has((0, 2, 0)) else []
-        # Before 0.2.0 the reference names no role values; accept any word.
-        if allowed and value not in allowed:
-            bad()
-        return value
+        # The reference names prefill|decode|router only for 0.2.0's split
+        # prefill/decode; the earlier pipeline roles are not named, so any
+        # other word is accepted (unconfirmed), and those three only from 0.2.0.
+        if raw in _node_roles() and not has((0, 2, 0)):
+            usage_error(f"invalid value '{raw}' for {where}")
+        if not raw:
+            usage_error(f"invalid value '' for {where}")
+        return raw
     if kind == "kv-budget":
-        if value not in ("auto", "none") and not value.isdigit():
-            bad()
-        return value
-    if kind == "toml-file":
-        try:
-            with open(value, "rb") as f:
-                content = tomllib.load(f)
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            sys.stderr.write(f"error: cannot read distributed config {value}: {e}\n")
-            sys.exit(1)
-        sys.stderr.write(f"{NAME} distributed-config: {json.dumps(content, sort_keys=True)}\n")
-        return value
+        if raw in ("auto", "none") or re.fullmatch(r"\d+", raw):
+            return raw
+        usage_error(f"invalid value '{raw}' for {where}: expected BYTES, auto or none")
+    if kind[0] == "choice":
+        allowed = kind[1]()
+        if raw not in allowed:
+            import difflib
+            close = difflib.get_close_matches(raw, allowed, n=1)
+            usage_error(f"invalid value '{raw}' for {where}\n  [possible values: {', '.join(allowed)}]",
+                        f"a similar value exists: '{close[0]}'" if close else None)
+        return raw
+    if kind[0] in ("int", "uint"):
+        _, low, high = kind
+        if not re.fullmatch(r"-?\d+" if kind[0] == "int" else r"\d+", raw):
+            usage_error(f"invalid value '{raw}' for {where}: invalid digit found in string")
+        n = int(raw)
+        if n < low or (high is not None and n > high):
+            usage_error(f"invalid value '{raw}' for {where}: {n} is not in {low}..={high if high is not None else 'MAX'}")
+        return n
     raise AssertionError(kind)
 
 
+def looks_like_value(flag: Flag, token: str) -> bool:
+    """clap takes the next token as the value unless it looks like a flag."""
+    if token == "-" or not token.startswith("-"):
+        return True
+    return flag.negative and re.fullmatch(r"-\d+", token) is not None
+
+
+def print_help():
+    lines = [f"Lablup mlxcel OpenAI-compatible server (stand-in)", "",
+             f"Usage: {NAME} [OPTIONS]", "", "Options:"]
+    for f in FLAGS:
+        if not has(f.first):
+            continue
+        short = next((n for n in f.names if not n.startswith("--")), None)
+        left = (f"{short}, " if short else "    ") + f.display
+        extras = []
+        if f.env:
+            extras.append(f"[env: {f.env}=]")
+        if f.default is not None:
+            extras.append(f"[default: {f.default}]")
+        if f.key == "parallel":
+            extras.append(f"[default: {4 if has((0, 4, 0)) else 1}]")
+        if isinstance(f.value, tuple) and f.value[0] == "choice":
+            extras.append(f"[possible values: {', '.join(f.value[1]())}]")
+        if f.key == "node-role" and has((0, 2, 0)):
+            extras.append("[possible values: prefill, decode, router]")
+        aliases = [n for n in f.names if n.startswith("--") and n != f.long]
+        if aliases:
+            extras.append(f"[aliases: {', '.join(aliases)}]")
+        lines.append(f"  {left:<42} {' '.join([f.help] + extras)}")
+    lines.append(f"  {'-h, --help':<42} Print help")
+    lines.append(f"  {'-V, --version':<42} Print version")
+    print("\n".join(lines))
+
+
 def parse(argv: list[str]) -> dict:
-    known = {name: spec for spec in FLAGS if has(spec[3]) for name in spec[0]}
+    """Parse like clap: left to right; -h/-V act where they are met; the
+    first error wins. Returns {key: value} for the flags that were given
+    (command line, then LLAMA_ARG_* for the basic flags)."""
+    flags = [f for f in FLAGS if has(f.first)]
+    longs = {n: f for f in flags for n in f.names if n.startswith("--")}
+    shorts = {n: f for f in flags for n in f.names if not n.startswith("--")}
     options: dict = {}
+    seen: set = set()
+
+    def take(flag: Flag, value):
+        if flag.key in seen:
+            usage_error(f"the argument '{flag.display}' cannot be used multiple times")
+        seen.add(flag.key)
+        options[flag.key] = value
+
     i = 0
     while i < len(argv):
         arg = argv[i]
+        i += 1
+        if arg == "--":
+            if i < len(argv):
+                usage_error(f"unexpected argument '{argv[i]}' found")
+            break
+        if arg in ("-h", "--help"):
+            print_help()
+            sys.exit(0)
         if arg in ("-V", "--version"):
             print(f"{NAME} {VERSION_TEXT}")
             sys.exit(0)
-        if arg in ("-h", "--help"):
-            print(f"Usage: {NAME} [OPTIONS]\n\nOptions:")
-            for names, takes, _, first in FLAGS:
-                if has(first):
-                    print(f"  {', '.join(names)}{' <VALUE>' if takes else ''}")
-            sys.exit(0)
-        name, eq, inline = arg.partition("=") if arg.startswith("--") else (arg, "", "")
-        spec = known.get(name)
-        if spec is None:
-            usage_error(f"unexpected argument '{name}' found")
-        names, takes, kind, _ = spec
-        key = names[-1].lstrip("-")
-        if takes:
-            if eq:
-                value = inline
+        if arg.startswith("--"):
+            name, eq, inline = arg.partition("=")
+            flag = longs.get(name)
+            if flag is None:
+                import difflib
+                close = difflib.get_close_matches(name, list(longs), n=1, cutoff=0.8)
+                usage_error(f"unexpected argument '{name}' found",
+                            f"a similar argument exists: '{close[0]}'" if close else None)
+        elif arg.startswith("-") and len(arg) > 1 and not re.fullmatch(r"-\d+", arg):
+            name, rest = arg[:2], arg[2:]
+            flag = shorts.get(name)
+            if flag is None:
+                usage_error(f"unexpected argument '{name}' found")
+            if rest.startswith("="):
+                eq, inline = "=", rest[1:]
+            elif rest:
+                eq, inline = "=", rest
             else:
-                i += 1
-                if i >= len(argv):
-                    usage_error(f"a value is required for '{name} <{key.upper()}>' but none was supplied")
-                value = argv[i]
-            options[key] = check_value(name, kind, value)
+                eq, inline = "", ""
         else:
+            usage_error(f"unexpected argument '{arg}' found")
+        if flag.value is None:
             if eq:
                 usage_error(f"unexpected value '{inline}' for '{name}' found; no more were expected")
-            options[key] = True
-        i += 1
+            take(flag, True)
+            continue
+        if eq:
+            raw = inline
+        elif i < len(argv) and looks_like_value(flag, argv[i]):
+            raw = argv[i]
+            i += 1
+        else:
+            usage_error(f"a value is required for '{flag.display}' but none was supplied")
+        take(flag, check_value(flag, raw))
+
+    for flag in flags:
+        if flag.env and flag.key not in options and os.environ.get(flag.env) is not None:
+            options[flag.key] = check_value(flag, os.environ[flag.env])
     return options
+
+
+# ------------------------------------------------------------ loading
+
+def fail(message: str):
+    """A failed start after parsing (a failed load): exit status 1."""
+    sys.stderr.write(f"Error: {message}\n")
+    sys.stderr.flush()
+    sys.exit(1)
+
+
+def read_model_config(path: str, what: str) -> dict:
+    if not os.path.isdir(path):
+        fail(f"failed to load {what} '{path}': not a folder")
+    try:
+        with open(os.path.join(path, "config.json"), "rb") as f:
+            config = json.load(f)
+    except OSError as e:
+        fail(f"failed to load {what} '{path}': config.json: {e.strerror}")
+    except ValueError as e:
+        fail(f"failed to load {what} '{path}': config.json is not valid JSON: {e}")
+    if not isinstance(config, dict):
+        fail(f"failed to load {what} '{path}': config.json is not a JSON object")
+    return config
+
+
+MTP_MODEL_TYPES = ("gemma4_assistant", "gemma4_unified_assistant", "qwen3_5_mtp")
+
+
+def load(options: dict) -> dict:
+    model = options.get("model")
+    if not model:
+        fail("no model given (-m/--model)")
+    read_model_config(model, "model")
+    if "model-draft" in options:
+        draft = read_model_config(options["model-draft"], "draft model")
+        detected = "mtp" if draft.get("model_type") in MTP_MODEL_TYPES else "dflash"
+        info = {"path": options["model-draft"], "classic_only": not has((0, 0, 27)),
+                "detected_kind": detected, "requested_kind": options.get("draft-kind")}
+        sys.stderr.write(f"{NAME} drafter: {json.dumps(info)}\n")
+    if "chat-template-file" in options and not os.path.isfile(options["chat-template-file"]):
+        fail(f"cannot read chat template file '{options['chat-template-file']}'")
+    if "chat-template-kwargs" in options:
+        try:
+            kwargs = json.loads(options["chat-template-kwargs"])
+        except ValueError:
+            kwargs = None
+        if not isinstance(kwargs, dict):
+            fail("--chat-template-kwargs must be a JSON object")
+    if "distributed-config" in options:
+        path = options["distributed-config"]
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            fail("reading --distributed-config needs Python 3.11 (tomllib)")
+        try:
+            with open(path, "rb") as f:
+                content = tomllib.load(f)
+        except OSError as e:
+            fail(f"cannot read distributed config '{path}': {e.strerror}")
+        except tomllib.TOMLDecodeError as e:
+            fail(f"invalid distributed config '{path}': {e}")
+        sys.stderr.write(f"{NAME} distributed-config: {json.dumps(content, sort_keys=True, default=str)}\n")
+    parallel = options.get("parallel", 4 if has((0, 4, 0)) else 1)
+    load_ms = int(os.environ.get("MLXCEL_STANDIN_LOAD_MS", "300"))
+    return {
+        "options": options,
+        "model_id": options.get("alias") or model,
+        "parallel": parallel,
+        "busy": 0,
+        "lock": threading.Lock(),
+        "slots": threading.Semaphore(parallel),
+        "ready_at": time.monotonic() + load_ms / 1000,
+        "token_s": int(os.environ.get("MLXCEL_STANDIN_TOKEN_MS", "0")) / 1000,
+        "requests": 0,
+        "tokens": 0,
+    }
 
 
 def main() -> None:
     argv = sys.argv[1:]
-    options = parse(argv)
+    try:
+        options = parse(argv)
+    except UsageError as e:
+        record_argv(argv)
+        sys.stderr.write(f"error: {e}\n\nUsage: {NAME} [OPTIONS]\n\nFor more information, try '--help'.\n")
+        sys.exit(2)
+    record_argv(argv)
     sys.stderr.write(f"{NAME} argv: {json.dumps(argv)}\n")
-    if os.environ.get("MLXCEL_STANDIN_ARGV_FILE"):
-        with open(os.environ["MLXCEL_STANDIN_ARGV_FILE"], "w") as f:
-            json.dump(argv, f)
-    model = options.get("model")
-    if not model:
-        usage_error("the following required arguments were not provided:\n  --model <MODEL>")
-    if not os.path.isfile(os.path.join(model, "config.json")):
-        sys.stderr.write(f"error: failed to load model {model}: config.json not found\n")
-        sys.exit(1)
-    state = {
-        "options": options,
-        "alias": options.get("alias") or model,
-        "ready_at": time.monotonic() + int(os.environ.get("MLXCEL_STANDIN_LOAD_MS", "300")) / 1000,
-        "slots": threading.Semaphore(int(options.get("parallel", 4 if has((0, 4, 0)) else 1))),
-    }
-    Handler.state = state
-    server = ThreadingHTTPServer((options.get("host", "127.0.0.1"), int(options.get("port", 8080))), Handler)
-    server.daemon_threads = True
+    sys.stderr.flush()
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    sys.stderr.write(f"{NAME} {VERSION_TEXT} listening on {server.server_address[0]}:{server.server_address[1]}\n")
+    signal.signal(signal.SIGINT, lambda *_: os._exit(0))
+    state = load(options)
+    import socket
+    from http.server import ThreadingHTTPServer
+    Handler = handler_class()
+    Handler.state = state
+    host, port = options.get("host", "127.0.0.1"), options.get("port", 8080)
+    server_class = ThreadingHTTPServer
+    if ":" in host:
+        server_class = type("Server6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
+    try:
+        server = server_class((host, port), Handler)
+    except OSError as e:
+        fail(f"cannot listen on {host}:{port}: {e.strerror}")
+    server.daemon_threads = True
+    sys.stderr.write(f"{NAME} {VERSION_TEXT} listening on {host}:{server.server_address[1]}\n")
+    sys.stderr.flush()
     server.serve_forever()
 
 
-def error_body(message: str, kind: str = "invalid_request_error") -> dict:
-    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+def record_argv(argv: list[str]) -> None:
+    path = os.environ.get("MLXCEL_STANDIN_ARGV_FILE")
+    if path:
+        with open(path, "w") as f:
+            json.dump(argv, f)
 
 
-class Handler(BaseHTTPRequestHandler):
-    state: dict = {}
-    protocol_version = "HTTP/1.1"
+# ------------------------------------------------------------ serving
 
-    def log_message(self, fmt, *args):  # keep stderr for the argv line and errors
-        pass
+def error_body(status: int, message: str, kind: str = "invalid_request_error") -> dict:
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
-    def route(self) -> str:
-        path = self.path.split("?", 1)[0]
-        return path[3:] if path.startswith("/v1/") else path
 
-    def send_json(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
+# Routes the reference lists whose shapes it does not give: answered 501 so
+# that nobody mistakes a made-up body for mlxcel's.
+UNSIMULATED = ("/responses", "/messages", "/messages/count_tokens", "/cache/stats", "/cache/reset",
+               "/completion", "/slots")
 
-    def authorized(self) -> bool:
-        key = self.state["options"].get("api-key")
-        if key and self.headers.get("Authorization") != f"Bearer {key}":
-            self.send_json(401, error_body("invalid api key", "authentication_error"))
-            return False
-        return True
 
-    def do_GET(self):
-        route = self.route()
-        if route == "/health":
-            if time.monotonic() < self.state["ready_at"]:
-                return self.send_json(503, {"status": "loading model"})
-            return self.send_json(200, {"status": "ok"})
-        if not self.authorized():
-            return
-        if route == "/models":
-            return self.send_json(200, {"object": "list", "data": [
-                {"id": self.state["alias"], "object": "model", "owned_by": "mlxcel"}]})
-        self.send_json(404, error_body(f"no route {self.path}"))
+def handler_class():
+    from http.server import BaseHTTPRequestHandler
 
-    def do_POST(self):
-        route = self.route()
-        if not self.authorized():
-            return
-        if route not in ("/chat/completions", "/completions"):
-            return self.send_json(404, error_body(f"no route {self.path}"))
-        if time.monotonic() < self.state["ready_at"]:
-            return self.send_json(503, error_body("loading model", "unavailable_error"))
-        length = int(self.headers.get("Content-Length", "0"))
-        try:
-            request = json.loads(self.rfile.read(length) or b"{}")
-        except ValueError:
-            return self.send_json(400, error_body("request body is not JSON"))
-        if "thinking_budget_tokens" in request and not has((0, 0, 25)):
-            return self.send_json(400, error_body("unknown field `thinking_budget_tokens`"))
-        chat = route == "/chat/completions"
-        if chat:
-            words = " ".join(str(m.get("content", "")) for m in request.get("messages", [])).split()
-        else:
-            words = str(request.get("prompt", "")).split()
-        max_tokens = int(request.get("max_tokens") or self.state["options"].get("predict") or 16)
-        model = request.get("model") or self.state["alias"]
-        if not self.state["slots"].acquire(blocking=False):
-            return self.send_json(503, {"status": "no slot available"})
-        try:
-            self.answer(chat, request, model, len(words), max_tokens)
-        finally:
-            self.state["slots"].release()
+    class Handler(BaseHTTPRequestHandler):
+        state: dict = {}
+        protocol_version = "HTTP/1.1"
+        server_version = "mlxcel-server-stand-in"
 
-    def answer(self, chat: bool, request: dict, model: str, prompt_tokens: int, max_tokens: int) -> None:
-        created, rid = int(time.time()), f"{'chatcmpl' if chat else 'cmpl'}-standin-{time.monotonic_ns()}"
-        tokens = [f"tok{i} " for i in range(max_tokens)]
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
-                 "total_tokens": prompt_tokens + max_tokens}
-        if not request.get("stream"):
-            text = "".join(tokens)
-            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
-                      if chat else {"index": 0, "text": text, "finish_reason": "length"})
-            return self.send_json(200, {"id": rid, "object": "chat.completion" if chat else "text_completion",
-                                        "created": created, "model": model, "choices": [choice], "usage": usage})
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        obj = "chat.completion.chunk" if chat else "text_completion"
-
-        def send(payload) -> None:
-            data = payload if isinstance(payload, str) else json.dumps(payload)
-            self.wfile.write(f"data: {data}\n\n".encode())
-            self.wfile.flush()
-
-        try:
-            for i, tok in enumerate(tokens):
-                choice = ({"index": 0, "delta": ({"role": "assistant"} if i == 0 else {}) | {"content": tok},
-                           "finish_reason": None} if chat else {"index": 0, "text": tok, "finish_reason": None})
-                send({"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]})
-            last = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
-                    else {"index": 0, "text": "", "finish_reason": "length"})
-            send({"id": rid, "object": obj, "created": created, "model": model, "choices": [last]})
-            if (request.get("stream_options") or {}).get("include_usage"):
-                send({"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage})
-            send("[DONE]")
-        except (BrokenPipeError, ConnectionResetError):
+        def log_message(self, fmt, *args):  # stderr is for the argv line and errors
             pass
 
+        # -- plumbing
+
+        def route(self) -> tuple[str, bool]:
+            """(route without /v1, whether it had /v1)."""
+            path = self.path.split("?", 1)[0]
+            if path.startswith("/v1/"):
+                return path[3:], True
+            return path, False
+
+        def send_json(self, status: int, body) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        def send_error_json(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+            self.send_json(status, error_body(status, message, kind))
+
+        def read_body(self) -> bytes:
+            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                data = b""
+                while True:
+                    size = int(self.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
+                    if size == 0:
+                        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                            pass
+                        return data
+                    data += self.rfile.read(size)
+                    self.rfile.readline()
+            return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+        def loading(self) -> bool:
+            return time.monotonic() < self.state["ready_at"]
+
+        def authorized(self) -> bool:
+            key = self.state["options"].get("api-key")
+            if key and self.headers.get("Authorization") != f"Bearer {key}":
+                self.send_error_json(401, "Invalid API Key", "authentication_error")
+                return False
+            return True
+
+        def not_found(self):
+            self.send_error_json(404, f"File Not Found: {self.command} {self.path}", "not_found_error")
+
+        # -- methods
+
+        def do_GET(self):
+            route, v1 = self.route()
+            if route == "/health" and not v1:
+                if self.loading():
+                    return self.send_json(503, {"status": "loading model"})
+                with self.state["lock"]:
+                    full = self.state["busy"] >= self.state["parallel"]
+                if full:
+                    return self.send_json(503, {"status": "no slot available"})
+                return self.send_json(200, {"status": "ok"})
+            known = route in ("/models", "/props", "/metrics") or route in UNSIMULATED
+            if not known:
+                return self.not_found()
+            if not self.authorized():
+                return
+            if self.loading():
+                return self.send_error_json(503, "Loading model", "unavailable_error")
+            if route == "/models":
+                return self.send_json(200, {"object": "list", "data": [{
+                    "id": self.state["model_id"], "object": "model", "created": 0, "owned_by": "mlxcel"}]})
+            if route == "/props" and self.state["options"].get("props"):
+                o = self.state["options"]
+                return self.send_json(200, {
+                    "model_path": o["model"], "model_alias": self.state["model_id"],
+                    "total_slots": self.state["parallel"],
+                    # mlxcel gives each slot the whole --ctx-size (llama-server: C/N)
+                    "default_generation_settings": {"n_ctx": o.get("ctx-size", 0),
+                                                    "n_predict": o.get("predict", -1)},
+                    "build_info": f"{NAME} {VERSION_TEXT} (stand-in)"})
+            if route == "/metrics" and self.state["options"].get("metrics"):
+                text = (f"# TYPE mlxcel_requests_total counter\nmlxcel_requests_total {self.state['requests']}\n"
+                        f"# TYPE mlxcel_tokens_predicted_total counter\n"
+                        f"mlxcel_tokens_predicted_total {self.state['tokens']}\n").encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(text)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                return self.wfile.write(text)
+            if route in UNSIMULATED:
+                return self.send_error_json(501, f"{route} is not simulated by the stand-in", "not_supported_error")
+            return self.not_found()
+
+        def do_POST(self):
+            route, _ = self.route()
+            body = self.read_body()
+            if route in ("/chat/completions", "/completions", "/tokenize", "/detokenize") or route in UNSIMULATED \
+                    or route.startswith("/audio/"):
+                if not self.authorized():
+                    return
+                if self.loading():
+                    return self.send_error_json(503, "Loading model", "unavailable_error")
+            else:
+                return self.not_found()
+            if route in UNSIMULATED or route.startswith("/audio/"):
+                return self.send_error_json(501, f"{route} is not simulated by the stand-in", "not_supported_error")
+            try:
+                request = json.loads(body or b"null")
+            except ValueError:
+                return self.send_error_json(400, "request body is not valid JSON")
+            if not isinstance(request, dict):
+                return self.send_error_json(400, "request body must be a JSON object")
+            if route == "/tokenize":
+                words = str(request.get("content", "")).split()
+                return self.send_json(200, {"tokens": [len(w) for w in words]})
+            if route == "/detokenize":
+                return self.send_json(200, {"content": " ".join(f"tok{t}" for t in request.get("tokens", []))})
+            self.complete(route == "/chat/completions", request)
+
+        def do_HEAD(self):
+            self.not_found()
+
+        do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD
+
+        # -- completions
+
+        def complete(self, chat: bool, request: dict) -> None:
+            if chat:
+                messages = request.get("messages")
+                if not isinstance(messages, list) or not messages:
+                    return self.send_error_json(400, "'messages' must be a non-empty array")
+                words = []
+                for m in messages:
+                    content = m.get("content") if isinstance(m, dict) else None
+                    if isinstance(content, str):
+                        words += content.split()
+                    elif isinstance(content, list):
+                        for part in content:
+                            kind = part.get("type") if isinstance(part, dict) else None
+                            if kind == "text":
+                                words += str(part.get("text", "")).split()
+                            elif kind in ("input_audio", "audio_url") and not has((0, 0, 16)):
+                                return self.send_error_json(400, f"unsupported content part type '{kind}'")
+            else:
+                prompt = request.get("prompt", "")
+                if isinstance(prompt, list):
+                    prompt = " ".join(p if isinstance(p, str) else " ".join(map(str, p)) if isinstance(p, list)
+                                      else str(p) for p in prompt)
+                words = str(prompt).split()
+            if "thinking_budget_tokens" in request:
+                if not has((0, 0, 25)):
+                    return self.send_error_json(400, "unknown field `thinking_budget_tokens`")
+                budget = request["thinking_budget_tokens"]
+                if not isinstance(budget, int) or isinstance(budget, bool) or budget < -1:
+                    return self.send_error_json(400, "'thinking_budget_tokens' must be an integer >= -1")
+            options = self.state["options"]
+            max_tokens = request.get("max_completion_tokens", request.get("max_tokens"))
+            if max_tokens is None:
+                predict = options.get("predict", -1)
+                max_tokens = predict if predict >= 0 else 16
+            if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
+                return self.send_error_json(400, "'max_tokens' must be a non-negative integer")
+            ctx = options.get("ctx-size", 0)  # per slot, mlxcel's rule
+            if ctx and len(words) >= ctx:
+                return self.send_error_json(400, f"the request exceeds the available context size ({len(words)} "
+                                                 f"prompt tokens, {ctx} per slot)", "exceed_context_size_error")
+            if ctx:
+                max_tokens = min(max_tokens, ctx - len(words))
+            model = request.get("model") or self.state["model_id"]
+            self.state["slots"].acquire()  # queue for a slot, like llama-server
+            with self.state["lock"]:
+                self.state["busy"] += 1
+                self.state["requests"] += 1
+                self.state["tokens"] += max_tokens
+            try:
+                self.answer(chat, request, model, len(words), max_tokens)
+            finally:
+                with self.state["lock"]:
+                    self.state["busy"] -= 1
+                self.state["slots"].release()
+
+        def answer(self, chat: bool, request: dict, model: str, prompt_tokens: int, max_tokens: int) -> None:
+            created = int(time.time())
+            rid = f"{'chatcmpl' if chat else 'cmpl'}-standin-{time.monotonic_ns()}"
+            tokens = [f"tok{i} " for i in range(max_tokens)]
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
+                     "total_tokens": prompt_tokens + max_tokens}
+            delay = self.state["token_s"]
+            if not request.get("stream"):
+                if delay:
+                    time.sleep(delay * max_tokens)
+                text = "".join(tokens)
+                choice = ({"index": 0, "message": {"role": "assistant", "content": text},
+                           "logprobs": None, "finish_reason": "length"} if chat
+                          else {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
+                return self.send_json(200, {"id": rid, "object": "chat.completion" if chat else "text_completion",
+                                            "created": created, "model": model, "choices": [choice], "usage": usage})
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            obj = "chat.completion.chunk" if chat else "text_completion"
+
+            def send(payload) -> None:
+                data = payload if isinstance(payload, str) else json.dumps(payload)
+                self.wfile.write(f"data: {data}\n\n".encode())
+                self.wfile.flush()
+
+            def chunk(choices, **extra):
+                return {"id": rid, "object": obj, "created": created, "model": model, "choices": choices, **extra}
+
+            try:
+                for i, tok in enumerate(tokens):
+                    if delay:
+                        time.sleep(delay)
+                    choice = ({"index": 0, "delta": ({"role": "assistant"} if i == 0 else {}) | {"content": tok},
+                               "logprobs": None, "finish_reason": None} if chat
+                              else {"index": 0, "text": tok, "logprobs": None, "finish_reason": None})
+                    send(chunk([choice]))
+                last = ({"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"} if chat
+                        else {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"})
+                send(chunk([last]))
+                if (request.get("stream_options") or {}).get("include_usage"):
+                    send(chunk([], usage=usage))
+                send("[DONE]")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+
+    return Handler
 
 if __name__ == "__main__":
     main()

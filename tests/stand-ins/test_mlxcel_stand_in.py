@@ -1,10 +1,17 @@
 """The stand-in itself: it must refuse exactly the flags the reference says
-each version lacks, or it could not catch a plugin that passes them."""
+each version lacks (or it could not catch a plugin that passes them), and
+speak the protocol the reference describes."""
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -12,37 +19,269 @@ import pytest
 STAND_IN = Path(__file__).with_name("mlxcel_server.py")
 
 
-def run(version: str, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, MLXCEL_STANDIN_VERSION=version)
-    return subprocess.run([sys.executable, str(STAND_IN), *args], env=env, capture_output=True, text=True, timeout=20)
+def run(version: str, *args: str, **env) -> subprocess.CompletedProcess:
+    env = dict(os.environ, MLXCEL_STANDIN_VERSION=version, **env)
+    return subprocess.run([sys.executable, str(STAND_IN), *args], env=env, capture_output=True, text=True,
+                          timeout=20)
 
 
-@pytest.mark.parametrize("version", ["0.0.20", "0.4.2", "nightly-abc"])
-def test_version_is_printed_like_clap(version):
-    r = run(version, "--version")
-    assert (r.returncode, r.stdout) == (0, f"mlxcel-server {version}\n")
+@pytest.fixture
+def model(tmp_path) -> str:
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    return str(folder)
 
 
-@pytest.mark.parametrize("version,flag,accepted", [
+@pytest.mark.parametrize("version", ["0.0.1", "0.0.20", "0.4.2", "1.2.3-rc.1", "nightly-abc"])
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version_is_printed_like_clap(version, flag):
+    r = run(version, flag)
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"mlxcel-server {version}\n", "")
+
+
+def test_default_version_is_0_4_2():
+    env = {k: v for k, v in os.environ.items() if k != "MLXCEL_STANDIN_VERSION"}
+    r = subprocess.run([sys.executable, str(STAND_IN), "-V"], env=env, capture_output=True, text=True)
+    assert r.stdout == "mlxcel-server 0.4.2\n"
+
+
+# (version, flags, accepted) from the reference's table: basic flags always,
+# each capability's flags from its first version, only basic ones for an
+# unparseable version, and a pre-release before its release.
+MATRIX = [
+    ("0.0.1", ["--model-draft", "{model}", "--draft", "4"], True),
+    ("0.0.1", ["--draft-model", "{model}", "--draft-max", "4"], True),
+    ("0.0.13", ["--cache-type-k", "int8"], False),
+    ("0.0.14", ["--cache-type-k", "int8", "--cache-type-v", "fp16"], True),
+    ("0.0.19", ["--tp-size", "2"], False),
+    ("0.0.20", ["--tp-size", "2"], True),
     ("0.0.20", ["--cache-type-k", "int8"], True),
     ("0.0.20", ["--decode-storage-backend", "paged"], False),
     ("0.0.20", ["--prompt-cache-enabled"], False),
-    ("0.0.26", ["--cache-type-k", "turbo4"], True),
-    ("0.0.21", ["--cache-type-k", "turbo4"], False),
+    ("0.0.21", ["--decode-storage-backend", "paged"], True),
+    ("0.0.21", ["--decode-storage-backend", "sparse"], False),
+    ("0.0.21", ["--node-id", "0"], False),
+    ("0.0.22", ["--node-id", "0", "--node-role", "stage", "--pp-layers", "0-7"], True),
+    ("0.0.22", ["--node-role", "prefill"], False),
+    ("0.0.23", ["--pp-auto", "2"], False),
+    ("0.0.24", ["--pp-auto", "2", "--cluster-discovery", "mdns", "--cluster-peers", "a:1,b:2"], True),
+    ("0.0.24", ["--cluster-discovery", "dns"], False),
+    ("0.0.24", ["--reasoning-budget", "0"], False),
+    ("0.0.25", ["--prompt-cache-enabled", "--prompt-cache-capacity-bytes", "1024", "--prompt-cache-ttl", "60"], True),
+    ("0.0.25", ["--no-prompt-cache"], True),
+    ("0.0.25", ["--reasoning-budget", "-1"], True),
+    ("0.0.25", ["--reasoning-budget", "-2"], False),
+    ("0.0.25", ["--cache-type-k", "turbo4"], False),
+    ("0.0.25", ["--apc-enabled"], False),
+    ("0.0.25-rc.1", ["--prompt-cache-enabled"], False),
+    ("0.0.26", ["--cache-type-k", "turbo4", "--cache-type-v", "turbo4"], True),
+    ("0.0.26", ["--kv-bits", "4", "--apc-enabled", "--apc-block-size", "16"], True),
     ("0.0.26", ["--draft-kind", "mtp"], False),
-    ("0.0.27", ["--draft-kind", "mtp"], True),
-    ("0.0.27", ["--node-role", "prefill"], True),
-    ("0.1.0", ["--kv-cache-budget", "auto"], False),
-    ("0.4.2", ["--kv-cache-budget", "auto"], True),
-    ("nightly-abc", ["--cache-type-k", "int8"], False),
-    ("nightly-abc", ["-c", "128"], True),
+    ("0.0.27", ["--draft-kind", "mtp", "--draft-block-size", "4"], True),
+    ("0.0.27", ["--draft-kind", "eagle"], False),
+    ("0.0.27", ["--kv-cache-budget", "auto"], False),
+    ("0.1.9", ["--node-role", "decode"], False),
+    ("0.2.0", ["--kv-cache-budget", "auto"], True),
+    ("0.2.0", ["--kv-cache-budget", "8589934592"], True),
+    ("0.2.0", ["--kv-cache-budget", "none"], True),
+    ("0.2.0", ["--kv-cache-budget", "8G"], False),
+    ("0.2.0", ["--node-role", "router"], True),
+    ("0.4.2", ["--model-draft", "{model}", "--draft-kind", "dflash", "--cache-type-k", "turbo4",
+               "--decode-storage-backend", "dense", "--tp-size", "1", "--prompt-cache-enabled",
+               "--reasoning-budget", "128", "--apc-enabled", "--kv-cache-budget", "auto", "--node-role",
+               "prefill", "--pp-auto", "2"], True),
+    ("0.4.2", ["--cache-type-k", "q8_0"], False),
     ("0.4.2", ["--no-such-flag"], False),
-])
-def test_flags_are_accepted_only_from_their_version(tmp_path, version, flag, accepted):
-    (tmp_path / "config.json").write_text("{}")
-    # `--help` after the flags: a run that parses everything exits 0 without serving.
-    r = run(version, "-m", str(tmp_path), *flag, "--help")
+    ("0.4.2", ["--metrics=true"], False),
+    ("0.4.2", ["--port", "http"], False),
+    ("0.4.2", ["--port", "70000"], False),
+    ("0.4.2", ["--parallel", "0"], False),
+    ("0.4.2", ["--parallel", "2", "--parallel", "3"], False),
+    ("0.4.2", ["-a", "x", "--alias", "y"], False),
+    ("0.4.2", ["--ctx-size"], False),
+    ("0.4.2", ["--ctx-size", "--metrics"], False),
+    ("0.4.2", ["-c", "-5"], False),
+    ("0.4.2", ["-n", "-1", "-c4096", "-a=x", "--port=0", "--host=127.0.0.1", "--timeout", "600",
+               "--api-key", "k", "--chat-template", "chatml", "--chat-template-kwargs", "{}",
+               "--no-warmup", "--metrics", "--props"], True),
+    ("0.4.2", ["stray"], False),
+    ("nightly-abc", ["-c", "128", "-n", "8", "--parallel", "2", "--no-warmup"], True),
+    ("nightly-abc", ["--cache-type-k", "int8"], False),
+    ("nightly-abc", ["--draft", "4"], False),
+]
+
+
+@pytest.fixture(scope="module")
+def matrix_runs(tmp_path_factory):
+    """Every MATRIX case, run concurrently (keeps the suite fast)."""
+    folder = tmp_path_factory.mktemp("matrix")
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+
+    def one(case):
+        version, flags, _ = case
+        flags = [f.replace("{model}", str(folder)) for f in flags]
+        # `--help` after the flags: clap parses left to right, so a run that
+        # parses every flag prints help and exits 0 without serving.
+        return run(version, "-m", str(folder), *flags, "--help")
+
+    with ThreadPoolExecutor(8) as pool:
+        return dict(zip(range(len(MATRIX)), pool.map(one, MATRIX)))
+
+
+@pytest.mark.parametrize("case", range(len(MATRIX)), ids=[f"{v}:{' '.join(f)}" for v, f, _ in MATRIX])
+def test_flags_are_accepted_only_from_their_version(matrix_runs, case):
+    version, flags, accepted = MATRIX[case]
+    r = matrix_runs[case]
     if accepted:
-        assert r.returncode == 0, r.stderr
+        assert r.returncode == 0 and r.stdout.startswith("Lablup"), r.stderr
     else:
-        assert r.returncode == 2 and r.stderr.startswith("error: "), (r.returncode, r.stderr)
+        assert r.returncode == 2, (r.returncode, r.stderr)
+        assert r.stderr.startswith("error: ") and "\nUsage: mlxcel-server [OPTIONS]\n" in r.stderr, r.stderr
+
+
+def test_clap_error_messages():
+    r = run("0.0.20", "--decode-storage-backend", "paged")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("error: unexpected argument '--decode-storage-backend' found\n")
+    r = run("0.4.2", "--foo=1")
+    assert r.stderr.startswith("error: unexpected argument '--foo' found\n")
+    r = run("0.4.2", "--port")
+    assert r.stderr.startswith("error: a value is required for '--port <PORT>' but none was supplied\n")
+    r = run("0.4.2", "--draft-kind", "x")
+    assert r.stderr.startswith("error: invalid value 'x' for '--draft-kind <DRAFT_KIND>'\n")
+    assert "[possible values: dflash, mtp]" in r.stderr
+
+
+def test_help_lists_the_flags_of_its_version():
+    old, new, odd = (run(v, "--help").stdout for v in ("0.0.20", "0.4.2", "nightly-abc"))
+    for flag in ("--tp-size", "--cache-type-k", "--draft-model", "--ctx-size"):
+        assert flag in old
+    for flag in ("--decode-storage-backend", "--prompt-cache-enabled", "--draft-kind", "--kv-cache-budget"):
+        assert flag not in old and flag in new
+    assert "[possible values: fp16, int8]" in old and "[possible values: fp16, int8, turbo4]" in new
+    assert "[default: 1]" in old and "[default: 4]" in new
+    assert "--model" in odd and "--draft" not in odd and "--cache-type-k" not in odd
+
+
+def test_a_failed_load_exits_1_after_recording_argv(tmp_path):
+    argv_file = tmp_path / "argv.json"
+    args = ["-m", str(tmp_path / "missing"), "--port", "0"]
+    r = run("0.4.2", *args, MLXCEL_STANDIN_ARGV_FILE=str(argv_file))
+    assert r.returncode == 1 and "failed to load model" in r.stderr
+    assert f"mlxcel-server argv: {json.dumps(args)}" in r.stderr.splitlines()
+    assert json.loads(argv_file.read_text()) == args
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text('{"model_type": ')
+    assert run("0.4.2", "-m", str(tmp_path / "bad"), "--port", "0").returncode == 1
+
+
+def test_distributed_config_is_read_and_printed(model, tmp_path):
+    config = tmp_path / "cluster.toml"
+    config.write_text('[[nodes]]\nid = 0\nhost = "a"\nlayers = "0-7"\n')
+    r = run("0.0.22", "-m", model, "--port", "0", "--distributed-config", str(tmp_path / "nope.toml"))
+    assert r.returncode == 1 and "distributed config" in r.stderr
+    (tmp_path / "bad.toml").write_text("[[nodes]\n")
+    r = run("0.0.22", "-m", model, "--port", "0", "--distributed-config", str(tmp_path / "bad.toml"))
+    assert r.returncode == 1
+    with Served("0.0.22", "-m", model, "--distributed-config", str(config)) as s:
+        line = next(l for l in s.stderr_lines if l.startswith("mlxcel-server distributed-config: "))
+        assert json.loads(line.split(": ", 1)[1]) == {"nodes": [{"id": 0, "host": "a", "layers": "0-7"}]}
+
+
+class Served:
+    """The stand-in serving on a free port."""
+
+    def __init__(self, version: str, *args: str, load_ms: int = 0, token_ms: int = 0):
+        env = dict(os.environ, MLXCEL_STANDIN_VERSION=version, MLXCEL_STANDIN_LOAD_MS=str(load_ms),
+                   MLXCEL_STANDIN_TOKEN_MS=str(token_ms))
+        self.proc = subprocess.Popen([sys.executable, str(STAND_IN), "--port", "0", *args], env=env,
+                                     stderr=subprocess.PIPE, text=True)
+        self.stderr_lines = []
+        for line in self.proc.stderr:
+            self.stderr_lines.append(line.rstrip("\n"))
+            if " listening on " in line:
+                self.url = "http://127.0.0.1:" + line.rsplit(":", 1)[1].strip()
+                break
+        else:
+            raise AssertionError(f"stand-in did not start: {self.stderr_lines}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(5)
+        self.proc.stderr.close()
+
+    def request(self, path, body=None, headers=None, raw=False):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, headers={
+            "Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                status, text = r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            status, text = e.code, e.read().decode()
+        return status, (text if raw else json.loads(text))
+
+
+def test_health_goes_from_loading_to_ok_and_sigterm_exits_0(model):
+    with Served("0.4.2", "-m", model, load_ms=400) as s:
+        assert s.request("/health") == (503, {"status": "loading model"})
+        assert s.request("/v1/models")[0] == 503
+        time.sleep(0.5)
+        assert s.request("/health") == (200, {"status": "ok"})
+        assert s.request("/v1/health")[0] == 404
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(2) == 0
+
+
+def test_health_says_no_slot_available_when_full(model):
+    import threading
+    with Served("0.4.2", "-m", model, "--parallel", "1", token_ms=100) as s:
+        t = threading.Thread(target=s.request, args=("/v1/completions", {"prompt": "x", "max_tokens": 5}))
+        t.start()
+        time.sleep(0.25)
+        assert s.request("/health") == (503, {"status": "no slot available"})
+        t.join()
+        assert s.request("/health") == (200, {"status": "ok"})
+
+
+def test_streamed_and_plain_completions(model):
+    with Served("0.4.2", "-m", model, "-a", "tiny", "-n", "3") as s:
+        assert s.request("/v1/models")[1]["data"][0]["id"] == "tiny"
+        status, text = s.request("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 4, "stream": True,
+            "stream_options": {"include_usage": True}}, raw=True)
+        assert status == 200 and text.endswith("data: [DONE]\n\n")
+        chunks = [json.loads(e[6:]) for e in text.split("\n\n") if e and e != "data: [DONE]"]
+        assert all(c["object"] == "chat.completion.chunk" and c["model"] == "tiny" for c in chunks)
+        assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) \
+            == "tok0 tok1 tok2 tok3 "
+        assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {
+            "prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+        status, body = s.request("/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "a"}]})
+        assert status == 200 and body["model"] == "m" and body["choices"][0]["message"]["content"] == "tok0 tok1 tok2 "
+        status, body = s.request("/completions", {"prompt": "a b", "max_tokens": 2})
+        assert body["object"] == "text_completion" and body["choices"][0]["text"] == "tok0 tok1 "
+        assert body["usage"]["prompt_tokens"] == 2
+        status, text = s.request("/v1/completions", {"prompt": "a", "max_tokens": 1, "stream": True}, raw=True)
+        assert '"object": "text_completion"' in text and text.endswith("data: [DONE]\n\n")
+        status, body = s.request("/v1/nope")
+        assert status == 404 and "message" in body["error"]
+
+
+def test_api_key_and_thinking_budget_gate(model):
+    with Served("0.0.24", "-m", model, "--api-key", "sekret") as s:
+        chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+        assert s.request("/v1/chat/completions", chat)[0] == 401
+        auth = {"Authorization": "Bearer sekret"}
+        assert s.request("/v1/chat/completions", chat, auth)[0] == 200
+        status, body = s.request("/v1/chat/completions", {**chat, "thinking_budget_tokens": 8}, auth)
+        assert status == 400 and "thinking_budget_tokens" in body["error"]["message"]
+        assert s.request("/health")[0] == 200
+    with Served("0.0.25", "-m", model) as s:
+        assert s.request("/v1/chat/completions", {**chat, "thinking_budget_tokens": 8})[0] == 200
