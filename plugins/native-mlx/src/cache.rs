@@ -1,6 +1,6 @@
 //! The key/value cache of one attention layer, grown in steps like mlx-lm's `KVCache`.
 
-use mlx_rs::ops::concatenate_axis;
+use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::{Ellipsis, TryIndexMutOp, TryIndexOp};
 use mlx_rs::ops::zeros_dtype;
 use mlx_rs::Array;
@@ -29,7 +29,11 @@ impl KvCache {
 
     /// Appends `keys`/`values` (`(batch, kv_heads, new, head_dim)`) and returns
     /// all valid keys and values.
-    pub(crate) fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+    pub(crate) fn update_and_fetch(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<(Array, Array)> {
         let prev = self.offset;
         let new = keys.dim(2);
         let capacity = self.keys.as_ref().map_or(0, |k| k.dim(2));
@@ -47,10 +51,7 @@ impl KvCache {
                         k = k.try_index((Ellipsis, ..prev, ..))?;
                         v = v.try_index((Ellipsis, ..prev, ..))?;
                     }
-                    (
-                        concatenate_axis(&[k, grow_k], 2)?,
-                        concatenate_axis(&[v, grow_v], 2)?,
-                    )
+                    (concatenate(&[k, grow_k], 2)?, concatenate(&[v, grow_v], 2)?)
                 }
                 _ => (grow_k, grow_v),
             };
@@ -111,8 +112,12 @@ mod tests {
             .update_and_fetch(&block(3, STEP), &block(3, STEP))
             .unwrap();
         assert_eq!(k.dim(2), STEP + 3);
-        assert_eq!(cache.keys.as_ref().unwrap().dim(2), 2 * STEP);
-        assert_eq!(flat(&v), (0..STEP + 3).map(|i| i as f32).collect::<Vec<_>>());
+        // As in mlx-lm, the grown cache ends right after the new block.
+        assert_eq!(cache.keys.as_ref().unwrap().dim(2), STEP + 3);
+        assert_eq!(
+            flat(&v),
+            (0..STEP + 3).map(|i| i as f32).collect::<Vec<_>>()
+        );
     }
 
     #[test]
@@ -121,7 +126,9 @@ mod tests {
         cache.update_and_fetch(&block(0, 5), &block(0, 5)).unwrap();
         cache.truncate(2);
         assert_eq!(cache.offset(), 2);
-        let (k, _) = cache.update_and_fetch(&block(10, 2), &block(10, 2)).unwrap();
+        let (k, _) = cache
+            .update_and_fetch(&block(10, 2), &block(10, 2))
+            .unwrap();
         assert_eq!(flat(&k), vec![0.0, 1.0, 10.0, 11.0]);
     }
 }

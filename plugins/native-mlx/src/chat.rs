@@ -88,7 +88,12 @@ impl ChatTemplate {
                     .or_else(|| config.get("chat_template"));
                 value.and_then(template_source)
             }
-            Err(source) => return Err(Error::Io { path: jinja, source }),
+            Err(source) => {
+                return Err(Error::Io {
+                    path: jinja,
+                    source,
+                })
+            }
         };
         let Some(source) = source else {
             return Ok(None);
@@ -188,7 +193,13 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
 
 /// Writes `value` as Python's `json.dumps` does: `", "`/`": "` separators on
 /// one line, or `","` and newlines with `indent`.
-fn python_json(value: &Json, indent: Option<usize>, sort_keys: bool, level: usize, out: &mut String) {
+fn python_json(
+    value: &Json,
+    indent: Option<usize>,
+    sort_keys: bool,
+    level: usize,
+    out: &mut String,
+) {
     let newline = |out: &mut String, level: usize| {
         if let Some(width) = indent {
             out.push('\n');
@@ -242,11 +253,27 @@ fn strftime_now(format: String) -> String {
 
 fn strftime(format: &str, unix_secs: u64) -> String {
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September",
-        "October", "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
     const DAYS: [&str; 7] = [
-        "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
     ];
     let days = (unix_secs / 86_400) as i64;
     let secs_of_day = unix_secs % 86_400;
@@ -328,7 +355,10 @@ mod tests {
             "{{ bos_token }}\n{% for m in messages %}\n  {% if m.role == 'user' %}\n[INST] {{ m.content.strip() }} [/INST]\n  {% endif %}\n{% endfor %}\n",
         );
         let text = t
-            .render(&[ChatMessage::new("user", "  Hi  ")], &ChatOptions::default())
+            .render(
+                &[ChatMessage::new("user", "  Hi  ")],
+                &ChatOptions::default(),
+            )
             .unwrap();
         assert_eq!(text, "<s>\n[INST] Hi [/INST]\n");
     }
@@ -336,9 +366,12 @@ mod tests {
     #[test]
     fn raise_exception_reaches_the_caller() {
         let t = template("{% if messages[0].role != 'user' %}{{ raise_exception('Conversation must start with user') }}{% endif %}");
-        let err = t.render(&conversation(), &ChatOptions::default()).unwrap_err();
+        let err = t
+            .render(&conversation(), &ChatOptions::default())
+            .unwrap_err();
         assert!(
-            err.to_string().contains("Conversation must start with user"),
+            err.to_string()
+                .contains("Conversation must start with user"),
             "{err}"
         );
     }
@@ -347,13 +380,13 @@ mod tests {
     fn tojson_writes_like_python() {
         let t = template("{{ tools | tojson }}|{{ tools[0] | tojson(indent=2) }}");
         let options = ChatOptions {
-            tools: Some(json!([{"name": "get", "params": {"city": "Zürich", "n": [1, 2]}}])),
+            tools: Some(json!([{"name": "get", "params": {"n": [1, 2], "city": "Zürich"}}])),
             ..ChatOptions::default()
         };
         let text = t.render(&[], &options).unwrap();
         assert_eq!(
             text,
-            "[{\"name\": \"get\", \"params\": {\"city\": \"Zürich\", \"n\": [1, 2]}}]|{\n  \"name\": \"get\",\n  \"params\": {\n    \"city\": \"Zürich\",\n    \"n\": [\n      1,\n      2\n    ]\n  }\n}"
+            "[{\"name\": \"get\", \"params\": {\"n\": [1, 2], \"city\": \"Zürich\"}}]|{\n  \"name\": \"get\",\n  \"params\": {\n    \"n\": [\n      1,\n      2\n    ],\n    \"city\": \"Zürich\"\n  }\n}"
         );
     }
 
@@ -362,12 +395,13 @@ mod tests {
         let t = template("{{ tools is none }} {{ enable_thinking }} {{ loop_test }}{% for i in [1,2,3] %}{% if i == 2 %}{% break %}{% endif %}{{ i }}{% endfor %}");
         let mut options = ChatOptions::default();
         options.extra.insert("enable_thinking".into(), json!(false));
-        assert_eq!(t.render(&[], &options).unwrap(), "true false 1");
+        // Booleans print as Python's, like Jinja2's.
+        assert_eq!(t.render(&[], &options).unwrap(), "True False 1");
     }
 
     #[test]
     fn strftime_formats_dates() {
-        // 2024-07-26 13:05:09 UTC, a Friday.
+        // 2024-07-26 13:25:09 UTC, a Friday.
         assert_eq!(
             strftime("%d %b %Y %H:%M:%S %A %%", 1_722_000_309),
             "26 Jul 2024 13:25:09 Friday %"

@@ -248,11 +248,11 @@ impl ModelConfig {
                 Family::Qwen3 => None,
             })
             .ok_or_else(|| invalid("\"rope_theta\" is missing".into()))?;
-        let rope_scaling = parse_rope_scaling(raw.rope_scaling.as_ref().or(rope))
-            .map_err(|what| unsupported(what))?;
+        let rope_scaling =
+            parse_rope_scaling(raw.rope_scaling.as_ref().or(rope)).map_err(&unsupported)?;
 
         let quantization = match (&raw.quantization, &raw.quantization_config) {
-            (Some(q), _) => Some(parse_quantization(q).map_err(|what| unsupported(what))?),
+            (Some(q), _) => Some(parse_quantization(q).map_err(&unsupported)?),
             (None, Some(q)) if q.get("quant_method").is_some() => {
                 return Err(unsupported(format!(
                     "quantization method {} (only MLX affine quantization is)",
@@ -264,9 +264,11 @@ impl ModelConfig {
 
         let attention_bias = raw.attention_bias.unwrap_or(false);
         let (qkv_bias, o_bias, mlp_bias) = match family {
-            Family::Llama | Family::Mistral => {
-                (attention_bias, attention_bias, raw.mlp_bias.unwrap_or(false))
-            }
+            Family::Llama | Family::Mistral => (
+                attention_bias,
+                attention_bias,
+                raw.mlp_bias.unwrap_or(false),
+            ),
             Family::Qwen2 => (true, false, false),
             Family::Qwen3 => (false, false, false),
         };
@@ -286,9 +288,7 @@ impl ModelConfig {
             rope_theta,
             rope_traditional: raw.rope_traditional,
             rope_scaling,
-            tie_word_embeddings: raw
-                .tie_word_embeddings
-                .unwrap_or(family != Family::Qwen3),
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(family != Family::Qwen3),
             qkv_bias,
             o_bias,
             mlp_bias,
@@ -359,9 +359,7 @@ fn parse_quantization(value: &Value) -> Result<Quantization, String> {
         };
         if let Some(mode) = v.get("mode").and_then(Value::as_str) {
             if mode != "affine" {
-                return Err(format!(
-                    "quantization mode '{mode}' (only 'affine' is)"
-                ));
+                return Err(format!("quantization mode '{mode}' (only 'affine' is)"));
             }
         }
         Ok(QuantParams {
@@ -451,8 +449,20 @@ mod tests {
                 "lm_head": {"bits": 8}, "model.embed_tokens": false}, "vocab_size""#,
         );
         let q = parse(&json).unwrap().quantization.unwrap();
-        assert_eq!(q.default, QuantParams { group_size: 64, bits: 4 });
-        assert_eq!(q.for_module("lm_head"), Some(QuantParams { group_size: 64, bits: 8 }));
+        assert_eq!(
+            q.default,
+            QuantParams {
+                group_size: 64,
+                bits: 4
+            }
+        );
+        assert_eq!(
+            q.for_module("lm_head"),
+            Some(QuantParams {
+                group_size: 64,
+                bits: 8
+            })
+        );
         assert_eq!(q.for_module("model.embed_tokens"), None);
     }
 

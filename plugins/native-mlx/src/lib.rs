@@ -1,2 +1,52 @@
-//! x
-pub fn v() -> String { String::new() }
+//! Hangar's in-process MLX inference engine core, on mlx-rs.
+//!
+//! It loads a Hugging Face / MLX model folder (Llama 2/3, Mistral, Qwen2/2.5,
+//! Qwen3; float32, float16, bfloat16 or MLX 4/8-bit quantized safetensors),
+//! renders chat templates as transformers does, and generates with a KV
+//! cache, seeded sampling, stop strings and prompt-prefix reuse. Greedy
+//! outputs are the same token ids as mlx-lm's on the same MLX.
+//!
+//! ```no_run
+//! use std::ops::ControlFlow;
+//! use hangar_native_mlx::{ChatMessage, ChatOptions, GenerateRequest, Prompt, Session};
+//!
+//! let mut session = Session::load("models/qwen2.5-0.5b-4bit".as_ref())?;
+//! let prompt = Prompt::Chat {
+//!     messages: vec![ChatMessage::new("user", "Hello!")],
+//!     options: ChatOptions::default(),
+//! };
+//! let done = session.generate(&GenerateRequest::new(prompt, 64), |event| {
+//!     print!("{}", event.text);
+//!     ControlFlow::Continue(())
+//! })?;
+//! println!("\n{:?}: {:?}", done.finish_reason, done.usage);
+//! # Ok::<(), hangar_native_mlx::Error>(())
+//! ```
+//!
+//! Building needs MLX 0.32.2 (the `mlx-cpu` or `mlx-cuda-13` wheel on Linux)
+//! and the patched `mlx-sys` that `scripts/native-mlx-prepare.sh` prepares;
+//! see this crate's README.
+
+mod cache;
+mod chat;
+mod config;
+mod error;
+mod ffi;
+mod model;
+mod probe;
+mod sampling;
+mod session;
+mod tokenizer;
+
+pub use chat::{ChatMessage, ChatOptions, ChatTemplate};
+pub use config::{
+    Family, ModelConfig, QuantParams, Quantization, RopeScaling, SUPPORTED_MODEL_TYPES,
+};
+pub use error::{Error, Result};
+pub use model::{LoadOptions, Model};
+pub use probe::{probe, DeviceKind, MlxProbe};
+pub use sampling::SamplingParams;
+pub use session::{
+    Completion, FinishReason, GenerateRequest, Prompt, Session, Timings, TokenEvent, Usage,
+};
+pub use tokenizer::{StreamDecoder, Tokenizer};

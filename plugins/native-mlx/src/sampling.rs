@@ -5,8 +5,8 @@
 //! takes a fresh key split from a seeded key, as `mx.random.seed` does, so a
 //! seed gives the same tokens on every run (and the same as mlx-lm's).
 
-use mlx_rs::ops::indexing::{argmax_axis, argpartition_axis, take_along_axis, TryIndexOp};
-use mlx_rs::ops::{cumsum, r#where, sort_axis};
+use mlx_rs::ops::indexing::{argmax_axis, take_along_axis, TryIndexOp};
+use mlx_rs::ops::{argpartition_axis, cumsum, select, sort_axis};
 use mlx_rs::random::{categorical, key, split};
 use mlx_rs::{Array, Dtype};
 
@@ -146,14 +146,18 @@ pub(crate) fn apply_top_p(logprobs: &Array, top_p: f32) -> Result<Array> {
         .ge(total.multiply(Array::from_f32(top_p))?)?
         .sum_axis(-1, true)?;
     let threshold = take_along_axis(&sorted, &dropped, -1)?;
-    Ok(r#where(logprobs.lt(&threshold)?, neg_inf(logprobs), logprobs)?)
+    Ok(select(
+        logprobs.lt(&threshold)?,
+        neg_inf(logprobs),
+        logprobs,
+    )?)
 }
 
 /// Masks tokens less likely than `min_p` times the most likely one.
 pub(crate) fn apply_min_p(logprobs: &Array, min_p: f32) -> Result<Array> {
     let top = logprobs.max_axis(-1, true)?;
     let floor = top.add(Array::from_f32(min_p.ln()))?;
-    Ok(r#where(logprobs.lt(&floor)?, neg_inf(logprobs), logprobs)?)
+    Ok(select(logprobs.lt(&floor)?, neg_inf(logprobs), logprobs)?)
 }
 
 #[cfg(test)]
@@ -229,7 +233,13 @@ mod tests {
         assert_eq!(first, draw(params.clone(), 32));
         assert!(first.iter().all(|t| *t == 1 || *t == 3), "{first:?}");
         assert!(first.contains(&1) && first.contains(&3), "{first:?}");
-        let other = draw(SamplingParams { seed: Some(8), ..params }, 32);
+        let other = draw(
+            SamplingParams {
+                seed: Some(8),
+                ..params
+            },
+            32,
+        );
         assert_ne!(first, other);
     }
 

@@ -30,7 +30,9 @@ impl Tokenizer {
             eos.extend(token_ids(generation.get("eos_token_id")));
         }
         if let Some(config) = read_json(&dir.join("tokenizer_config.json"))? {
-            if let Some(id) = special_token(&config, "eos_token").and_then(|t| inner.token_to_id(&t)) {
+            if let Some(id) =
+                special_token(&config, "eos_token").and_then(|t| inner.token_to_id(&t))
+            {
                 eos.insert(id);
             }
         }
@@ -45,7 +47,10 @@ impl Tokenizer {
     /// (a BOS, say), as for a plain prompt. Rendered chat templates already
     /// hold theirs, so they are encoded without.
     pub fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>> {
-        let encoding = self.inner.encode(text, special).map_err(|e| self.error(e))?;
+        let encoding = self
+            .inner
+            .encode(text, special)
+            .map_err(|e| self.error(e))?;
         Ok(encoding.get_ids().to_vec())
     }
 

@@ -1,27 +1,34 @@
 #!/usr/bin/env python3
-"""Greedy (or seeded) token ids from mlx-lm, the reference native-mlx must match.
+"""Token ids from mlx-lm and chat prompts from transformers: the references native-mlx must match.
 
-Reads a JSON request on stdin and prints a JSON list on stdout, one entry per
-case: {"model": DIR, "prompt": [ids], "max_tokens": N, "temp": 0.0,
-"top_p": 0.0, "top_k": 0, "min_p": 0.0, "seed": 0}. Unset sampling fields
-mean greedy. Token ids go in and come out, so no tokenizer or chat template
-takes part in the comparison. mlx_lm's `generate_step` does not stop at EOS,
-which is what a fixed-length comparison needs.
+Reads a JSON request on stdin:
+  {"convert": [{"hf_path": DIR, "mlx_path": OUT, "bits": 4}, ...],
+   "cases": [{"model": DIR, "prompt": [ids], "max_tokens": N,
+              "temp": 0.0, "top_p": 0.0, "top_k": 0, "min_p": 0.0, "seed": 0}, ...],
+   "chats": [{"model": DIR, "template": JINJA, "messages": [...], "tools": [...] | null,
+              "add_generation_prompt": true}, ...]}
+First it quantizes with mlx_lm.convert (the code behind `python -m mlx_lm
+convert -q`); then prints {"ids": [[...] per case], "chats": [text or
+{"error": message} per chat]}. Unset sampling fields mean greedy. Ids go in
+and come out, so no tokenizer or chat template takes part in "cases";
+mlx_lm's generate_step does not stop at EOS, which is what a fixed-length
+comparison needs. "chats" are rendered by transformers' apply_chat_template.
 """
 import json
 import sys
 
 import mlx.core as mx
-from mlx_lm import load
+from jinja2.exceptions import TemplateError
+from mlx_lm import convert, load
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
+from transformers import AutoTokenizer
 
 
 def run(case, models):
     path = case["model"]
     if path not in models:
         models[path] = load(path)[0]
-    model = models[path]
     mx.random.seed(case.get("seed", 0))
     sampler = make_sampler(
         temp=case.get("temp", 0.0),
@@ -30,14 +37,39 @@ def run(case, models):
         top_k=case.get("top_k", 0),
     )
     prompt = mx.array(case["prompt"], dtype=mx.uint32)
-    steps = generate_step(prompt, model, max_tokens=case["max_tokens"], sampler=sampler)
+    steps = generate_step(prompt, models[path], max_tokens=case["max_tokens"], sampler=sampler)
     return [token for token, _ in steps]
 
 
+def render(chat, tokenizers):
+    path = chat["model"]
+    if path not in tokenizers:
+        tokenizers[path] = AutoTokenizer.from_pretrained(path)
+    try:
+        return tokenizers[path].apply_chat_template(
+            chat["messages"],
+            tools=chat.get("tools"),
+            chat_template=chat["template"],
+            add_generation_prompt=chat.get("add_generation_prompt", True),
+            tokenize=False,
+        )
+    except TemplateError as e:
+        return {"error": str(e)}
+
+
 def main():
-    cases = json.load(sys.stdin)
-    models = {}
-    json.dump([run(case, models) for case in cases], sys.stdout)
+    request = json.load(sys.stdin)
+    for job in request.get("convert", []):
+        # convert() prints progress on stdout, which carries the answer here.
+        stdout, sys.stdout = sys.stdout, sys.stderr
+        try:
+            convert(job["hf_path"], job["mlx_path"], quantize=True, q_bits=job["bits"])
+        finally:
+            sys.stdout = stdout
+    models, tokenizers = {}, {}
+    ids = [run(case, models) for case in request.get("cases", [])]
+    chats = [render(chat, tokenizers) for chat in request.get("chats", [])]
+    json.dump({"ids": ids, "chats": chats}, sys.stdout)
     print()
 
 

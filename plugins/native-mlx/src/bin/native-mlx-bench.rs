@@ -1,2 +1,172 @@
-//! x
-fn main() { println!("{}", hangar_native_mlx::v()); let a = mlx_rs::Array::from_slice(&[1.0f32,2.0], &[2]); println!("{:?}", (&a + &a)); }
+//! Measures prompt and decode speed of native-mlx on model folders (the Rust half of scripts/native-mlx-bench.sh).
+//!
+//! For each model: load, one warm-up request, then `--runs` timed requests
+//! on an empty cache (no prefix reuse) with a fixed pseudo-random prompt,
+//! ignoring end-of-sequence tokens. Speeds use mlx-lm's definitions
+//! (`stream_generate`): prompt tokens/s = prompt tokens / time to first
+//! token; decode tokens/s = generated tokens / time after the first token.
+//! Peak RSS is the process's high-water mark, so give each model its own
+//! process when comparing memory.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use hangar_native_mlx::{probe, GenerateRequest, Prompt, Session};
+
+/// mimalloc replaces malloc for the whole process, MLX included (feature
+/// `override`): with glibc's malloc, the graph-building thread and MLX's
+/// stream threads contend for arena locks on every op, which costs a third
+/// of the per-token time of small models. Build with
+/// `--no-default-features` to measure with the system allocator.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(about = "Benchmark native-mlx on MLX model folders")]
+struct Args {
+    /// Model folders (config.json, safetensors, tokenizer.json).
+    #[arg(required = true)]
+    models: Vec<PathBuf>,
+    /// Prompt length in tokens.
+    #[arg(long, default_value_t = 128)]
+    prompt_tokens: usize,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 128)]
+    gen_tokens: usize,
+    /// Timed runs per model (after one warm-up run).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Print one JSON object per model instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Also print where each decoding step's time goes.
+    #[arg(long)]
+    breakdown: bool,
+}
+
+/// Averages over the timed runs.
+struct Measurement {
+    prompt_tps: f64,
+    decode_tps: f64,
+    ttft_ms: f64,
+    load_s: f64,
+    /// Per decoding step, in microseconds: graph building, waiting for
+    /// MLX, detokenizing.
+    step_us: [f64; 3],
+}
+
+/// The same prompt ids scripts/native-mlx-bench's mlx-lm half uses.
+fn prompt(len: usize, vocab: u32) -> Vec<u32> {
+    (0..len as u64)
+        .map(|i| ((i * 7919 + 13) % u64::from(vocab)) as u32)
+        .collect()
+}
+
+fn measure(args: &Args, dir: &Path) -> Result<Measurement> {
+    let started = Instant::now();
+    let mut session = Session::load(dir).with_context(|| format!("loading {}", dir.display()))?;
+    let load_s = started.elapsed().as_secs_f64();
+    let vocab = session.model().config().vocab_size as u32;
+    let request = GenerateRequest {
+        ignore_eos: true,
+        ..GenerateRequest::new(
+            Prompt::Tokens(prompt(args.prompt_tokens, vocab)),
+            args.gen_tokens,
+        )
+    };
+    let (mut prompt_tps, mut decode_tps, mut ttft) = (0.0, 0.0, 0.0);
+    let mut step_us = [0.0; 3];
+    for run in 0..=args.runs {
+        session.clear_cache();
+        let done = session.generate(&request, |_| ControlFlow::Continue(()))?;
+        if run == 0 {
+            continue; // warm-up
+        }
+        let first = done.timings.time_to_first_token.as_secs_f64();
+        prompt_tps += done.usage.prompt_tokens as f64 / first;
+        decode_tps += done.usage.completion_tokens as f64 / done.timings.decode.as_secs_f64();
+        ttft += first * 1e3;
+        let t = &done.timings;
+        let steps = done.usage.completion_tokens.saturating_sub(1).max(1) as f64;
+        for (sum, part) in step_us
+            .iter_mut()
+            .zip([t.graph_build, t.eval_wait, t.detokenize])
+        {
+            *sum += part.as_secs_f64() * 1e6 / steps;
+        }
+    }
+    let n = args.runs.max(1) as f64;
+    Ok(Measurement {
+        prompt_tps: prompt_tps / n,
+        decode_tps: decode_tps / n,
+        ttft_ms: ttft / n,
+        load_s,
+        step_us: step_us.map(|v| v / n),
+    })
+}
+
+/// The process's peak resident set (VmHWM), in MiB.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let mlx = probe()?;
+    if !args.json {
+        println!(
+            "native-mlx on MLX {} ({}), prompt {} tokens, {} generated, {} runs",
+            mlx.version, mlx.device, args.prompt_tokens, args.gen_tokens, args.runs
+        );
+        println!(
+            "{:<40} {:>12} {:>12} {:>10} {:>10} {:>8}",
+            "model", "prompt tok/s", "decode tok/s", "TTFT ms", "peak RSS", "load s"
+        );
+    }
+    for dir in &args.models {
+        let m = measure(&args, dir)?;
+        let rss = peak_rss_mib().unwrap_or(f64::NAN);
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "engine": "native-mlx", "model": dir, "device": mlx.device.to_string(),
+                    "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
+                    "prompt_tps": m.prompt_tps, "decode_tps": m.decode_tps,
+                    "ttft_ms": m.ttft_ms, "peak_rss_mib": rss, "load_s": m.load_s,
+                    "step_us": {"graph_build": m.step_us[0], "eval_wait": m.step_us[1], "detokenize": m.step_us[2]},
+                })
+            );
+        } else {
+            println!(
+                "{:<40} {:>12.1} {:>12.1} {:>10.1} {:>7.0} MiB {:>8.2}",
+                dir.display(),
+                m.prompt_tps,
+                m.decode_tps,
+                m.ttft_ms,
+                rss,
+                m.load_s
+            );
+            if args.breakdown {
+                let [build, wait, detok] = m.step_us;
+                println!(
+                    "    per step: graph build {build:.0} us, waiting for MLX {wait:.0} us, detokenize {detok:.0} us"
+                );
+            }
+        }
+    }
+    Ok(())
+}

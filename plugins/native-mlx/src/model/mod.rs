@@ -12,15 +12,38 @@ use std::path::Path;
 
 use mlx_rs::fast::{rms_norm, rope, scaled_dot_product_attention, ScaledDotProductAttentionMask};
 use mlx_rs::nn::silu;
-use mlx_rs::ops::{arange, r#where};
+use mlx_rs::ops::indexing::TryIndexOp;
+use mlx_rs::ops::{arange, concatenate, select};
 use mlx_rs::transforms::eval;
-use mlx_rs::Array;
+use mlx_rs::{Array, Device, DeviceType};
 
 use crate::cache::KvCache;
 use crate::config::{Family, ModelConfig, RopeScaling};
 use crate::error::Result;
-use layers::{Embedding, Linear};
+use layers::{Embedding, Layout, Linear, Parallel};
 use weights::Weights;
+
+/// How a model is placed on its device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// On the CPU, large matrix products are split by output rows over this
+    /// many threads (MLX computes each op on one thread). 1 turns splitting
+    /// off. Default: the number of available cores. Ignored on a GPU.
+    pub cpu_threads: usize,
+    /// Smallest product, in multiply-adds (tokens times weights for a
+    /// linear layer), that is split. Default 2^18: below it the extra ops
+    /// cost more than the other cores gain.
+    pub split_min_work: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            cpu_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            split_min_work: 1 << 18,
+        }
+    }
+}
 
 /// Rotary position embedding, as mlx-lm's `initialize_rope` configures it.
 struct Rope {
@@ -99,7 +122,7 @@ fn llama3_freqs(
     let wavelens = freqs.multiply(scalar(2.0 * std::f64::consts::PI))?;
     let low_wavelen = scalar(old / low);
     let high_wavelen = scalar(old / high);
-    let freqs = r#where(
+    let freqs = select(
         wavelens.gt(&low_wavelen)?,
         freqs.multiply(scalar(factor))?,
         &freqs,
@@ -117,7 +140,7 @@ fn llama3_freqs(
             .divide(scalar(factor))?
             .add(&smooth)?,
     )?;
-    let freqs = r#where(medium, smooth_freqs, freqs)?;
+    let freqs = select(medium, smooth_freqs, freqs)?;
     eval([&freqs])?;
     Ok(freqs)
 }
@@ -133,6 +156,9 @@ struct Attention {
     num_kv_heads: i32,
     scale: f32,
     eps: f32,
+    /// Attention of different key/value heads is independent: long
+    /// attentions are split by heads over the CPU streams.
+    parallel: Parallel,
 }
 
 impl Attention {
@@ -159,14 +185,47 @@ impl Attention {
         let keys = rope.apply(&keys, offset)?;
         let (keys, values) = cache.update_and_fetch(&keys, &values)?;
 
-        // One query attends to every cached key; several (prefill) need the
-        // causal mask, which the kernel aligns to the end of the keys.
-        let mask = (len > 1).then_some(ScaledDotProductAttentionMask::Causal);
-        let out = scaled_dot_product_attention(&queries, &keys, &values, self.scale, mask, None)?;
+        let out = self.attend(&queries, &keys, &values)?;
         let out = out
             .transpose_axes(&[0, 2, 1, 3])?
             .reshape(&[batch, len, -1])?;
         self.o_proj.forward(&out)
+    }
+}
+
+impl Attention {
+    /// Scaled dot-product attention of `(batch, heads, len, head_dim)`
+    /// queries over all cached keys and values.
+    fn attend(&self, queries: &Array, keys: &Array, values: &Array) -> Result<Array> {
+        let (len, keys_len, head_dim) = (queries.dim(2), keys.dim(2), queries.dim(3));
+        let sdpa = |q: &Array, k: &Array, v: &Array| -> Result<Array> {
+            // One query attends to every cached key; several (prefill) need
+            // the causal mask, which the kernel aligns to the end of the keys.
+            let mask = (len > 1).then_some(ScaledDotProductAttentionMask::Causal);
+            Ok(scaled_dot_product_attention(
+                q, k, v, self.scale, mask, None,
+            )?)
+        };
+        let work = [len, keys_len, self.num_heads, head_dim]
+            .iter()
+            .map(|&d| d as usize)
+            .product();
+        let parts = self.parallel.parts(self.num_kv_heads as usize, work);
+        if parts == 1 {
+            return sdpa(queries, keys, values);
+        }
+        // Each group of key/value heads with its query heads is independent.
+        let group = self.num_heads / self.num_kv_heads;
+        let outs = (0..parts)
+            .map(|i| {
+                let (start, end) = Parallel::bounds(self.num_kv_heads, parts, i);
+                let q = queries.try_index((.., start * group..end * group))?;
+                let k = keys.try_index((.., start..end))?;
+                let v = values.try_index((.., start..end))?;
+                self.parallel.on(i, || sdpa(&q, &k, &v))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(concatenate(&outs, 1)?)
     }
 }
 
@@ -194,9 +253,9 @@ struct Block {
 
 impl Block {
     fn forward(&self, x: &Array, cache: &mut KvCache, rope: &Rope) -> Result<Array> {
-        let r = self
-            .attention
-            .forward(&rms_norm(x, Some(&self.input_norm), self.eps)?, cache, rope)?;
+        let r =
+            self.attention
+                .forward(&rms_norm(x, Some(&self.input_norm), self.eps)?, cache, rope)?;
         let h = x.add(&r)?;
         let r = self
             .mlp
@@ -219,10 +278,31 @@ pub struct Model {
 impl Model {
     /// Loads the weights of `dir` for `config` and evaluates them, so the
     /// first request does not pay for reading the files.
-    pub fn load(dir: &Path, config: ModelConfig) -> Result<Self> {
+    pub fn load(dir: &Path, config: ModelConfig, options: &LoadOptions) -> Result<Self> {
+        let on_cpu = matches!(Device::try_default()?.get_type()?, DeviceType::Cpu);
+        let layout = if on_cpu {
+            Layout {
+                pretranspose: true,
+                parallel: Parallel::cpu(options.cpu_threads.max(1), options.split_min_work)?,
+            }
+        } else {
+            // GPU kernels read the row-major weights best, and one kernel
+            // already uses the whole device.
+            Layout {
+                pretranspose: false,
+                parallel: Parallel::none(),
+            }
+        };
         let mut w = Weights::load(dir)?;
         let q = config.quantization.as_ref();
-        let embed = Embedding::take(&mut w, "model.embed_tokens", q)?;
+        let l = &layout;
+        let embed = Embedding::take(
+            &mut w,
+            "model.embed_tokens",
+            q,
+            config.tie_word_embeddings,
+            l,
+        )?;
         let mut blocks = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = format!("model.layers.{i}");
@@ -237,20 +317,21 @@ impl Model {
                 None
             };
             let attention = Attention {
-                q_proj: Linear::take(&mut w, &attn("q_proj"), config.qkv_bias, q)?,
-                k_proj: Linear::take(&mut w, &attn("k_proj"), config.qkv_bias, q)?,
-                v_proj: Linear::take(&mut w, &attn("v_proj"), config.qkv_bias, q)?,
-                o_proj: Linear::take(&mut w, &attn("o_proj"), config.o_bias, q)?,
+                q_proj: Linear::take(&mut w, &attn("q_proj"), config.qkv_bias, q, l)?,
+                k_proj: Linear::take(&mut w, &attn("k_proj"), config.qkv_bias, q, l)?,
+                v_proj: Linear::take(&mut w, &attn("v_proj"), config.qkv_bias, q, l)?,
+                o_proj: Linear::take(&mut w, &attn("o_proj"), config.o_bias, q, l)?,
                 qk_norms,
                 num_heads: config.num_heads,
                 num_kv_heads: config.num_kv_heads,
                 scale: (config.head_dim as f32).powf(-0.5),
                 eps: config.rms_norm_eps,
+                parallel: layout.parallel.clone(),
             };
             let mlp = Mlp {
-                gate_proj: Linear::take(&mut w, &mlp("gate_proj"), config.mlp_bias, q)?,
-                up_proj: Linear::take(&mut w, &mlp("up_proj"), config.mlp_bias, q)?,
-                down_proj: Linear::take(&mut w, &mlp("down_proj"), config.mlp_bias, q)?,
+                gate_proj: Linear::take(&mut w, &mlp("gate_proj"), config.mlp_bias, q, l)?,
+                up_proj: Linear::take(&mut w, &mlp("up_proj"), config.mlp_bias, q, l)?,
+                down_proj: Linear::take(&mut w, &mlp("down_proj"), config.mlp_bias, q, l)?,
             };
             blocks.push(Block {
                 attention,
@@ -264,7 +345,7 @@ impl Model {
         let lm_head = if config.tie_word_embeddings {
             None
         } else {
-            Some(Linear::take(&mut w, "lm_head", false, q)?)
+            Some(Linear::take(&mut w, "lm_head", false, q, l)?)
         };
         // What mlx-lm's `sanitize` drops: precomputed rotary tables, and an
         // output projection that a tied model does not use.
@@ -311,9 +392,10 @@ impl Model {
     pub(crate) fn logits(&self, ids: &Array, caches: &mut [KvCache]) -> Result<Array> {
         let h = self.hidden(ids, caches)?;
         let h = rms_norm(&h, Some(&self.norm), self.config.rms_norm_eps)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => self.embed.as_linear(&h),
+        match (&self.lm_head, self.embed.as_linear(&h)) {
+            (Some(head), _) => head.forward(&h),
+            (None, Some(tied)) => tied,
+            (None, None) => unreachable!("an untied model has an lm_head"),
         }
     }
 
@@ -327,7 +409,11 @@ impl Model {
             if let Some((q, k)) = &a.qk_norms {
                 all.extend([q, k]);
             }
-            for linear in [&block.mlp.gate_proj, &block.mlp.up_proj, &block.mlp.down_proj] {
+            for linear in [
+                &block.mlp.gate_proj,
+                &block.mlp.up_proj,
+                &block.mlp.down_proj,
+            ] {
                 all.extend(linear.arrays());
             }
             all.extend([&block.input_norm, &block.post_attention_norm]);

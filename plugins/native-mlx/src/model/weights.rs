@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use mlx_rs::{Array, Dtype};
+use mlx_rs::{with_stream, Array, Dtype, Stream};
 
 use crate::error::{Error, Result};
 
@@ -39,7 +39,10 @@ impl Weights {
         files.sort();
         let mut tensors = HashMap::new();
         for file in &files {
-            let loaded = Array::load_safetensors(file)
+            // MLX reads files on a CPU stream whatever the device; this
+            // thread's own is fine, as loading evaluates every tensor
+            // before it returns.
+            let loaded = with_stream(&Stream::cpu(), || Array::load_safetensors(file))
                 .map_err(|e| error(format!("cannot load {}: {e}", file.display())))?;
             tensors.extend(loaded);
         }
@@ -68,11 +71,6 @@ impl Weights {
             dir: self.dir.clone(),
             what: format!("tensor '{name}' is missing"),
         })
-    }
-
-    /// Removes and returns the tensor `name` if there is one.
-    pub(crate) fn take_optional(&mut self, name: &str) -> Option<Array> {
-        self.tensors.remove(name)
     }
 
     /// Whether a tensor `name` exists (and was not taken yet).

@@ -1,0 +1,92 @@
+//! The crate's only unsafe code: the few things mlx-rs does not offer safely.
+
+use std::ffi::CStr;
+
+use mlx_rs::Stream;
+
+use crate::error::{Error, Result};
+
+/// The version string of the loaded `libmlx` (mlx-rs does not wrap `mlx_version`).
+#[allow(unsafe_code)]
+pub(crate) fn mlx_version() -> Result<String> {
+    // SAFETY: mlx_string_new returns an empty, owned string handle;
+    // mlx_version fills it and reports failure through its return code;
+    // mlx_string_data points into the handle, which stays alive until
+    // mlx_string_free below, after the bytes were copied into a String.
+    unsafe {
+        let mut handle = mlx_sys::mlx_string_new();
+        let status = mlx_sys::mlx_version(&mut handle as *mut _);
+        let version = if status == 0 {
+            let data = mlx_sys::mlx_string_data(handle);
+            (!data.is_null()).then(|| CStr::from_ptr(data).to_string_lossy().into_owned())
+        } else {
+            None
+        };
+        mlx_sys::mlx_string_free(handle);
+        version.ok_or_else(|| {
+            Error::Mlx(mlx_rs::error::Exception::custom(
+                "mlx_version failed to report the MLX version",
+            ))
+        })
+    }
+}
+
+/// An MLX stream that any thread may use, one thread at a time.
+///
+/// Since MLX 0.32 streams are thread-affine: one made by `new_stream`, and
+/// each thread's default stream, only work on the thread that made them.
+/// A session must survive moving to another thread (a host runs it on a
+/// worker), so it does all its work on streams made with
+/// `new_thread_unsafe_stream` instead, which MLX lets any thread use as long
+/// as graphs are not built and evaluated on them concurrently; `&mut self`
+/// on generation guarantees that.
+pub(crate) struct SendStream(pub(crate) Stream);
+
+impl SendStream {
+    /// A new thread-unsafe stream on the CPU (`cpu`) or the default device.
+    #[allow(unsafe_code)]
+    pub(crate) fn new(cpu: bool) -> Result<Self> {
+        // This thread's default stream of the wanted device: it names the
+        // device, and its heap object receives the new stream below.
+        let stream = if cpu { Stream::cpu() } else { Stream::new() };
+        let failed = |what: &str| Error::Mlx(mlx_rs::error::Exception::custom(what));
+        // SAFETY: `device` is created, filled and freed here. `fresh` is a
+        // new handle (`ctx` null when MLX reported an error through mlx-rs's
+        // handler, which creating `stream` installed); its value is copied
+        // into `stream`'s own `mlx::core::Stream` (mlx_stream_set assigns
+        // through `ctx`, which `stream` keeps owning and frees on drop), then
+        // it is freed.
+        unsafe {
+            let mut device = mlx_sys::mlx_device_new();
+            if mlx_sys::mlx_stream_get_device(&mut device as *mut _, stream.as_ptr()) != 0 {
+                mlx_sys::mlx_device_free(device);
+                return Err(failed("MLX could not tell a stream's device"));
+            }
+            let fresh = mlx_sys::mlx_stream_new_thread_unsafe(device);
+            mlx_sys::mlx_device_free(device);
+            if fresh.ctx.is_null() {
+                return Err(failed("MLX could not create a stream"));
+            }
+            let mut target = stream.as_ptr();
+            let status = mlx_sys::mlx_stream_set(&mut target as *mut _, fresh);
+            mlx_sys::mlx_stream_free(fresh);
+            if status != 0 {
+                return Err(failed("MLX could not set up a stream"));
+            }
+        }
+        Ok(Self(stream))
+    }
+}
+
+impl Clone for SendStream {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+// SAFETY: the wrapped handle points to a heap-allocated `mlx::core::Stream`
+// (an index and a device) that it owns exclusively, and the stream itself
+// was made thread-unsafe (usable from any thread, see above); the crate
+// never builds or evaluates graphs on it from two threads at once.
+#[allow(unsafe_code)]
+unsafe impl Send for SendStream {}

@@ -1,0 +1,138 @@
+//! The Hangar plugin: this crate's engine behind the SDK's [`Plugin`] and
+//! [`Engine`] traits, exported as the library's root module.
+//!
+//! The host calls `load_in_process` in the process that will serve (a
+//! `hangar worker` by default); each request runs on the host's thread
+//! while the session is locked, since one session serves one request at a
+//! time and keeps the previous conversation's KV cache for prefix reuse.
+
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::Mutex;
+
+use hangar_sdk::wire::{
+    Description, GenerateInput, GenerateOutcome, GenerateRequest as WireRequest, LoadRequest,
+    ProbeInput, ProbeReport,
+};
+use hangar_sdk::{export_plugin, Engine, Plugin};
+use serde_json::Value;
+
+use crate::{
+    ChatMessage, ChatOptions, DeviceKind, FinishReason, GenerateRequest, Prompt, SamplingParams,
+    Session,
+};
+
+struct NativeMlx;
+
+impl Plugin for NativeMlx {
+    fn describe() -> Description {
+        hangar_sdk::describe!("native-mlx", formats: ["mlx"], aliases: {"safetensors" => "mlx"})
+    }
+
+    fn probe(_input: ProbeInput) -> Result<ProbeReport, String> {
+        Ok(match crate::probe() {
+            Ok(mlx) => ProbeReport {
+                available: true,
+                version: Some(mlx.version.clone()),
+                program: None,
+                device: Some(
+                    match mlx.device {
+                        DeviceKind::Cpu => "cpu",
+                        DeviceKind::Gpu => "gpu",
+                    }
+                    .into(),
+                ),
+                detail: Some(format!("MLX {} on the {:?}", mlx.version, mlx.device).to_lowercase()),
+            },
+            Err(e) => ProbeReport {
+                available: false,
+                detail: Some(format!("the MLX library does not answer: {e}")),
+                ..ProbeReport::default()
+            },
+        })
+    }
+
+    fn load_in_process(request: LoadRequest) -> Result<Box<dyn Engine>, String> {
+        let session = Session::load(Path::new(&request.model_path))
+            .map_err(|e| format!("model '{}': {e}", request.model_id))?;
+        Ok(Box::new(Loaded(Mutex::new(session))))
+    }
+}
+
+export_plugin!(NativeMlx);
+
+struct Loaded(Mutex<Session>);
+
+impl Engine for Loaded {
+    fn generate(
+        &self,
+        request: WireRequest,
+        emit: &mut dyn FnMut(&str, u32) -> ControlFlow<()>,
+    ) -> Result<GenerateOutcome, String> {
+        let prompt = match request.input {
+            GenerateInput::Completion { prompt } => Prompt::Text(prompt),
+            GenerateInput::Chat { messages } => Prompt::Chat {
+                messages: messages.iter().map(message).collect::<Result<_, _>>()?,
+                options: ChatOptions {
+                    add_generation_prompt: true,
+                    ..ChatOptions::default()
+                },
+            },
+        };
+        let mut sampling = SamplingParams::greedy();
+        sampling.temperature = request.temperature.unwrap_or(0.0);
+        sampling.top_p = request.top_p.unwrap_or(1.0);
+        sampling.top_k = request.top_k.unwrap_or(0) as usize;
+        sampling.min_p = request.min_p.unwrap_or(0.0);
+        sampling.seed = request.seed;
+        let mut generate = GenerateRequest::new(prompt, request.max_tokens.unwrap_or(512) as usize);
+        generate.sampling = sampling;
+        generate.stop = request.stop;
+        let mut session = self.0.lock().map_err(|_| "the engine failed in an earlier request".to_string())?;
+        let done = session
+            .generate(&generate, |event| emit(event.text, event.token.unwrap_or(u32::MAX)))
+            .map_err(|e| e.to_string())?;
+        Ok(GenerateOutcome {
+            finish_reason: match done.finish_reason {
+                FinishReason::Stop => "stop",
+                FinishReason::Length => "length",
+                FinishReason::Cancelled => "cancelled",
+            }
+            .into(),
+            prompt_tokens: done.usage.prompt_tokens as u32,
+            completion_tokens: done.usage.completion_tokens as u32,
+            cached_tokens: done.usage.cached_prompt_tokens as u32,
+        })
+    }
+}
+
+/// An OpenAI chat message as the chat template sees it: text parts of a
+/// multi-part content are joined.
+fn message(value: &Value) -> Result<ChatMessage, String> {
+    let role = value
+        .get("role")
+        .and_then(Value::as_str)
+        .ok_or("every message needs a 'role'")?;
+    let content = match value.get("content") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(|p| match p.get("type").and_then(Value::as_str) {
+                Some("text") => Ok(p.get("text").and_then(Value::as_str).unwrap_or_default()),
+                other => Err(format!("native-mlx takes text messages only, not '{}' parts", other.unwrap_or("untyped"))),
+            })
+            .collect::<Result<Vec<_>, _>>()?
+            .join(""),
+        Some(other) => return Err(format!("message content must be text, not {other}")),
+    };
+    let mut m = ChatMessage::new(role, content);
+    if let Value::Object(fields) = value {
+        m.extra = fields
+            .iter()
+            .filter(|(k, _)| *k != "role" && *k != "content")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+    }
+    Ok(m)
+}

@@ -1,0 +1,479 @@
+//! A loaded model with its prompt cache: requests in, streamed tokens out.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use mlx_rs::ops::indexing::TryIndexOp;
+use mlx_rs::transforms::{async_eval, eval};
+use mlx_rs::{with_stream, Array};
+
+use crate::cache::KvCache;
+use crate::chat::{ChatMessage, ChatOptions, ChatTemplate};
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::ffi::SendStream;
+use crate::model::{LoadOptions, Model};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+/// Prompt tokens processed per forward pass (mlx-lm's `prefill_step_size`):
+/// bounds the memory of attention scores for long prompts.
+const PREFILL_STEP: usize = 2048;
+
+/// What to generate from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    /// Plain text, encoded with the tokenizer's special tokens (a BOS, say).
+    Text(String),
+    /// Token ids, used as given.
+    Tokens(Vec<u32>),
+    /// A conversation, rendered with the model's chat template.
+    Chat {
+        /// The messages so far.
+        messages: Vec<ChatMessage>,
+        /// Generation prompt, tools and extra template variables.
+        options: ChatOptions,
+    },
+}
+
+/// One generation request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateRequest {
+    /// The prompt.
+    pub prompt: Prompt,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// How to pick tokens.
+    pub sampling: SamplingParams,
+    /// Strings that end the generation; they are not part of the output.
+    pub stop: Vec<String>,
+    /// Keep going past end-of-sequence tokens (benchmarks, parity tests).
+    pub ignore_eos: bool,
+}
+
+impl GenerateRequest {
+    /// A greedy request for up to `max_tokens` tokens.
+    pub fn new(prompt: Prompt, max_tokens: usize) -> Self {
+        Self {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::greedy(),
+            stop: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+/// What the token callback sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenEvent<'a> {
+    /// The generated token; `None` for the last event of a generation, which
+    /// releases text held back (an unfinished character, or the start of
+    /// what might have become a stop string).
+    pub token: Option<u32>,
+    /// Text that became final with this event; often empty (a character
+    /// still missing bytes), never half a character.
+    pub text: &'a str,
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence token or a stop string.
+    Stop,
+    /// `max_tokens` was reached.
+    Length,
+    /// The callback asked to stop (a client went away).
+    Cancelled,
+}
+
+/// Token counts of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Tokens of the prompt.
+    pub prompt_tokens: usize,
+    /// Of those, how many came from the cache of the previous request.
+    pub cached_prompt_tokens: usize,
+    /// Tokens generated (an end-of-sequence token is not counted).
+    pub completion_tokens: usize,
+}
+
+/// Where the time of one request went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Timings {
+    /// From the call to the first generated token: tokenizing, prefill and one step.
+    pub time_to_first_token: Duration,
+    /// From the first generated token to the end.
+    pub decode: Duration,
+    /// Of the decoding steps: building and submitting their graphs.
+    pub graph_build: Duration,
+    /// Of the decoding steps: waiting for MLX to deliver each token.
+    pub eval_wait: Duration,
+    /// Detokenizing, stop-string matching and the callback.
+    pub detokenize: Duration,
+}
+
+/// The result of one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// The generated text (without a stop string).
+    pub text: String,
+    /// The generated ids (without an end-of-sequence token).
+    pub token_ids: Vec<u32>,
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+    /// Token counts.
+    pub usage: Usage,
+    /// Timings.
+    pub timings: Timings,
+}
+
+/// A model, its tokenizer and chat template, and the cache of the last
+/// conversation, so that a follow-up request only computes what is new.
+///
+/// One session serves one request at a time (`&mut self`); it is `Send`, so
+/// a host can own it on a worker thread.
+pub struct Session {
+    /// Every graph of this session is built on this stream (see
+    /// [`SendStream`] for why not the thread's default).
+    stream: SendStream,
+    dir: PathBuf,
+    model: Model,
+    tokenizer: Tokenizer,
+    chat_template: Option<ChatTemplate>,
+    cache: Vec<KvCache>,
+    /// The tokens whose keys and values `cache` holds, in order.
+    cached: Vec<u32>,
+}
+
+impl Session {
+    /// Loads the model folder `dir` (config, weights, tokenizer, chat
+    /// template) with the default [`LoadOptions`].
+    pub fn load(dir: &Path) -> Result<Self> {
+        Self::load_with(dir, &LoadOptions::default())
+    }
+
+    /// Loads the model folder `dir` with `options`.
+    pub fn load_with(dir: &Path, options: &LoadOptions) -> Result<Self> {
+        let config = ModelConfig::load(dir)?;
+        let tokenizer = Tokenizer::load(dir, &config.eos_token_ids)?;
+        let chat_template = ChatTemplate::load(dir)?;
+        let stream = SendStream::new(false)?;
+        let model = with_stream(&stream.0, || Model::load(dir, config, options))?;
+        let cache = model.new_cache();
+        Ok(Self {
+            stream,
+            dir: dir.to_owned(),
+            model,
+            tokenizer,
+            chat_template,
+            cache,
+            cached: Vec::new(),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Forgets the cached conversation.
+    pub fn clear_cache(&mut self) {
+        self.cache = self.model.new_cache();
+        self.cached.clear();
+    }
+
+    /// The token ids a prompt stands for.
+    pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        match prompt {
+            Prompt::Text(text) => self.tokenizer.encode(text, true),
+            Prompt::Tokens(ids) => Ok(ids.clone()),
+            Prompt::Chat { messages, options } => {
+                let template =
+                    self.chat_template
+                        .as_ref()
+                        .ok_or_else(|| Error::NoChatTemplate {
+                            dir: self.dir.clone(),
+                        })?;
+                // As transformers' apply_chat_template: the template writes
+                // the special tokens itself.
+                self.tokenizer
+                    .encode(&template.render(messages, options)?, false)
+            }
+        }
+    }
+
+    /// Generates for `request`, calling `on_token` as tokens arrive;
+    /// `ControlFlow::Break` from it stops the generation (finish reason
+    /// [`FinishReason::Cancelled`]).
+    ///
+    /// The longest common prefix of this prompt and the cached tokens of the
+    /// previous request is not computed again.
+    pub fn generate(
+        &mut self,
+        request: &GenerateRequest,
+        on_token: impl FnMut(TokenEvent<'_>) -> ControlFlow<()>,
+    ) -> Result<Completion> {
+        let stream = self.stream.clone();
+        let result = with_stream(&stream.0, || self.run(request, on_token));
+        if result.is_err() {
+            // A failure may leave the cache half-updated.
+            self.clear_cache();
+        }
+        result
+    }
+
+    fn run(
+        &mut self,
+        request: &GenerateRequest,
+        mut on_token: impl FnMut(TokenEvent<'_>) -> ControlFlow<()>,
+    ) -> Result<Completion> {
+        let start = Instant::now();
+        if request.max_tokens == 0 {
+            return Err(Error::InvalidRequest(
+                "max_tokens must be at least 1".into(),
+            ));
+        }
+        let prompt = self.prompt_tokens(&request.prompt)?;
+        if prompt.is_empty() {
+            return Err(Error::InvalidRequest("the prompt has no tokens".into()));
+        }
+        let mut sampler = Sampler::new(request.sampling.clone())?;
+
+        // Keep the common prefix, but always compute at least the last
+        // prompt token: its logits give the first generated token.
+        let reuse = common_prefix(&self.cached, &prompt).min(prompt.len() - 1);
+        self.truncate_cache(reuse);
+        let (body, last) = prompt[reuse..].split_at(prompt.len() - reuse - 1);
+        for chunk in body.chunks(PREFILL_STEP) {
+            self.model.hidden(&ids(chunk)?, &mut self.cache)?;
+            // Only the caches are wanted: the lazy graph skips the unused
+            // final norm and output projection.
+            eval(self.cache.iter().flat_map(KvCache::state))?;
+            self.cached.extend_from_slice(chunk);
+        }
+
+        // mlx-lm's pipeline: the graph of step n+1 (fed with the still lazy
+        // token of step n) is built and queued before waiting for token n,
+        // so graph building overlaps evaluation.
+        let mut y = self.step(&ids(last)?, &mut sampler)?;
+        self.cached.extend_from_slice(last);
+        async_eval([&y])?;
+
+        let mut stops = StopMatcher::new(&request.stop);
+        let mut decoder = StreamDecoder::new();
+        let mut text = String::new();
+        let mut token_ids = Vec::new();
+        let mut first_token_at = None;
+        let mut timings = Timings::default();
+        let finish_reason = loop {
+            let built = Instant::now();
+            let next = if token_ids.len() + 1 < request.max_tokens {
+                let next = self.step(&y.reshape(&[1, 1])?, &mut sampler)?;
+                async_eval([&next])?;
+                Some(next)
+            } else {
+                None
+            };
+            let waited = Instant::now();
+            let id = y
+                .try_item_cast::<u32>()
+                .map_err(|e| Error::Mlx(mlx_rs::error::Exception::custom(e.to_string())))?;
+            let decoded = Instant::now();
+            if first_token_at.is_none() {
+                first_token_at = Some(decoded);
+            } else {
+                timings.graph_build += waited - built;
+                timings.eval_wait += decoded - waited;
+            }
+            if next.is_some() {
+                self.cached.push(id);
+            }
+            if !request.ignore_eos && self.tokenizer.is_eos(id) {
+                break FinishReason::Stop;
+            }
+            token_ids.push(id);
+            let piece = decoder.push(&self.tokenizer, id)?;
+            let (piece, stopped) = stops.push(&piece);
+            text.push_str(&piece);
+            let flow = on_token(TokenEvent {
+                token: Some(id),
+                text: &piece,
+            });
+            timings.detokenize += decoded.elapsed();
+            if stopped {
+                break FinishReason::Stop;
+            }
+            if flow.is_break() {
+                break FinishReason::Cancelled;
+            }
+            match next {
+                Some(next) => y = next,
+                None => break FinishReason::Length,
+            }
+        };
+        if finish_reason != FinishReason::Cancelled {
+            let (mut tail, stopped) = stops.push(&decoder.finish(&self.tokenizer)?);
+            if !stopped {
+                tail.push_str(&stops.finish());
+            }
+            if !tail.is_empty() {
+                text.push_str(&tail);
+                // The generation is over; a Break here has nothing left to stop.
+                let _ = on_token(TokenEvent {
+                    token: None,
+                    text: &tail,
+                });
+            }
+        }
+        let end = Instant::now();
+        let first = first_token_at.unwrap_or(end);
+        timings.time_to_first_token = first - start;
+        timings.decode = end - first;
+        Ok(Completion {
+            text,
+            usage: Usage {
+                prompt_tokens: prompt.len(),
+                cached_prompt_tokens: reuse,
+                completion_tokens: token_ids.len(),
+            },
+            token_ids,
+            finish_reason,
+            timings,
+        })
+    }
+
+    /// One decoding step: feeds `ids` (`(1, n)`), returns the sampled next
+    /// token as a lazy `(1,)` array.
+    fn step(&mut self, ids: &Array, sampler: &mut Sampler) -> Result<Array> {
+        let logits = self.model.logits(ids, &mut self.cache)?;
+        let logits = logits.try_index((.., -1, ..))?;
+        // Log-probabilities as mlx-lm computes them (a log-sum-exp over the
+        // whole (1, vocab) array), so that sampling sees identical numbers.
+        let logprobs = logits.subtract(logits.logsumexp(true)?)?;
+        sampler.sample(&logprobs)
+    }
+
+    fn truncate_cache(&mut self, len: usize) {
+        self.cached.truncate(len);
+        for layer in &mut self.cache {
+            layer.truncate(len as i32);
+        }
+    }
+}
+
+/// A `(1, n)` array of token ids.
+fn ids(tokens: &[u32]) -> Result<Array> {
+    Ok(Array::from_slice(tokens, &[1, tokens.len() as i32]))
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Holds back generated text that could still turn into a stop string.
+struct StopMatcher<'a> {
+    stops: Vec<&'a str>,
+    held: String,
+}
+
+impl<'a> StopMatcher<'a> {
+    fn new(stops: &'a [String]) -> Self {
+        Self {
+            stops: stops
+                .iter()
+                .map(String::as_str)
+                .filter(|s| !s.is_empty())
+                .collect(),
+            held: String::new(),
+        }
+    }
+
+    /// Adds `piece`; returns the text that is now safe to emit, and whether a
+    /// stop string was completed (the text then ends right before it).
+    fn push(&mut self, piece: &str) -> (String, bool) {
+        self.held.push_str(piece);
+        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s)).min() {
+            let out = self.held[..at].to_owned();
+            self.held.clear();
+            return (out, true);
+        }
+        // The longest tail of `held` that begins some stop string stays.
+        let keep_from = self
+            .held
+            .char_indices()
+            .map(|(i, _)| i)
+            .find(|&i| {
+                let tail = &self.held[i..];
+                self.stops.iter().any(|s| s.starts_with(tail))
+            })
+            .unwrap_or(self.held.len());
+        let out = self.held[..keep_from].to_owned();
+        self.held.replace_range(..keep_from, "");
+        (out, false)
+    }
+
+    /// Releases what is held: the generation ended without a stop string.
+    fn finish(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(stops: &[&str], pieces: &[&str]) -> (Vec<String>, bool) {
+        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+        let mut m = StopMatcher::new(&stops);
+        let mut out = Vec::new();
+        for piece in pieces {
+            let (text, stopped) = m.push(piece);
+            out.push(text);
+            if stopped {
+                return (out, true);
+            }
+        }
+        out.push(m.finish());
+        (out, false)
+    }
+
+    #[test]
+    fn stop_string_across_pieces_is_cut() {
+        assert_eq!(
+            run(&["</s>"], &["Hello <", "/", "s> more"]),
+            (vec!["Hello ".into(), "".into(), "".into()], true)
+        );
+    }
+
+    #[test]
+    fn held_text_is_released_when_it_cannot_match() {
+        assert_eq!(
+            run(&["STOP"], &["a S", "T", "x", "y"]),
+            (
+                vec!["a ".into(), "".into(), "STx".into(), "y".into(), "".into()],
+                false
+            )
+        );
+    }
+
+    #[test]
+    fn earliest_stop_wins_and_multibyte_is_safe() {
+        assert_eq!(
+            run(&["é!", "b"], &["aé", "!b"]),
+            (vec!["a".into(), "".into()], true)
+        );
+    }
+
+    #[test]
+    fn common_prefix_counts_equal_leading_ids() {
+        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4, 5]), 2);
+        assert_eq!(common_prefix(&[], &[1]), 0);
+    }
+}

@@ -1,0 +1,283 @@
+//! Random-weight model folders and mlx-lm's reference outputs, made once per test run.
+//!
+//! Needs the venv of `scripts/python-env.sh` (mlx 0.32.2, mlx-lm); set
+//! `HANGAR_PYTHON` to use another interpreter.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use serde_json::{json, Value};
+
+/// Prompt ids shared by the parity cases (the tiny vocabulary has 512 ids).
+pub const PROMPT: [u32; 12] = [1, 17, 42, 99, 7, 256, 300, 12, 5, 480, 63, 200];
+/// Tokens generated per parity case.
+pub const MAX_TOKENS: usize = 64;
+
+/// A greedy or seeded case compared with mlx-lm.
+pub struct Case {
+    pub model: &'static str,
+    pub temp: f32,
+    pub top_p: f32,
+    pub top_k: usize,
+    pub min_p: f32,
+    pub seed: u64,
+}
+
+const fn greedy(model: &'static str) -> Case {
+    Case {
+        model,
+        temp: 0.0,
+        top_p: 0.0,
+        top_k: 0,
+        min_p: 0.0,
+        seed: 0,
+    }
+}
+
+/// Every model the parity test covers: each family in float32 and 4-bit,
+/// 8-bit, bfloat16 and float16, tied embeddings (dense and quantized) and
+/// Llama 3 RoPE scaling; then two seeded sampling cases.
+pub const CASES: &[Case] = &[
+    greedy("llama"),
+    greedy("llama-q4"),
+    greedy("llama-q8"),
+    greedy("qwen2"),
+    greedy("qwen2-q4"),
+    greedy("qwen3"),
+    greedy("qwen3-q4"),
+    greedy("mistral"),
+    greedy("llama-bf16"),
+    greedy("qwen3-f16"),
+    greedy("llama-tied"),
+    greedy("llama-tied-q4"),
+    greedy("llama3-rope"),
+    Case {
+        model: "llama",
+        temp: 0.8,
+        top_p: 0.9,
+        top_k: 40,
+        min_p: 0.02,
+        seed: 42,
+    },
+    Case {
+        model: "qwen3-q4",
+        temp: 1.0,
+        top_p: 0.0,
+        top_k: 0,
+        min_p: 0.0,
+        seed: 7,
+    },
+];
+
+/// A chat template rendered by both transformers and native-mlx.
+pub struct ChatCase {
+    pub name: &'static str,
+    pub template: &'static str,
+    /// The messages, as JSON.
+    pub messages: &'static str,
+    pub tools: Option<&'static str>,
+    pub add_generation_prompt: bool,
+}
+
+/// Templates written for the test (not copied from models) that use what
+/// real templates use: whitespace control, `trim_blocks`/`lstrip_blocks`
+/// layouts, `namespace`, Python string methods, `tojson` of tool calls and
+/// schemas, loop controls and `raise_exception`.
+pub const CHATS: &[ChatCase] = &[
+    ChatCase {
+        name: "header-style with trim",
+        template: "{{- bos_token }}\n{%- for message in messages %}\n    {{- '<|start|>' + message['role'] + '<|sep|>\\n\\n' + message['content'] | trim + '<|eot|>' }}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|start|>assistant<|sep|>\\n\\n' }}\n{%- endif %}\n",
+        messages: r#"[{"role": "system", "content": "  Be brief.  "}, {"role": "user", "content": "Hi\n"}]"#,
+        tools: None,
+        add_generation_prompt: true,
+    },
+    ChatCase {
+        name: "block layout",
+        template: "{% for m in messages %}\n    {% if m.role == 'system' %}\n<<SYS>>{{ m.content }}<</SYS>>\n    {% elif m.role == 'user' %}\n[{{ m.role | upper }}] {{ m.content.strip() }}\n    {% else %}\n{{ m.content }}{{ eos_token }}\n    {% endif %}\n{% endfor %}\n{% if add_generation_prompt %}[ASSISTANT]{% endif %}",
+        messages: r#"[{"role": "system", "content": "S"}, {"role": "user", "content": " question "}, {"role": "assistant", "content": "answer"}, {"role": "user", "content": "again"}]"#,
+        tools: None,
+        add_generation_prompt: false,
+    },
+    ChatCase {
+        name: "tools and tool calls",
+        template: concat!(
+            "{%- set ns = namespace(last_user=0) %}",
+            "{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}",
+            "{%- if tools %}<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n{%- endif %}",
+            "{%- for m in messages %}",
+            "{%- if m.role == 'assistant' and m.tool_calls is defined %}",
+            "{%- for call in m.tool_calls %}<call>{{ call.function.name }}:{{ call.function.arguments | tojson }}</call>{%- if loop.last %}{% break %}{% endif %}{%- endfor %}",
+            "{%- elif m.role == 'assistant' %}{{ m.content.split('</think>')[-1].lstrip('\\n') }}",
+            "{%- else %}<{{ m.role }}{{ '*' if loop.index0 == ns.last_user else '' }}>{{ m.content }}",
+            "{%- endif %}\n{%- endfor %}",
+            "{%- if add_generation_prompt %}<assistant>{% endif %}"
+        ),
+        messages: r#"[{"role": "user", "content": "Weather in Zürich?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"unit": "c", "city": "Zürich"}}}]},
+            {"role": "tool", "content": "{\"t\": 21}"},
+            {"role": "assistant", "content": "<think>hm</think>\n\nIt is 21 °C."},
+            {"role": "user", "content": "Thanks <3"}]"#,
+        tools: Some(r#"[{"type": "function", "function": {"name": "get_weather", "description": "Weather & more", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}}, "required": ["city"]}}}]"#),
+        add_generation_prompt: true,
+    },
+    ChatCase {
+        name: "raise_exception",
+        template: "{%- if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{%- endif %}{{ messages[0]['content'] }}",
+        messages: r#"[{"role": "system", "content": "S"}]"#,
+        tools: None,
+        add_generation_prompt: true,
+    },
+];
+
+pub struct Fixtures {
+    dir: tempfile::TempDir,
+    /// mlx-lm's ids for each entry of [`CASES`].
+    pub reference: Vec<Vec<u32>>,
+    /// transformers' rendering of each entry of [`CHATS`]: the text, or
+    /// `{"error": message}`.
+    pub chats: Vec<Value>,
+}
+
+impl Fixtures {
+    pub fn model(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+/// Builds the models and runs mlx-lm once for the whole test binary.
+pub fn fixtures() -> &'static Fixtures {
+    static FIXTURES: OnceLock<Fixtures> = OnceLock::new();
+    FIXTURES.get_or_init(build)
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn python() -> PathBuf {
+    let python = std::env::var_os("HANGAR_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join(".venv/bin/python"));
+    assert!(
+        python.exists(),
+        "{} not found: run scripts/python-env.sh (or set HANGAR_PYTHON)",
+        python.display()
+    );
+    python
+}
+
+fn build() -> Fixtures {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let models = [
+        ("llama", "llama", "float32"),
+        ("qwen2", "qwen2", "float32"),
+        ("qwen3", "qwen3", "float32"),
+        ("mistral", "mistral", "float32"),
+        ("llama-bf16", "llama", "bfloat16"),
+        ("qwen3-f16", "qwen3", "float16"),
+    ];
+    for (name, arch, dtype) in models {
+        let status = Command::new(python())
+            .arg(repo().join("scripts/make_tiny_model.py"))
+            .arg(root.join(name))
+            .args(["--arch", arch, "--dtype", dtype])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "make_tiny_model.py {name} failed");
+    }
+    variant(root, "llama", "llama-tied", |config| {
+        config["tie_word_embeddings"] = json!(true);
+    });
+    // Boundaries inside the 8 frequencies of head_dim 16 (wavelengths 6 to
+    // 20 000), so every branch of the scaling is taken.
+    variant(root, "llama", "llama3-rope", |config| {
+        config["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64});
+    });
+
+    let convert: Vec<Value> = [
+        ("llama", 4),
+        ("llama", 8),
+        ("qwen2", 4),
+        ("qwen3", 4),
+        ("llama-tied", 4),
+    ]
+    .iter()
+    .map(|(model, bits)| {
+        json!({"hf_path": root.join(model), "mlx_path": root.join(format!("{model}-q{bits}")), "bits": bits})
+    })
+    .collect();
+    let cases: Vec<Value> = CASES
+        .iter()
+        .map(|c| {
+            json!({"model": root.join(c.model), "prompt": PROMPT, "max_tokens": MAX_TOKENS,
+                "temp": c.temp, "top_p": c.top_p, "top_k": c.top_k, "min_p": c.min_p, "seed": c.seed})
+        })
+        .collect();
+    let chats: Vec<Value> = CHATS
+        .iter()
+        .map(|c| {
+            json!({"model": root.join("llama"), "template": c.template,
+                "messages": serde_json::from_str::<Value>(c.messages).unwrap(),
+                "tools": c.tools.map(|t| serde_json::from_str::<Value>(t).unwrap()),
+                "add_generation_prompt": c.add_generation_prompt})
+        })
+        .collect();
+    let request = json!({"convert": convert, "cases": cases, "chats": chats}).to_string();
+
+    let mut child = Command::new(python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mlx_lm_reference.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(request.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "mlx_lm_reference.py failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut answer: Value = serde_json::from_slice(&output.stdout).unwrap();
+    Fixtures {
+        dir,
+        reference: serde_json::from_value(answer["ids"].take()).unwrap(),
+        chats: serde_json::from_value(answer["chats"].take()).unwrap(),
+    }
+}
+
+/// Copies model `from` to `to`, editing its config.json.
+fn variant(root: &Path, from: &str, to: &str, edit: impl FnOnce(&mut Value)) {
+    copy_with(&root.join(from), &root.join(to), "config.json", edit);
+}
+
+/// A copy of fixture model `from` in its own folder, with `file` (a JSON
+/// file of the model) edited.
+pub fn edited_copy(from: &str, file: &str, edit: impl FnOnce(&mut Value)) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    copy_with(&fixtures().model(from), dir.path(), file, edit);
+    dir
+}
+
+fn copy_with(from: &Path, to: &Path, file: &str, edit: impl FnOnce(&mut Value)) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+    }
+    let path = to.join(file);
+    let mut json: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut json);
+    std::fs::write(path, json.to_string()).unwrap();
+}

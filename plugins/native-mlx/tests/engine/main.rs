@@ -1,0 +1,5 @@
+//! Integration tests of the engine on random-weight models that the tests generate (one binary, shared fixtures).
+
+mod fixtures;
+mod parity;
+mod session;

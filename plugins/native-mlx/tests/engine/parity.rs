@@ -1,0 +1,92 @@
+//! native-mlx must produce exactly mlx-lm's token ids on the same model, prompt and seed.
+
+use std::ops::ControlFlow;
+
+use hangar_native_mlx::{
+    ChatMessage, ChatOptions, ChatTemplate, GenerateRequest, LoadOptions, Prompt, SamplingParams,
+    Session,
+};
+use serde_json::{json, Map, Value};
+
+use crate::fixtures::{fixtures, CASES, CHATS, MAX_TOKENS, PROMPT};
+
+/// The default placement, and every matrix split over three CPU streams
+/// (uneven row blocks), which must not change a single bit.
+fn placements() -> [(&'static str, LoadOptions); 2] {
+    let split = LoadOptions {
+        cpu_threads: 3,
+        split_min_work: 0,
+    };
+    [("default", LoadOptions::default()), ("split", split)]
+}
+
+#[test]
+fn token_ids_match_mlx_lm() {
+    let fixtures = fixtures();
+    let mut mismatches = Vec::new();
+    for ((case, expected), (placement, options)) in CASES
+        .iter()
+        .zip(&fixtures.reference)
+        .flat_map(|c| placements().map(|p| (c, p)))
+    {
+        let mut session = Session::load_with(&fixtures.model(case.model), &options).unwrap();
+        let request = GenerateRequest {
+            sampling: SamplingParams {
+                temperature: case.temp,
+                top_p: case.top_p,
+                top_k: case.top_k,
+                min_p: case.min_p,
+                seed: Some(case.seed),
+            },
+            ignore_eos: true,
+            ..GenerateRequest::new(Prompt::Tokens(PROMPT.to_vec()), MAX_TOKENS)
+        };
+        let got = session
+            .generate(&request, |_| ControlFlow::Continue(()))
+            .unwrap()
+            .token_ids;
+        assert_eq!(expected.len(), MAX_TOKENS);
+        if &got != expected {
+            let at = got.iter().zip(expected).take_while(|(a, b)| a == b).count();
+            mismatches.push(format!(
+                "{} (temp {}, {placement}): first difference at token {at}\n  mlx-lm:     {expected:?}\n  native-mlx: {got:?}",
+                case.model, case.temp
+            ));
+        }
+    }
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+}
+
+#[test]
+fn chat_templates_render_as_transformers_renders_them() {
+    let fixtures = fixtures();
+    let special = json!({"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>"});
+    for (case, expected) in CHATS.iter().zip(&fixtures.chats) {
+        let template = ChatTemplate::new(
+            case.template.to_owned(),
+            special.as_object().unwrap().clone(),
+        )
+        .unwrap();
+        let messages: Vec<ChatMessage> = serde_json::from_str(case.messages).unwrap();
+        let options = ChatOptions {
+            add_generation_prompt: case.add_generation_prompt,
+            tools: case.tools.map(|t| serde_json::from_str(t).unwrap()),
+            extra: Map::new(),
+        };
+        let got = template.render(&messages, &options);
+        match (expected, got) {
+            (Value::String(expected), Ok(got)) => {
+                assert_eq!(&got, expected, "{}", case.name)
+            }
+            (Value::Object(error), Err(got)) => {
+                let message = error["error"].as_str().unwrap();
+                assert!(got.to_string().contains(message), "{}: {got}", case.name);
+            }
+            (expected, got) => panic!(
+                "{}: transformers {expected:?}, native-mlx {got:?}",
+                case.name
+            ),
+        }
+    }
+}
