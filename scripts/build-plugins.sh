@@ -2,13 +2,19 @@
 # Builds the repo's engine plugins (plugins/*) and lays them out as a
 # plugins dir that `hangar --plugins-dir` reads: target/plugins/<id>/ with
 # plugin.toml and the built library. Prints that folder's path last.
+#
+# Plugins in the root workspace build in debug with the host. native-mlx is a
+# workspace of its own (it needs MLX; the host must not): it builds in
+# release, after scripts/native-mlx-prepare.sh, unless HANGAR_NO_NATIVE_MLX=1.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 out="target/plugins"
 packages=()
 for manifest in plugins/*/plugin.toml; do
-  packages+=(-p "$(sed -n 's/^name = "\(.*\)"/\1/p' "$(dirname "$manifest")/Cargo.toml" | head -1)")
+  dir="$(dirname "$manifest")"
+  grep -q '^\[workspace\]' "$dir/Cargo.toml" && continue
+  packages+=(-p "$(sed -n 's/^name = "\(.*\)"/\1/p' "$dir/Cargo.toml" | head -1)")
 done
 cargo build --quiet "${packages[@]}" >&2
 
@@ -17,6 +23,14 @@ case "$(uname -s)" in
   *) prefix=lib suffix=.so ;;
 esac
 for manifest in plugins/*/plugin.toml; do
+  dir="$(dirname "$manifest")"
+  built="target/debug"
+  if grep -q '^\[workspace\]' "$dir/Cargo.toml"; then
+    [[ "${HANGAR_NO_NATIVE_MLX:-}" == 1 ]] && continue
+    scripts/native-mlx-prepare.sh >&2
+    (cd "$dir" && cargo build --quiet --release --lib) >&2
+    built="$dir/target/release"
+  fi
   id=$(sed -n 's/^id = "\(.*\)"/\1/p' "$manifest" | head -1)
   artifact=$(sed -n 's/^artifact = "\(.*\)"/\1/p' "$manifest" | head -1)
   [[ "$artifact" == *.* ]] || artifact="$prefix$artifact$suffix"
@@ -24,6 +38,6 @@ for manifest in plugins/*/plugin.toml; do
   # Copy then rename: a running host maps the old library, and overwriting
   # a mapped file in place would crash it.
   cp "$manifest" "$out/$id/.plugin.toml.new" && mv "$out/$id/.plugin.toml.new" "$out/$id/plugin.toml"
-  cp "target/debug/$artifact" "$out/$id/.$artifact.new" && mv "$out/$id/.$artifact.new" "$out/$id/$artifact"
+  cp "$built/$artifact" "$out/$id/.$artifact.new" && mv "$out/$id/.$artifact.new" "$out/$id/$artifact"
 done
 echo "$PWD/$out"

@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+scripts/system-deps.sh
 PY="$(scripts/python-env.sh)"
 cargo build --quiet -p hangar
 PLUGINS="$(scripts/build-plugins.sh)"

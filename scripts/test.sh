@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # Runs Hangar's whole test suite on a fresh machine: sets up what the tests
-# need (the Python venv with mlx-lm and the openai client), then runs every
-# Rust test. Idempotent: a second run reuses the venv and the build.
+# need (system packages, the Python venv with mlx-lm and the openai client,
+# the patched mlx-sys), then runs every Rust test, native-mlx's own suite,
+# and the end-to-end tests. Idempotent: a second run reuses all of it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# The end-to-end tests drive a real mlx_lm.server and the official openai
-# client from this venv.
+scripts/system-deps.sh
+# The end-to-end tests drive real engines and the official openai client
+# from this venv; native-mlx links the same MLX.
 HANGAR_PYTHON="$(scripts/python-env.sh)"
 export HANGAR_PYTHON
+scripts/native-mlx-prepare.sh
 
 cargo build --workspace --all-targets
 cargo test --workspace
-# End to end: hangar serve + real mlx_lm.server, driven by the openai client.
+# native-mlx is a workspace of its own (it needs MLX; the host must not).
+(cd plugins/native-mlx && cargo test --release)
+# End to end: hangar serve + real engines, driven by the openai client.
 "$HANGAR_PYTHON" -m pytest tests/stand-ins tests/e2e -q

@@ -43,12 +43,12 @@ pub struct Config {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file exists but could not be read.
-    #[error("cannot read config {path}: {source}")]
+    #[error("cannot read config {path}: {cause}")]
     Read {
         /// The file.
         path: PathBuf,
         /// The I/O error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The file is not a valid config.
     #[error("config {path} is invalid: {message}; fix the file or move it aside")]
@@ -78,7 +78,7 @@ impl Config {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => {
                 Ok(Config::default())
             }
-            Err(source) => Err(ConfigError::Read { path, source }),
+            Err(cause) => Err(ConfigError::Read { path, cause }),
         }
     }
 

@@ -31,6 +31,11 @@ pub fn run(
     }
     let mut model_dirs = args.model_dirs.clone();
     model_dirs.extend(registry.config().model_dirs.iter().cloned());
+    // Absolute, since engines run in their sessions' work folders.
+    let model_dirs: Vec<PathBuf> = model_dirs
+        .into_iter()
+        .map(|d| std::path::absolute(&d).unwrap_or(d))
+        .collect();
     if model_dirs.is_empty() {
         bail!("no model dirs: pass --model-dir DIR (a folder whose subfolders are models) or set model_dirs in the config");
     }

@@ -136,12 +136,12 @@ pub struct Refused(pub Vec<String>);
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// Reading or writing failed.
-    #[error("settings file {path}: {source}")]
+    #[error("settings file {path}: {cause}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The file is not valid.
     #[error("settings file {path} is invalid: {message}; fix it or move it aside")]
@@ -171,10 +171,10 @@ impl SettingsStore {
                     message: e.message().to_string(),
                 })?,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Stored::default(),
-                Err(source) => {
+                Err(cause) => {
                     return Err(StoreError::Io {
                         path: path.clone(),
-                        source,
+                        cause,
                     })
                 }
             },
@@ -211,9 +211,9 @@ impl SettingsStore {
 }
 
 fn write_atomically(path: &Path, stored: &Stored) -> Result<(), StoreError> {
-    let io = |source| StoreError::Io {
+    let io = |cause| StoreError::Io {
         path: path.to_path_buf(),
-        source,
+        cause,
     };
     let text = toml::to_string_pretty(stored).map_err(|e| StoreError::Invalid {
         path: path.to_path_buf(),

@@ -153,12 +153,12 @@ impl ProbeSpec {
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}: {cause}")]
     Read {
         /// The manifest path.
         path: String,
         /// The I/O error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The file is not valid TOML or does not have the manifest's shape.
     #[error("plugin.toml is malformed: {0}")]
@@ -187,9 +187,9 @@ impl Manifest {
     /// Reads and validates `dir/plugin.toml`.
     pub fn from_dir(dir: &Path) -> Result<Manifest, ManifestError> {
         let path = dir.join(MANIFEST_FILE);
-        let text = std::fs::read_to_string(&path).map_err(|source| ManifestError::Read {
+        let text = std::fs::read_to_string(&path).map_err(|cause| ManifestError::Read {
             path: path.display().to_string(),
-            source,
+            cause,
         })?;
         Manifest::parse(&text)
     }

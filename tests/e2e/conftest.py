@@ -290,7 +290,10 @@ def env(tmp_path_factory):
 
     config = root / "config.toml"
     config.write_text(f'[plugins.mlx-lm]\nprogram = "{python}"\n')
-    (root / "settings.toml").write_text('[models.tiny-llama]\nmax_tokens = 64\n')
+    # This suite is about mlx-lm; native-mlx (which outranks it) has its own.
+    (root / "settings.toml").write_text(
+        '[default_engines]\nmlx = "mlx-lm"\n[models.tiny-llama]\nmax_tokens = 64\n'
+    )
     state = root / "state"
     state.mkdir()
 

@@ -113,10 +113,12 @@ impl Registry {
         let mut diagnostics = Vec::new();
         let mut plugins: Vec<PluginEntry> = Vec::new();
         for dir in dirs {
+            // Absolute, since engines and workers run in other folders.
+            let dir = &std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
             let entries = match std::fs::read_dir(dir) {
                 Ok(entries) => entries,
                 Err(e) => {
-                    if required_dirs.contains(dir) {
+                    if required_dirs.iter().any(|r| std::path::absolute(r).ok().as_ref() == Some(dir)) {
                         diagnostics.push(Diagnostic {
                             location: dir.clone(),
                             plugin: None,

@@ -33,6 +33,7 @@ mod config;
 mod error;
 mod ffi;
 mod model;
+mod plugin;
 mod probe;
 mod sampling;
 mod session;

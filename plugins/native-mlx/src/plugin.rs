@@ -88,9 +88,14 @@ impl Engine for Loaded {
         let mut generate = GenerateRequest::new(prompt, request.max_tokens.unwrap_or(512) as usize);
         generate.sampling = sampling;
         generate.stop = request.stop;
-        let mut session = self.0.lock().map_err(|_| "the engine failed in an earlier request".to_string())?;
+        let mut session = self
+            .0
+            .lock()
+            .map_err(|_| "the engine failed in an earlier request".to_string())?;
         let done = session
-            .generate(&generate, |event| emit(event.text, event.token.unwrap_or(u32::MAX)))
+            .generate(&generate, |event| {
+                emit(event.text, event.token.unwrap_or(u32::MAX))
+            })
             .map_err(|e| e.to_string())?;
         Ok(GenerateOutcome {
             finish_reason: match done.finish_reason {
@@ -120,7 +125,10 @@ fn message(value: &Value) -> Result<ChatMessage, String> {
             .iter()
             .map(|p| match p.get("type").and_then(Value::as_str) {
                 Some("text") => Ok(p.get("text").and_then(Value::as_str).unwrap_or_default()),
-                other => Err(format!("native-mlx takes text messages only, not '{}' parts", other.unwrap_or("untyped"))),
+                other => Err(format!(
+                    "native-mlx takes text messages only, not '{}' parts",
+                    other.unwrap_or("untyped")
+                )),
             })
             .collect::<Result<Vec<_>, _>>()?
             .join(""),
