@@ -118,7 +118,10 @@ impl Registry {
             let entries = match std::fs::read_dir(dir) {
                 Ok(entries) => entries,
                 Err(e) => {
-                    if required_dirs.iter().any(|r| std::path::absolute(r).ok().as_ref() == Some(dir)) {
+                    if required_dirs
+                        .iter()
+                        .any(|r| std::path::absolute(r).ok().as_ref() == Some(dir))
+                    {
                         diagnostics.push(Diagnostic {
                             location: dir.clone(),
                             plugin: None,
