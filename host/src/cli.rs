@@ -1,4 +1,5 @@
-//! The command line: `hangar plugins`, `hangar resolve`, `hangar platform`.
+//! The command line: `hangar plugins`, `hangar resolve`, `hangar platform`,
+//! `hangar serve`, and the plugin author's `hangar plugin …`.
 //!
 //! Every command prints a human-readable table by default and JSON with
 //! `--json`, for scripts.
@@ -61,6 +62,11 @@ pub enum Command {
     Platform,
     /// Serve every model of the model dirs behind one OpenAI-compatible API.
     Serve(ServeArgs),
+    /// Write, check, pack and install plugins.
+    Plugin {
+        #[command(subcommand)]
+        command: crate::plugin_cmd::PluginCommand,
+    },
     /// Internal: hosts one in-process engine in a child process of its own,
     /// serving the OpenAI routes on the load request's port.
     #[command(hide = true)]
@@ -144,6 +150,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         _ => {}
     }
     let config = Config::load(cli.global.config.as_deref())?;
+    if let Command::Plugin { command } = cli.command {
+        return crate::plugin_cmd::run(command, &cli.global.plugins_dirs, &config, cli.global.json);
+    }
     let machine = platform::current(config.platform.as_deref()).map_err(anyhow::Error::msg)?;
     if let Command::Platform = cli.command {
         print(cli.global.json, &machine, || machine.to_string());
@@ -179,7 +188,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ExitCode::from(2)
             })
         }
-        Command::Platform | Command::Keeper { .. } | Command::Worker { .. } => {
+        Command::Platform
+        | Command::Plugin { .. }
+        | Command::Keeper { .. }
+        | Command::Worker { .. } => {
             unreachable!("handled above")
         }
     }
@@ -330,7 +342,8 @@ pub fn plugins_report(registry: &Registry) -> PluginsReport {
     }
 }
 
-fn table(header: &[&str]) -> Table {
+/// A table in the style of every `hangar` command.
+pub(crate) fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
     t.load_preset(NOTHING)
         .set_content_arrangement(ContentArrangement::Disabled)

@@ -23,7 +23,6 @@ use serde_json::{json, Map, Value};
 
 use crate::api::inprocess::{Route, Served};
 use crate::api::ApiError;
-use crate::loader::native::NativePlugin;
 
 /// Loads the plugin in `plugin_dir` and serves the model of the load
 /// request in `request` until a signal ends the process.
@@ -35,10 +34,8 @@ pub fn run(plugin_dir: &Path, request: &Path) -> anyhow::Result<ExitCode> {
             manifest.id
         );
     }
-    let plugin = NativePlugin::load(&plugin_dir.join(manifest.artifact_file_name()))
-        .map_err(anyhow::Error::msg)?;
-    let description = plugin.describe().map_err(anyhow::Error::msg)?;
-    crate::registry::check_description(&manifest, &description).map_err(anyhow::Error::msg)?;
+    let plugin = crate::registry::load_plugin(plugin_dir, &manifest)
+        .map_err(|f| anyhow::anyhow!(f.reason))?;
     let text = std::fs::read_to_string(request)
         .with_context(|| format!("cannot read {}", request.display()))?;
     let request: LoadRequest =

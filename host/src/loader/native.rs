@@ -43,6 +43,13 @@ impl NativePlugin {
         Ok(NativePlugin { module })
     }
 
+    /// The root module itself, for callers that speak the ABI's JSON
+    /// directly: the conformance suite sends malformed messages through it
+    /// to check that they come back as errors.
+    pub fn module(&self) -> PluginModuleRef {
+        self.module
+    }
+
     /// Calls the plugin's `describe()`.
     pub fn describe(&self) -> Result<hangar_plugin_api::wire::Description, String> {
         call("describe", self.module.describe(), &serde_json::json!({}))
@@ -96,8 +103,10 @@ fn call<I: Serialize, O: DeserializeOwned>(name: &str, f: JsonFn, input: &I) -> 
     }
 }
 
-/// Reads the object header and checks that this machine can load it.
-fn check_object(path: &Path) -> Result<(), String> {
+/// Reads the object header and checks that this machine can load it,
+/// without loading it (`hangar plugin install` refuses a library built for
+/// another machine this way).
+pub fn check_object(path: &Path) -> Result<(), String> {
     let file =
         std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     let cache = object::ReadCache::new(file);

@@ -254,13 +254,7 @@ fn read_plugin(folder: &Path, platform: &Platform) -> Result<PluginEntry, String
         ));
     }
     let manifest = Manifest::from_dir(folder).map_err(|e| e.to_string())?;
-    let artifact = folder.join(manifest.artifact_file_name());
-    if !artifact.is_file() {
-        return Err(format!(
-            "artifact {} is missing; build the plugin or reinstall its folder",
-            artifact.display()
-        ));
-    }
+    artifact_path(folder, &manifest)?;
     let accelerator = manifest
         .platforms
         .iter()
@@ -351,24 +345,68 @@ fn build_aliases(
     aliases
 }
 
+/// The step at which loading a plugin's code failed (see [`load_plugin`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadStep {
+    /// The artifact is missing, of a kind this host cannot load, built for
+    /// another machine, or not a Hangar plugin.
+    Library,
+    /// The plugin's `describe()` failed or panicked.
+    Describe,
+    /// `describe()` answered, but disagrees with `plugin.toml`.
+    Agreement,
+}
+
+/// Why a plugin's code could not be loaded: the step, and a reason a
+/// person can act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadFailure {
+    /// Where it failed.
+    pub step: LoadStep,
+    /// What is wrong and what to do.
+    pub reason: String,
+}
+
+/// Loads the code of the plugin folder `dir`, whose manifest is
+/// `manifest`: the artifact (its object header, then `abi_stable`'s layout
+/// checks), then its `describe()`, which must agree with the manifest.
+///
+/// The registry, `hangar worker` and the conformance suite
+/// ([`crate::conformance`]) all load plugins through this one function, so
+/// a plugin that passes the suite loads in the host.
+pub fn load_plugin(dir: &Path, manifest: &Manifest) -> Result<NativePlugin, LoadFailure> {
+    let failure = |step| move |reason| LoadFailure { step, reason };
+    if manifest.kind == PluginKind::Wasm {
+        return Err(failure(LoadStep::Library)(
+            "WebAssembly plugins are not supported by this host build yet; use a native build of the plugin".into(),
+        ));
+    }
+    let artifact = artifact_path(dir, manifest).map_err(failure(LoadStep::Library))?;
+    let plugin = NativePlugin::load(&artifact).map_err(failure(LoadStep::Library))?;
+    let description = plugin.describe().map_err(failure(LoadStep::Describe))?;
+    check_description(manifest, &description).map_err(failure(LoadStep::Agreement))?;
+    Ok(plugin)
+}
+
+/// The artifact of the plugin folder `dir`, which must exist.
+fn artifact_path(dir: &Path, manifest: &Manifest) -> Result<PathBuf, String> {
+    let artifact = dir.join(manifest.artifact_file_name());
+    if !artifact.is_file() {
+        return Err(format!(
+            "artifact {} is missing; build the plugin or reinstall its folder",
+            artifact.display()
+        ));
+    }
+    Ok(artifact)
+}
+
 fn load_and_probe(entry: &PluginEntry, config: &Config) -> EngineState {
     let manifest = &entry.manifest;
-    if manifest.kind == PluginKind::Wasm {
-        return EngineState::Broken(
-            "WebAssembly plugins are not supported by this host build yet; use a native build of the plugin".into(),
-        );
-    }
-    let plugin = match NativePlugin::load(&entry.dir.join(manifest.artifact_file_name())) {
+    let plugin = match load_plugin(&entry.dir, manifest) {
         Ok(plugin) => plugin,
-        Err(reason) => return EngineState::Broken(reason),
+        Err(failure) => return EngineState::Broken(failure.reason),
     };
-    let description = match plugin.describe() {
-        Ok(d) => d,
-        Err(reason) => return EngineState::Broken(reason),
-    };
-    if let Err(reason) = check_description(manifest, &description) {
-        return EngineState::Broken(reason);
-    }
     let settings = config.plugin_settings(&manifest.id);
     let configured = settings.get("program").and_then(|v| v.as_str());
     let input = ProbeInput {

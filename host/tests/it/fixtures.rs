@@ -28,6 +28,26 @@ pub fn examples_dir() -> &'static Path {
     })
 }
 
+/// The cargo target dir these tests were built into (`target/debug/deps/it-…`
+/// → `target`), for nested builds that should reuse its dependencies.
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.ancestors().nth(3).unwrap().to_path_buf()
+}
+
+/// What a nested cargo needs when HOME points elsewhere: the real cargo
+/// and rustup homes, and this build's target dir (so a plugin crate built
+/// in a test reuses the workspace's compiled dependencies).
+pub fn cargo_env() -> Vec<(&'static str, PathBuf)> {
+    let home = PathBuf::from(std::env::var_os("HOME").expect("HOME is set"));
+    let var = |name: &str, default: PathBuf| std::env::var_os(name).map_or(default, PathBuf::from);
+    vec![
+        ("CARGO_HOME", var("CARGO_HOME", home.join(".cargo"))),
+        ("RUSTUP_HOME", var("RUSTUP_HOME", home.join(".rustup"))),
+        ("CARGO_TARGET_DIR", target_dir()),
+    ]
+}
+
 /// The path of one built example library (`engine_alpha`, …).
 pub fn example_library(name: &str) -> PathBuf {
     examples_dir().join(format!(
@@ -89,6 +109,11 @@ impl Scenario {
     /// Runs `hangar ARGS` against this scenario; returns exit code and
     /// stdout with the scenario's paths replaced by `$ROOT`.
     pub fn hangar(&self, args: &[&str]) -> (i32, String) {
+        self.hangar_with(args, &[])
+    }
+
+    /// [`Scenario::hangar`] with extra environment variables.
+    pub fn hangar_with(&self, args: &[&str], env: &[(&str, PathBuf)]) -> (i32, String) {
         let config = self.root.path().join("config.toml");
         if !config.exists() {
             self.config("");
@@ -99,6 +124,7 @@ impl Scenario {
             .arg(self.plugins_dir())
             .arg("--config")
             .arg(&config)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .env("HANGAR_PLATFORM", &self.platform)
             .env("HOME", self.root.path())
             .env("XDG_DATA_HOME", self.root.path().join("data"))

@@ -1,0 +1,164 @@
+//! Plugin folders: a `plugin.toml` beside its artifact, taken as they are
+//! or assembled from a plugin crate's `cargo build`.
+//!
+//! A plugin author works in a crate folder (`Cargo.toml`, `plugin.toml`,
+//! `src/`), while the host reads plugin folders (`plugin.toml` and the
+//! built library, nothing else). `hangar plugin check`, `hangar plugin
+//! pack` and the test kit's `PluginTest::build` accept either: a crate is
+//! built with cargo, which names the library it wrote, and the library is
+//! copied beside a copy of the manifest in a scratch folder.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use hangar_plugin_api::manifest::MANIFEST_FILE;
+use hangar_plugin_api::Manifest;
+use tempfile::TempDir;
+
+/// A plugin folder, kept alive for as long as this value lives when it was
+/// assembled in a scratch folder.
+#[derive(Debug)]
+pub struct PluginFolder {
+    path: PathBuf,
+    _scratch: Option<TempDir>,
+}
+
+/// Which cargo profile builds a plugin crate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// `cargo build`: what a plugin's own `cargo test` uses.
+    Dev,
+    /// `cargo build --release`: what ships.
+    Release,
+}
+
+impl PluginFolder {
+    /// The folder holding `plugin.toml` and the artifact.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The plugin folder `dir`, as it is.
+    pub fn existing(dir: &Path) -> PluginFolder {
+        PluginFolder {
+            path: dir.to_path_buf(),
+            _scratch: None,
+        }
+    }
+
+    /// `dir` as a plugin folder: `dir` itself when it holds its artifact;
+    /// otherwise, when it is a crate (`Cargo.toml` beside `plugin.toml`),
+    /// the crate built with `profile` and assembled into a scratch folder.
+    pub fn open(dir: &Path, profile: Profile) -> Result<PluginFolder, String> {
+        if is_crate(dir) && !artifact_present(dir) {
+            return PluginFolder::build(dir, profile);
+        }
+        Ok(PluginFolder::existing(dir))
+    }
+
+    /// Builds the plugin crate in `crate_dir` with cargo and assembles its
+    /// plugin folder (the crate's `plugin.toml` and the library cargo
+    /// built) in a scratch folder.
+    pub fn build(crate_dir: &Path, profile: Profile) -> Result<PluginFolder, String> {
+        let manifest = Manifest::from_dir(crate_dir)
+            .map_err(|e| format!("{}: {e}", crate_dir.join(MANIFEST_FILE).display()))?;
+        let library = cargo_build(crate_dir, profile)?;
+        let wanted = manifest.artifact_file_name();
+        let built = library
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if built != wanted {
+            return Err(format!(
+                "plugin.toml names the artifact '{}' ({wanted} on this platform), but cargo built {built}; set artifact to the crate's library name",
+                manifest.artifact
+            ));
+        }
+        let scratch = tempfile::Builder::new()
+            .prefix("hangar-plugin-")
+            .tempdir()
+            .map_err(|e| format!("cannot create a scratch folder: {e}"))?;
+        let path = scratch.path().join(&manifest.id);
+        let copy = |from: &Path, name: &str| {
+            std::fs::copy(from, path.join(name))
+                .map(drop)
+                .map_err(|e| format!("cannot copy {}: {e}", from.display()))
+        };
+        std::fs::create_dir(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        copy(&crate_dir.join(MANIFEST_FILE), MANIFEST_FILE)?;
+        copy(&library, &wanted)?;
+        Ok(PluginFolder {
+            path,
+            _scratch: Some(scratch),
+        })
+    }
+}
+
+fn is_crate(dir: &Path) -> bool {
+    dir.join("Cargo.toml").is_file() && dir.join(MANIFEST_FILE).is_file()
+}
+
+fn artifact_present(dir: &Path) -> bool {
+    Manifest::from_dir(dir).is_ok_and(|m| dir.join(m.artifact_file_name()).is_file())
+}
+
+/// Runs `cargo build --lib` for the crate in `crate_dir` and returns the
+/// shared library it produced, as cargo reports it (so the target dir,
+/// `CARGO_TARGET_DIR` and the profile are cargo's business, not ours).
+fn cargo_build(crate_dir: &Path, profile: Profile) -> Result<PathBuf, String> {
+    let manifest_path = crate_dir.join("Cargo.toml");
+    let manifest_path = manifest_path
+        .canonicalize()
+        .map_err(|e| format!("cannot read {}: {e}", manifest_path.display()))?;
+    // Inside `cargo test`, CARGO names the cargo that runs the tests.
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .args([
+            "build",
+            "--quiet",
+            "--lib",
+            "--message-format=json-render-diagnostics",
+        ])
+        .arg("--manifest-path")
+        .arg(&manifest_path);
+    if profile == Profile::Release {
+        command.arg("--release");
+    }
+    let output = command
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run cargo (is it installed and on PATH?): {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "cargo build of {} failed (its errors are above)",
+            manifest_path.display()
+        ));
+    }
+    let suffix = std::env::consts::DLL_SUFFIX;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    stdout
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact")
+        // Cargo may name the crate by another spelling of the same path
+        // (a symlinked temp dir on macOS).
+        .filter(|m| {
+            m["manifest_path"]
+                .as_str()
+                .and_then(|p| Path::new(p).canonicalize().ok())
+                .as_ref()
+                == Some(&manifest_path)
+        })
+        .filter_map(|m| m["filenames"].as_array().cloned())
+        .flatten()
+        .filter_map(|f| f.as_str().map(PathBuf::from))
+        .find(|f| f.to_string_lossy().ends_with(suffix))
+        .ok_or_else(|| {
+            format!(
+                "cargo built no shared library for {}; a native plugin sets crate-type = [\"cdylib\"] under [lib]",
+                manifest_path.display()
+            )
+        })
+}

@@ -1,0 +1,70 @@
+//! `{{id}}`: a Hangar engine plugin for `{{id}}-server`, an engine that
+//! serves the OpenAI HTTP API for GGUF models.
+//!
+//! The host runs `{{id}}-server --version` (plugin.toml's `[probe]`) and
+//! hands the output to `probe()`. For each model it asks `plan_launch()`
+//! how to start the server, starts it, waits for `GET /health`, and
+//! proxies requests to it. The plugin itself never runs anything.
+
+use hangar_sdk::wire::{Description, LaunchPlan, LoadRequest, ProbeInput, ProbeReport, Readiness};
+use hangar_sdk::{export_plugin, Plugin};
+
+/// The engine program, declared under `programs` in plugin.toml.
+const PROGRAM: &str = "{{id}}-server";
+
+/// The plugin: pure functions from what the host sends to what it needs.
+pub struct Engine;
+
+impl Plugin for Engine {
+    fn describe() -> Description {
+        hangar_sdk::describe!("{{id}}", formats: ["gguf"], capabilities: ["prompt_cache"])
+    }
+
+    /// `{{id}}-server --version` prints `{{id}}-server 1.2.3`.
+    fn probe(input: ProbeInput) -> Result<ProbeReport, String> {
+        Ok(hangar_sdk::version_from_output(&input, |out| {
+            out.strip_prefix(PROGRAM)?.split_whitespace().next()
+        }))
+    }
+
+    fn plan_launch(request: LoadRequest) -> Result<LaunchPlan, String> {
+        let setting = |name: &str| request.settings.get(name).and_then(|v| v.as_u64());
+        let mut args = vec![
+            "--model".to_string(),
+            request.model_path.clone(),
+            "--host".into(),
+            request.host.clone(),
+            "--port".into(),
+            request.port.to_string(),
+        ];
+        if let Some(tokens) = setting("context_length") {
+            args.extend(["--ctx-size".into(), tokens.to_string()]);
+        }
+        // On only where the probed version has the capability.
+        if request.capabilities.iter().any(|c| c == "prompt_cache") {
+            if let Some(entries) = setting("prompt_cache_size") {
+                args.extend(["--prompt-cache".into(), entries.to_string()]);
+            }
+        }
+        Ok(LaunchPlan {
+            // The path the probe resolved, else the declared name.
+            program: request.engine.program.unwrap_or_else(|| PROGRAM.into()),
+            args,
+            env: Default::default(),
+            cwd: None,
+            readiness: Readiness {
+                health_path: "/health".into(),
+                ready_status: 200,
+                warmup: None,
+                failed_statuses: vec![],
+            },
+            start_timeout_ms: 120_000,
+            protocol: Default::default(),
+            upstream_model: None,
+            notes: vec![],
+            files: Default::default(),
+        })
+    }
+}
+
+export_plugin!(Engine);

@@ -1,0 +1,32 @@
+//! The plugin, built and loaded the way the Hangar host loads it.
+
+use hangar_sdk::wire::ProbeReport;
+use hangar_sdk_testkit::{assert_conformant, PluginTest};
+
+fn plugin() -> PluginTest {
+    PluginTest::build(env!("CARGO_MANIFEST_DIR")).expect("the plugin builds")
+}
+
+#[test]
+fn passes_the_conformance_suite() {
+    assert_conformant(&plugin());
+}
+
+#[test]
+fn the_prompt_cache_flag_needs_an_engine_that_has_it() {
+    let plugin = plugin();
+    let plan = |version: &str| {
+        let engine = ProbeReport {
+            available: true,
+            version: Some(version.into()),
+            ..ProbeReport::default()
+        };
+        let mut request = plugin.load_request(engine).unwrap();
+        request
+            .settings
+            .insert("prompt_cache_size".into(), 64.into());
+        plugin.plan_launch(&request).unwrap().args.join(" ")
+    };
+    assert!(!plan("1.0.0").contains("--prompt-cache"));
+    assert!(plan("1.1.0").contains("--prompt-cache 64"));
+}

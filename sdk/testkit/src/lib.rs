@@ -1,0 +1,48 @@
+//! Test a Hangar engine plugin the way the host loads it.
+//!
+//! Add the test kit under `[dev-dependencies]` and run the conformance
+//! suite from the plugin's own `cargo test`:
+//!
+//! ```no_run
+//! // tests/conformance.rs
+//! use hangar_sdk_testkit::{assert_conformant, PluginTest};
+//!
+//! #[test]
+//! fn passes_the_conformance_suite() {
+//!     let plugin = PluginTest::build(env!("CARGO_MANIFEST_DIR")).expect("the plugin builds");
+//!     assert_conformant(&plugin);
+//! }
+//! ```
+//!
+//! [`PluginTest::build`] runs `cargo build` for the crate and assembles a
+//! plugin folder from its `plugin.toml` and the library cargo built;
+//! [`PluginTest::new`] takes a folder that is already built. Either way the
+//! plugin is loaded by the host's own code: `plugin.toml` read and
+//! validated, the library's object header checked, the library loaded
+//! through `abi_stable`, and `describe()` compared with the manifest. A
+//! plugin that passes here loads in `hangar serve`.
+//!
+//! [`conformance`] runs every check and returns a [`Report`] (one named
+//! [`Check`] per row, each with a verdict in words); [`assert_conformant`]
+//! panics with the whole report when a check fails. The checks are listed
+//! in [`CHECKS`]; `hangar plugin check DIR` runs the same suite from the
+//! command line.
+//!
+//! Beyond the suite, [`PluginTest`] calls the plugin through the ABI as the
+//! host would ([`PluginTest::probe`], [`PluginTest::load_request`],
+//! [`PluginTest::plan_launch`], [`PluginTest::load_in_process`]), for a
+//! plugin's own tests of its plans.
+//!
+//! The test kit is a crate of its own rather than a feature of
+//! `hangar-sdk`: it links the host, which must reach the plugin's test
+//! binaries only, never the library the host loads.
+
+pub use hangar::conformance::{
+    assert_conformant, Check, Limits, Outcome, PluginTest, Report, CHECKS,
+};
+pub use hangar::plugin_folder::Profile;
+
+/// Runs every conformance check against `plugin` and returns the report.
+pub fn conformance(plugin: &PluginTest) -> Report {
+    hangar::conformance::run(plugin)
+}
