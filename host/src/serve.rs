@@ -45,6 +45,9 @@ pub fn run(
             .map(|d| d.join("hangar").join("state"))
             .unwrap_or_else(|| std::env::temp_dir().join("hangar-state")),
     };
+    // Absolute, since workers read their load requests from it while
+    // running in their sessions' folders.
+    let state_dir = std::path::absolute(&state_dir).unwrap_or(state_dir);
     let keeper: PathBuf =
         std::env::current_exe().context("cannot find the hangar binary to run engines under")?;
     let runtime = tokio::runtime::Runtime::new()?;
