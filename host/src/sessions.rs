@@ -807,9 +807,15 @@ fn plan(
     plan.notes.splice(0..0, notes);
     // The host runs only programs the manifest declares: the probe's
     // resolved program, or a declared name found the same way.
-    let program = if engine.report.program.as_deref() == Some(plan.program.as_str()) {
+    let probed = engine.report.program.as_deref();
+    if let Some(why) = crate::registry::undeclared_program(manifest, probed, &plan.program) {
+        return Err(plan_err(format!(
+            "the launch plan {why}; the host refuses to run it"
+        )));
+    }
+    let program = if probed == Some(plan.program.as_str()) {
         PathBuf::from(&plan.program)
-    } else if manifest.allowed_programs().any(|p| p == plan.program) {
+    } else {
         let configured = plugin_settings.get("program").and_then(|v| v.as_str());
         let configured = (manifest.probe.program.as_deref() == Some(plan.program.as_str()))
             .then_some(configured)
@@ -823,12 +829,6 @@ fn plan(
                 ))
             },
         )?
-    } else {
-        return Err(plan_err(format!(
-            "the launch plan names program '{}', which plugin.toml does not declare (declared: {}); the host refuses to run it",
-            plan.program,
-            manifest.allowed_programs().collect::<Vec<_>>().join(", ")
-        )));
     };
     Ok(planned(How::Launch {
         plan: Box::new(plan),

@@ -453,16 +453,13 @@ fn launch_plan(test: &PluginTest, manifest: &Manifest, request: &LoadRequest, re
 }
 
 /// What the host would refuse in `plan`, if anything. The program rule is
-/// the host's (see `sessions.rs`): the probe's resolved program, or a
+/// the host's ([`crate::registry::undeclared_program`]): the probe's resolved program, or a
 /// program `plugin.toml` declares.
 fn plan_problem(manifest: &Manifest, request: &LoadRequest, plan: &LaunchPlan) -> Option<String> {
-    let resolved = request.engine.program.as_deref() == Some(plan.program.as_str());
-    if !resolved && !manifest.allowed_programs().any(|p| p == plan.program) {
-        let declared: Vec<&str> = manifest.allowed_programs().collect();
+    let probed = request.engine.program.as_deref();
+    if let Some(why) = crate::registry::undeclared_program(manifest, probed, &plan.program) {
         return Some(format!(
-            "the plan names program '{}', which plugin.toml does not declare (declared: {}) and the probe did not resolve; the host would refuse to run it. Add it to `programs`, or plan the probe's program",
-            plan.program,
-            if declared.is_empty() { "none".into() } else { declared.join(", ") }
+            "the plan {why} and the probe did not resolve; the host would refuse to run it. Add it to `programs`, or plan the probe's program"
         ));
     }
     if !plan.readiness.health_path.starts_with('/') {

@@ -247,6 +247,29 @@ impl Registry {
     }
 }
 
+/// The host's one rule for launch plans: it runs the program the probe
+/// resolved, or a program `plugin.toml` declares, and nothing else. Returns
+/// the refusal (`names program 'x', which plugin.toml does not declare
+/// (declared: …)`) for anything else.
+pub fn undeclared_program(
+    manifest: &Manifest,
+    probed: Option<&str>,
+    program: &str,
+) -> Option<String> {
+    if probed == Some(program) || manifest.allowed_programs().any(|p| p == program) {
+        return None;
+    }
+    let declared: Vec<&str> = manifest.allowed_programs().collect();
+    Some(format!(
+        "names program '{program}', which plugin.toml does not declare (declared: {})",
+        if declared.is_empty() {
+            "none".to_string()
+        } else {
+            declared.join(", ")
+        }
+    ))
+}
+
 fn read_plugin(folder: &Path, platform: &Platform) -> Result<PluginEntry, String> {
     if !folder.join(MANIFEST_FILE).exists() {
         return Err(format!(
