@@ -1,11 +1,12 @@
 //! The key/value cache of one attention layer, grown in steps like mlx-lm's `KVCache`.
 
 use mlx_rs::ops::concatenate;
-use mlx_rs::ops::indexing::{Ellipsis, TryIndexMutOp, TryIndexOp};
+use mlx_rs::ops::indexing::Ellipsis;
 use mlx_rs::ops::zeros_dtype;
 use mlx_rs::Array;
 
 use crate::error::Result;
+use crate::indexing::IndexOnStream;
 
 /// Positions are allocated this many at a time: growing by one position per
 /// token would copy the whole cache every step, and allocating the maximum
@@ -48,8 +49,8 @@ impl KvCache {
                     // After a trim the tail past `prev` is stale: drop it so
                     // the new block starts right after the valid positions.
                     if prev % STEP != 0 {
-                        k = k.try_index((Ellipsis, ..prev, ..))?;
-                        v = v.try_index((Ellipsis, ..prev, ..))?;
+                        k = k.at((Ellipsis, ..prev, ..))?;
+                        v = v.at((Ellipsis, ..prev, ..))?;
                     }
                     (concatenate(&[k, grow_k], 2)?, concatenate(&[v, grow_v], 2)?)
                 }
@@ -62,12 +63,12 @@ impl KvCache {
         let (Some(k), Some(v)) = (self.keys.as_mut(), self.values.as_mut()) else {
             unreachable!("allocated above");
         };
-        k.try_index_mut((Ellipsis, prev..self.offset, ..), keys)?;
-        v.try_index_mut((Ellipsis, prev..self.offset, ..), values)?;
+        k.set_at((Ellipsis, prev..self.offset, ..), keys)?;
+        v.set_at((Ellipsis, prev..self.offset, ..), values)?;
         if self.offset < k.dim(2) {
             Ok((
-                k.try_index((Ellipsis, ..self.offset, ..))?,
-                v.try_index((Ellipsis, ..self.offset, ..))?,
+                k.at((Ellipsis, ..self.offset, ..))?,
+                v.at((Ellipsis, ..self.offset, ..))?,
             ))
         } else {
             Ok((k.clone(), v.clone()))

@@ -32,6 +32,7 @@ mod chat;
 mod config;
 mod error;
 mod ffi;
+mod indexing;
 mod model;
 mod plugin;
 mod probe;

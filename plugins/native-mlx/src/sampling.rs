@@ -5,12 +5,13 @@
 //! takes a fresh key split from a seeded key, as `mx.random.seed` does, so a
 //! seed gives the same tokens on every run (and the same as mlx-lm's).
 
-use mlx_rs::ops::indexing::{argmax_axis, take_along_axis, TryIndexOp};
+use mlx_rs::ops::indexing::{argmax_axis, take_along_axis};
 use mlx_rs::ops::{argpartition_axis, cumsum, select, sort_axis};
 use mlx_rs::random::{categorical, key, split};
 use mlx_rs::{Array, Dtype};
 
 use crate::error::{Error, Result};
+use crate::indexing::IndexOnStream;
 
 /// How to choose each next token.
 #[derive(Debug, Clone, PartialEq)]
@@ -130,7 +131,7 @@ fn neg_inf(like: &Array) -> Array {
 /// Masks every token outside the `k` most likely with `-inf`.
 pub(crate) fn apply_top_k(logprobs: &Array, k: i32) -> Result<Array> {
     let order = argpartition_axis(&logprobs.negative()?, k - 1, -1)?;
-    let dropped = order.try_index((.., k..))?;
+    let dropped = order.at((.., k..))?;
     Ok(logprobs.put_along_axis(&dropped, neg_inf(logprobs), -1)?)
 }
 
@@ -139,9 +140,7 @@ pub(crate) fn apply_top_p(logprobs: &Array, top_p: f32) -> Result<Array> {
     let sorted = sort_axis(logprobs, -1)?;
     let probs = sorted.as_dtype(Dtype::Float32)?.exp()?;
     let mass_above = cumsum(&probs, -1, true, false)?;
-    let total = mass_above
-        .try_index((.., ..1))?
-        .add(probs.try_index((.., ..1))?)?;
+    let total = mass_above.at((.., ..1))?.add(probs.at((.., ..1))?)?;
     let dropped = mass_above
         .ge(total.multiply(Array::from_f32(top_p))?)?
         .sum_axis(-1, true)?;

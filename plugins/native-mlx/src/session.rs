@@ -4,7 +4,6 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::{with_stream, Array};
 
@@ -13,6 +12,7 @@ use crate::chat::{ChatMessage, ChatOptions, ChatTemplate};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::ffi::SendStream;
+use crate::indexing::IndexOnStream;
 use crate::model::{LoadOptions, Model};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -106,8 +106,11 @@ pub struct Timings {
     pub time_to_first_token: Duration,
     /// From the first generated token to the end.
     pub decode: Duration,
-    /// Of the decoding steps: building and submitting their graphs.
+    /// Of the decoding steps: building their graphs (the model's ops).
     pub graph_build: Duration,
+    /// Of the decoding steps: submitting them (`async_eval`, which encodes
+    /// the graph for the device, and waits when MLX has too much in flight).
+    pub submit: Duration,
     /// Of the decoding steps: waiting for MLX to deliver each token.
     pub eval_wait: Duration,
     /// Detokenizing, stop-string matching and the callback.
@@ -273,13 +276,14 @@ impl Session {
         let mut first_token_at = None;
         let mut timings = Timings::default();
         let finish_reason = loop {
-            let built = Instant::now();
-            let next = if token_ids.len() + 1 < request.max_tokens {
+            let building = Instant::now();
+            let (next, submitting) = if token_ids.len() + 1 < request.max_tokens {
                 let next = self.step(&y.reshape(&[1, 1])?, &mut sampler)?;
+                let submitting = Instant::now();
                 async_eval([&next])?;
-                Some(next)
+                (Some(next), submitting)
             } else {
-                None
+                (None, Instant::now())
             };
             let waited = Instant::now();
             let id = y
@@ -289,7 +293,8 @@ impl Session {
             if first_token_at.is_none() {
                 first_token_at = Some(decoded);
             } else {
-                timings.graph_build += waited - built;
+                timings.graph_build += submitting - building;
+                timings.submit += waited - submitting;
                 timings.eval_wait += decoded - waited;
             }
             if next.is_some() {
@@ -353,7 +358,7 @@ impl Session {
     /// token as a lazy `(1,)` array.
     fn step(&mut self, ids: &Array, sampler: &mut Sampler) -> Result<Array> {
         let logits = self.model.logits(ids, &mut self.cache)?;
-        let logits = logits.try_index((.., -1, ..))?;
+        let logits = logits.at((.., -1, ..))?;
         // Log-probabilities as mlx-lm computes them (a log-sum-exp over the
         // whole (1, vocab) array), so that sampling sees identical numbers.
         let logprobs = logits.subtract(logits.logsumexp(true)?)?;

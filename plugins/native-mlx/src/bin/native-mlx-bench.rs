@@ -54,9 +54,9 @@ struct Measurement {
     decode_tps: f64,
     ttft_ms: f64,
     load_s: f64,
-    /// Per decoding step, in microseconds: graph building, waiting for
-    /// MLX, detokenizing.
-    step_us: [f64; 3],
+    /// Per decoding step, in microseconds: graph building, submitting,
+    /// waiting for MLX, detokenizing.
+    step_us: [f64; 4],
 }
 
 /// The same prompt ids scripts/native-mlx-bench's mlx-lm half uses.
@@ -79,7 +79,7 @@ fn measure(args: &Args, dir: &Path) -> Result<Measurement> {
         )
     };
     let (mut prompt_tps, mut decode_tps, mut ttft) = (0.0, 0.0, 0.0);
-    let mut step_us = [0.0; 3];
+    let mut step_us = [0.0; 4];
     for run in 0..=args.runs {
         session.clear_cache();
         let done = session.generate(&request, |_| ControlFlow::Continue(()))?;
@@ -92,9 +92,10 @@ fn measure(args: &Args, dir: &Path) -> Result<Measurement> {
         ttft += first * 1e3;
         let t = &done.timings;
         let steps = done.usage.completion_tokens.saturating_sub(1).max(1) as f64;
-        for (sum, part) in step_us
-            .iter_mut()
-            .zip([t.graph_build, t.eval_wait, t.detokenize])
+        for (sum, part) in
+            step_us
+                .iter_mut()
+                .zip([t.graph_build, t.submit, t.eval_wait, t.detokenize])
         {
             *sum += part.as_secs_f64() * 1e6 / steps;
         }
@@ -147,7 +148,7 @@ fn main() -> Result<()> {
                     "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
                     "prompt_tps": m.prompt_tps, "decode_tps": m.decode_tps,
                     "ttft_ms": m.ttft_ms, "peak_rss_mib": rss, "load_s": m.load_s,
-                    "step_us": {"graph_build": m.step_us[0], "eval_wait": m.step_us[1], "detokenize": m.step_us[2]},
+                    "step_us": {"graph_build": m.step_us[0], "submit": m.step_us[1], "eval_wait": m.step_us[2], "detokenize": m.step_us[3]},
                 })
             );
         } else {
@@ -161,9 +162,10 @@ fn main() -> Result<()> {
                 m.load_s
             );
             if args.breakdown {
-                let [build, wait, detok] = m.step_us;
+                let [build, submit, wait, detok] = m.step_us;
                 println!(
-                    "    per step: graph build {build:.0} us, waiting for MLX {wait:.0} us, detokenize {detok:.0} us"
+                    "    per step: graph build {build:.0} us, submit {submit:.0} us, \
+                     waiting for MLX {wait:.0} us, detokenize {detok:.0} us"
                 );
             }
         }

@@ -9,7 +9,6 @@
 //! is still the same dot product in the same order, so results stay
 //! bit-identical to mlx-lm's.
 
-use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::ops::{addmm, concatenate, dequantize, matmul, quantized_matmul};
 use mlx_rs::transforms::eval;
 use mlx_rs::{with_stream, Array};
@@ -17,6 +16,7 @@ use mlx_rs::{with_stream, Array};
 use crate::config::{QuantParams, Quantization};
 use crate::error::{Error, Result};
 use crate::ffi::SendStream;
+use crate::indexing::IndexOnStream;
 use crate::model::weights::Weights;
 
 /// Where independent parts of one product run: the default stream and a
@@ -184,11 +184,7 @@ impl Sharded {
             let (start, end) = Parallel::bounds(rows, blocks, i);
             let whole = blocks == 1;
             let rows_of = |a: &Array| -> Result<Array> {
-                Ok(if whole {
-                    a.clone()
-                } else {
-                    a.try_index(start..end)?
-                })
+                Ok(if whole { a.clone() } else { a.at(start..end)? })
             };
             let matrix = match quantized {
                 None => {
@@ -232,7 +228,7 @@ impl Sharded {
             let blocks = (0..parts)
                 .map(|i| {
                     let (start, end) = Parallel::bounds(tokens, parts, i);
-                    let rows = x.try_index((.., start..end))?;
+                    let rows = x.at((.., start..end))?;
                     self.parallel.on(i, || self.row_blocks(&rows, false))
                 })
                 .collect::<Result<Vec<_>>>()?;

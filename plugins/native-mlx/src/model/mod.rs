@@ -12,7 +12,6 @@ use std::path::Path;
 
 use mlx_rs::fast::{rms_norm, rope, scaled_dot_product_attention, ScaledDotProductAttentionMask};
 use mlx_rs::nn::silu;
-use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::ops::{arange, concatenate, select};
 use mlx_rs::transforms::eval;
 use mlx_rs::{Array, Device, DeviceType};
@@ -20,6 +19,7 @@ use mlx_rs::{Array, Device, DeviceType};
 use crate::cache::KvCache;
 use crate::config::{Family, ModelConfig, RopeScaling};
 use crate::error::Result;
+use crate::indexing::IndexOnStream;
 use layers::{Embedding, Layout, Linear, Parallel};
 use weights::Weights;
 
@@ -219,9 +219,9 @@ impl Attention {
         let outs = (0..parts)
             .map(|i| {
                 let (start, end) = Parallel::bounds(self.num_kv_heads, parts, i);
-                let q = queries.try_index((.., start * group..end * group))?;
-                let k = keys.try_index((.., start..end))?;
-                let v = values.try_index((.., start..end))?;
+                let q = queries.at((.., start * group..end * group))?;
+                let k = keys.at((.., start..end))?;
+                let v = values.at((.., start..end))?;
                 self.parallel.on(i, || sdpa(&q, &k, &v))
             })
             .collect::<Result<Vec<_>>>()?;

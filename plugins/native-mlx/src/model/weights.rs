@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use mlx_rs::{with_stream, Array, Dtype, Stream};
+use mlx_rs::{Array, Dtype};
 
 use crate::error::{Error, Result};
 
@@ -39,10 +39,12 @@ impl Weights {
         files.sort();
         let mut tensors = HashMap::new();
         for file in &files {
-            // MLX reads files on a CPU stream whatever the device; this
-            // thread's own is fine, as loading evaluates every tensor
-            // before it returns.
-            let loaded = with_stream(&Stream::cpu(), || Array::load_safetensors(file))
+            // Lazy: each tensor is read when the model evaluates it, on the
+            // caller's stream. On a GPU that reads straight into device
+            // memory, as mlx-lm's `mx.load` does; read on a CPU stream they
+            // would land in CUDA managed memory filled by the host, which
+            // adds the whole model to the process's resident memory.
+            let loaded = Array::load_safetensors(file)
                 .map_err(|e| error(format!("cannot load {}: {e}", file.display())))?;
             tensors.extend(loaded);
         }
