@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use hangar_native_mlx::{probe, GenerateRequest, Prompt, Session};
+use hangar_native_mlx::{probe, GenerateRequest, LoadOptions, Prompt, Session};
 
 /// mimalloc replaces malloc for the whole process, MLX included (feature
 /// `override`): with glibc's malloc, the graph-building thread and MLX's
@@ -46,6 +46,10 @@ struct Args {
     /// Also print where each decoding step's time goes.
     #[arg(long)]
     breakdown: bool,
+    /// Keep the query/key/value and gate/up projections separate (they are
+    /// fused by default on a GPU; see `LoadOptions::fuse_projections`).
+    #[arg(long)]
+    unfused: bool,
 }
 
 /// Averages over the timed runs.
@@ -68,7 +72,12 @@ fn prompt(len: usize, vocab: u32) -> Vec<u32> {
 
 fn measure(args: &Args, dir: &Path) -> Result<Measurement> {
     let started = Instant::now();
-    let mut session = Session::load(dir).with_context(|| format!("loading {}", dir.display()))?;
+    let options = LoadOptions {
+        fuse_projections: args.unfused.then_some(false),
+        ..LoadOptions::default()
+    };
+    let mut session =
+        Session::load_with(dir, &options).with_context(|| format!("loading {}", dir.display()))?;
     let load_s = started.elapsed().as_secs_f64();
     let vocab = session.model().config().vocab_size as u32;
     let request = GenerateRequest {
@@ -144,7 +153,7 @@ fn main() -> Result<()> {
             println!(
                 "{}",
                 serde_json::json!({
-                    "engine": "native-mlx", "model": dir, "device": mlx.device.to_string(),
+                    "engine": if args.unfused { "native-mlx-unfused" } else { "native-mlx" }, "model": dir, "device": mlx.device.to_string(),
                     "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
                     "prompt_tps": m.prompt_tps, "decode_tps": m.decode_tps,
                     "ttft_ms": m.ttft_ms, "peak_rss_mib": rss, "load_s": m.load_s,

@@ -332,6 +332,112 @@ impl Linear {
     }
 }
 
+/// Linear layers that read the same input (queries, keys and values; gate
+/// and up projections), as separate products or fused into one.
+///
+/// Fused, their weights are stacked by output rows into one matrix, and one
+/// product replaces several: on a GPU a decoding step is bound by the number
+/// of kernels (and their encoding on the host), not by the bytes of the
+/// weights. Every output is still its own row's dot product with the input,
+/// but the product of a taller matrix may be computed by other kernels,
+/// which may round differently from mlx-lm's separate layers.
+pub(crate) enum Projections {
+    /// One layer per output.
+    Separate(Vec<Linear>),
+    /// One layer whose output columns are the outputs, split at `ends`.
+    Fused { linear: Linear, ends: Vec<i32> },
+}
+
+impl Projections {
+    /// Takes the layers at `prefixes`, fused when `fuse` is set and they are
+    /// alike (all dense, or all quantized with the same parameters).
+    pub(crate) fn take(
+        weights: &mut Weights,
+        prefixes: &[String],
+        bias: bool,
+        quantization: Option<&Quantization>,
+        layout: &Layout,
+        fuse: bool,
+    ) -> Result<Self> {
+        let params = prefixes
+            .iter()
+            .map(|p| quantization_of(weights, p, quantization))
+            .collect::<Result<Vec<_>>>()?;
+        if !fuse || params.windows(2).any(|w| w[0] != w[1]) {
+            return Ok(Self::Separate(
+                prefixes
+                    .iter()
+                    .map(|p| Linear::take(weights, p, bias, quantization, layout))
+                    .collect::<Result<_>>()?,
+            ));
+        }
+        let mut parts = |suffix: &str| -> Result<Vec<Array>> {
+            prefixes
+                .iter()
+                .map(|p| weights.take(&format!("{p}.{suffix}")))
+                .collect()
+        };
+        let weight_parts = parts("weight")?;
+        // The split points: where each layer's output columns end (but the last).
+        let ends = weight_parts
+            .iter()
+            .scan(0, |end, w| {
+                *end += w.dim(0);
+                Some(*end)
+            })
+            .take(prefixes.len() - 1)
+            .collect();
+        let weight = concatenate(&weight_parts, 0)?;
+        let bias = if bias {
+            Some(concatenate(&parts("bias")?, 0)?)
+        } else {
+            None
+        };
+        let sharded = match params[0] {
+            None => Sharded::new(&weight, None, bias.as_ref(), layout, layout.pretranspose)?,
+            Some(params) => {
+                let scales = concatenate(&parts("scales")?, 0)?;
+                let biases = concatenate(&parts("biases")?, 0)?;
+                Sharded::new(
+                    &weight,
+                    Some((&scales, &biases, params)),
+                    bias.as_ref(),
+                    layout,
+                    false,
+                )?
+            }
+        };
+        Ok(Self::Fused {
+            linear: Linear(sharded),
+            ends,
+        })
+    }
+
+    /// Applies every layer to `x`; one output per layer, in order.
+    pub(crate) fn forward(&self, x: &Array) -> Result<Vec<Array>> {
+        match self {
+            Self::Separate(layers) => layers.iter().map(|l| l.forward(x)).collect(),
+            Self::Fused { linear, ends } => Ok(linear.forward(x)?.split_at_indices(ends, -1)?),
+        }
+    }
+
+    /// The one layer of fused projections, whose output holds every
+    /// layer's output side by side; `None` when they are separate.
+    pub(crate) fn joined(&self) -> Option<&Linear> {
+        match self {
+            Self::Separate(_) => None,
+            Self::Fused { linear, .. } => Some(linear),
+        }
+    }
+
+    pub(crate) fn arrays(&self) -> Vec<&Array> {
+        match self {
+            Self::Separate(layers) => layers.iter().flat_map(Linear::arrays).collect(),
+            Self::Fused { linear, .. } => linear.arrays(),
+        }
+    }
+}
+
 /// The token embedding table; with tied weights also the output projection.
 pub(crate) struct Embedding {
     /// The table `(vocab, hidden)`, dense or packed.

@@ -8,19 +8,22 @@
 mod layers;
 mod weights;
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::path::Path;
 
 use mlx_rs::fast::{rms_norm, rope, scaled_dot_product_attention, ScaledDotProductAttentionMask};
-use mlx_rs::nn::silu;
+use mlx_rs::nn::sigmoid;
 use mlx_rs::ops::{arange, concatenate, select};
+use mlx_rs::transforms::compile::compile;
 use mlx_rs::transforms::eval;
-use mlx_rs::{Array, Device, DeviceType};
+use mlx_rs::{Array, Device, DeviceType, Stream};
 
 use crate::cache::KvCache;
 use crate::config::{Family, ModelConfig, RopeScaling};
 use crate::error::Result;
 use crate::indexing::IndexOnStream;
-use layers::{Embedding, Layout, Linear, Parallel};
+use layers::{Embedding, Layout, Linear, Parallel, Projections};
 use weights::Weights;
 
 /// How a model is placed on its device.
@@ -34,6 +37,12 @@ pub struct LoadOptions {
     /// linear layer), that is split. Default 2^18: below it the extra ops
     /// cost more than the other cores gain.
     pub split_min_work: usize,
+    /// Compute the query, key and value projections as one product, and the
+    /// gate and up projections as another (see `Projections`): fewer,
+    /// larger kernels. `None` (default): on a GPU, where a decoding step is
+    /// bound by the number of kernels, but not on the CPU, where the layers
+    /// stay exactly mlx-lm's.
+    pub fuse_projections: Option<bool>,
 }
 
 impl Default for LoadOptions {
@@ -41,6 +50,7 @@ impl Default for LoadOptions {
         Self {
             cpu_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             split_min_work: 1 << 18,
+            fuse_projections: None,
         }
     }
 }
@@ -146,9 +156,8 @@ fn llama3_freqs(
 }
 
 struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    /// Queries, keys and values.
+    qkv: Projections,
     o_proj: Linear,
     /// Qwen3's per-head RMS norms of queries and keys.
     qk_norms: Option<(Array, Array)>,
@@ -172,17 +181,40 @@ impl Attention {
             };
             Ok(y.transpose_axes(&[0, 2, 1, 3])?)
         };
-        let (q_norm, k_norm) = match &self.qk_norms {
-            Some((q, k)) => (Some(q), Some(k)),
-            None => (None, None),
-        };
-        let queries = heads(self.q_proj.forward(x)?, self.num_heads, q_norm)?;
-        let keys = heads(self.k_proj.forward(x)?, self.num_kv_heads, k_norm)?;
-        let values = heads(self.v_proj.forward(x)?, self.num_kv_heads, None)?;
-
         let offset = cache.offset();
-        let queries = rope.apply(&queries, offset)?;
-        let keys = rope.apply(&keys, offset)?;
+        let (queries, keys, values) = match (self.qkv.joined(), &self.qk_norms) {
+            // Fused and without per-head norms: the heads of queries, keys
+            // and values lie side by side in one output, so one reshape and
+            // one transpose serve all three, and one RoPE the queries and
+            // keys together (it acts on each head alike): fewer ops to encode
+            // per layer, the same numbers.
+            (Some(qkv), None) => {
+                let (q_heads, kv_heads) = (self.num_heads, self.num_kv_heads);
+                let all = heads(qkv.forward(x)?, q_heads + 2 * kv_heads, None)?;
+                let roped = rope.apply(&all.at((.., ..q_heads + kv_heads))?, offset)?;
+                (
+                    roped.at((.., ..q_heads))?,
+                    roped.at((.., q_heads..))?,
+                    all.at((.., q_heads + kv_heads..))?,
+                )
+            }
+            _ => {
+                let (q_norm, k_norm) = match &self.qk_norms {
+                    Some((q, k)) => (Some(q), Some(k)),
+                    None => (None, None),
+                };
+                let [q, k, v]: [Array; 3] =
+                    self.qkv.forward(x)?.try_into().expect("three projections");
+                let queries = heads(q, self.num_heads, q_norm)?;
+                let keys = heads(k, self.num_kv_heads, k_norm)?;
+                let values = heads(v, self.num_kv_heads, None)?;
+                (
+                    rope.apply(&queries, offset)?,
+                    rope.apply(&keys, offset)?,
+                    values,
+                )
+            }
+        };
         let (keys, values) = cache.update_and_fetch(&keys, &values)?;
 
         let out = self.attend(&queries, &keys, &values)?;
@@ -230,17 +262,44 @@ impl Attention {
 }
 
 struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
+    /// The gate and up projections.
+    gate_up: Projections,
     down_proj: Linear,
 }
 
 impl Mlp {
     fn forward(&self, x: &Array) -> Result<Array> {
-        let gate = silu(self.gate_proj.forward(x)?)?;
-        self.down_proj
-            .forward(&gate.multiply(self.up_proj.forward(x)?)?)
+        let [gate, up]: [Array; 2] = self
+            .gate_up
+            .forward(x)?
+            .try_into()
+            .expect("two projections");
+        self.down_proj.forward(&swiglu(&gate, &up)?)
     }
+}
+
+/// A compiled function of two arrays, as `mlx_rs::transforms::compile` makes it.
+type Compiled2 = Box<dyn for<'a> FnMut((&'a Array, &'a Array)) -> mlx_rs::error::Result<Array>>;
+
+thread_local! {
+    /// `swiglu`, compiled once per stream of this thread. mlx-rs's own
+    /// `silu` compiles afresh on every call (a new function id, dropped after
+    /// the call), which traces and fuses the graph again for every layer of
+    /// every step; and MLX replays a compiled graph on the stream it was
+    /// traced on, hence one per stream.
+    static SWIGLU: RefCell<HashMap<i32, Compiled2>> = RefCell::new(HashMap::new());
+}
+
+/// mlx-lm's `swiglu`: `silu(gate) * x`, compiled (shapeless) into one kernel.
+fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
+    let stream = Stream::thread_local_or_default().get_index()?;
+    SWIGLU.with_borrow_mut(|compiled| {
+        let f = compiled.entry(stream).or_insert_with(|| {
+            let f = |(gate, x): (&Array, &Array)| gate.multiply(sigmoid(gate)?)?.multiply(x);
+            Box::new(compile(f, true))
+        });
+        Ok(f((gate, x))?)
+    })
 }
 
 struct Block {
@@ -293,6 +352,7 @@ impl Model {
                 parallel: Parallel::none(),
             }
         };
+        let fuse = options.fuse_projections.unwrap_or(!on_cpu);
         let mut w = Weights::load(dir)?;
         let q = config.quantization.as_ref();
         let l = &layout;
@@ -317,9 +377,14 @@ impl Model {
                 None
             };
             let attention = Attention {
-                q_proj: Linear::take(&mut w, &attn("q_proj"), config.qkv_bias, q, l)?,
-                k_proj: Linear::take(&mut w, &attn("k_proj"), config.qkv_bias, q, l)?,
-                v_proj: Linear::take(&mut w, &attn("v_proj"), config.qkv_bias, q, l)?,
+                qkv: Projections::take(
+                    &mut w,
+                    &[attn("q_proj"), attn("k_proj"), attn("v_proj")],
+                    config.qkv_bias,
+                    q,
+                    l,
+                    fuse,
+                )?,
                 o_proj: Linear::take(&mut w, &attn("o_proj"), config.o_bias, q, l)?,
                 qk_norms,
                 num_heads: config.num_heads,
@@ -329,8 +394,14 @@ impl Model {
                 parallel: layout.parallel.clone(),
             };
             let mlp = Mlp {
-                gate_proj: Linear::take(&mut w, &mlp("gate_proj"), config.mlp_bias, q, l)?,
-                up_proj: Linear::take(&mut w, &mlp("up_proj"), config.mlp_bias, q, l)?,
+                gate_up: Projections::take(
+                    &mut w,
+                    &[mlp("gate_proj"), mlp("up_proj")],
+                    config.mlp_bias,
+                    q,
+                    l,
+                    fuse,
+                )?,
                 down_proj: Linear::take(&mut w, &mlp("down_proj"), config.mlp_bias, q, l)?,
             };
             blocks.push(Block {
@@ -403,19 +474,13 @@ impl Model {
         let mut all = self.embed.arrays();
         for block in &self.blocks {
             let a = &block.attention;
-            for linear in [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj] {
-                all.extend(linear.arrays());
-            }
+            all.extend(a.qkv.arrays());
+            all.extend(a.o_proj.arrays());
             if let Some((q, k)) = &a.qk_norms {
                 all.extend([q, k]);
             }
-            for linear in [
-                &block.mlp.gate_proj,
-                &block.mlp.up_proj,
-                &block.mlp.down_proj,
-            ] {
-                all.extend(linear.arrays());
-            }
+            all.extend(block.mlp.gate_up.arrays());
+            all.extend(block.mlp.down_proj.arrays());
             all.extend([&block.input_norm, &block.post_attention_norm]);
         }
         all.push(&self.norm);

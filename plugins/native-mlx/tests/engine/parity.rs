@@ -10,14 +10,24 @@ use serde_json::{json, Map, Value};
 
 use crate::fixtures::{fixtures, CASES, CHATS, MAX_TOKENS, PROMPT};
 
-/// The default placement, and every matrix split over three CPU streams
-/// (uneven row blocks), which must not change a single bit.
-fn placements() -> [(&'static str, LoadOptions); 2] {
+/// The default placement; every matrix split over three CPU streams (uneven
+/// row blocks); and the projections fused (the GPU's default). None may
+/// change a single bit.
+fn placements() -> [(&'static str, LoadOptions); 3] {
     let split = LoadOptions {
         cpu_threads: 3,
         split_min_work: 0,
+        ..LoadOptions::default()
     };
-    [("default", LoadOptions::default()), ("split", split)]
+    let fused = LoadOptions {
+        fuse_projections: Some(true),
+        ..LoadOptions::default()
+    };
+    [
+        ("default", LoadOptions::default()),
+        ("split", split),
+        ("fused", fused),
+    ]
 }
 
 #[test]

@@ -184,6 +184,7 @@ fn a_session_can_move_to_a_worker_thread() {
     let options = LoadOptions {
         cpu_threads: 2,
         split_min_work: 0,
+        ..LoadOptions::default()
     };
     let mut session = Session::load_with(&fixtures().model("llama"), &options).unwrap();
     let here = generate(&mut session, &tokens(&PROMPT, 8)).token_ids;
