@@ -150,6 +150,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         _ => {}
     }
     let config = Config::load(cli.global.config.as_deref())?;
+    crate::loader::wasm::configure(&config.wasm);
     if let Command::Plugin { command } = cli.command {
         return crate::plugin_cmd::run(command, &cli.global.plugins_dirs, &config, cli.global.json);
     }

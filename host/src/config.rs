@@ -7,6 +7,11 @@
 //!
 //! [plugins.mlx-lm]                         # settings handed to one plugin
 //! program = "/opt/venv/bin/python3"        # where its probe program lives
+//!
+//! [wasm]                                   # WebAssembly plugins
+//! call_timeout_ms = 2000                   # each call's deadline
+//! memory_mib = 64                          # each instance's memory cap
+//! cache_dir = "~/.cache/hangar/wasm"       # compiled plugins
 //! ```
 //!
 //! Settings (generation defaults, default engines, engine and model
@@ -37,6 +42,10 @@ pub struct Config {
     /// Plugin id → that plugin's settings.
     #[serde(default)]
     pub plugins: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
+    /// The WebAssembly runtime: limits of each call into a plugin, and where
+    /// compiled plugins are cached.
+    #[serde(default)]
+    pub wasm: crate::loader::wasm::WasmConfig,
 }
 
 /// Why the configuration could not be read.

@@ -24,6 +24,7 @@
 //! `#[serde(default)]` (old plugins never send them, old hosts ignore them).
 #![deny(missing_docs)]
 
+#[cfg(not(target_family = "wasm"))]
 pub mod abi;
 pub mod capability;
 pub mod manifest;

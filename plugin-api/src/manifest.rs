@@ -77,7 +77,8 @@ pub struct Manifest {
     /// The artifact file, relative to the plugin folder. For native plugins a
     /// name without a `.` is a library base name and gets this platform's
     /// prefix and suffix (`foo` → `libfoo.so` on Linux, `libfoo.dylib` on
-    /// macOS, `foo.dll` on Windows), so one manifest serves every platform.
+    /// macOS, `foo.dll` on Windows), so one manifest serves every platform;
+    /// for WebAssembly plugins it gets `.wasm` (`foo` → `foo.wasm`).
     pub artifact: String,
     /// One line on what the plugin serves.
     #[serde(default)]
@@ -222,15 +223,17 @@ impl Manifest {
 
     /// The artifact's file name on this platform (see [`Manifest::artifact`]).
     pub fn artifact_file_name(&self) -> String {
-        if self.kind == PluginKind::Native && !self.artifact.contains('.') {
-            format!(
+        if self.artifact.contains('.') {
+            return self.artifact.clone();
+        }
+        match self.kind {
+            PluginKind::Native => format!(
                 "{}{}{}",
                 std::env::consts::DLL_PREFIX,
                 self.artifact,
                 std::env::consts::DLL_SUFFIX
-            )
-        } else {
-            self.artifact.clone()
+            ),
+            PluginKind::Wasm => format!("{}.wasm", self.artifact),
         }
     }
 
@@ -313,6 +316,12 @@ impl Manifest {
             return invalid(
                 "capabilities",
                 format!("'{bad}' is not a capability id (lowercase snake_case)"),
+            );
+        }
+        if self.in_process && self.kind == PluginKind::Wasm {
+            return invalid(
+                "in_process",
+                "a WebAssembly plugin plans engine processes; it cannot run inference in process (use kind = \"native\")".into(),
             );
         }
         self.validate_settings()?;

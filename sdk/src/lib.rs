@@ -28,16 +28,18 @@
 //! attribute names it by its crate name) and set
 //! `crate-type = ["cdylib"]`.
 
+// The wasm bindings name this crate by its package name.
+extern crate self as hangar_sdk;
+
+#[cfg(not(target_family = "wasm"))]
 pub use abi_stable;
 pub use hangar_plugin_api as api;
 pub use hangar_plugin_api::wire;
+pub use serde_json;
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
-use abi_stable::std_types::{RResult, RStr, RString};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 use std::ops::ControlFlow;
+
+use serde_json::Value;
 
 use wire::{
     Description, GenerateOutcome, GenerateRequest, LaunchPlan, LoadRequest, ProbeInput,
@@ -70,6 +72,23 @@ pub trait Plugin {
         let _ = request;
         Err("this plugin runs no in-process engine".into())
     }
+
+    /// Rewrites a client's request body before the host forwards it to the
+    /// engine at `route` (`/v1/chat/completions`, …); `None` forwards it
+    /// unchanged. Called for WebAssembly plugins (the native ABI 1.0 has no
+    /// such call).
+    fn map_request(route: &str, body: Value) -> Result<Option<Value>, String> {
+        let _ = (route, body);
+        Ok(None)
+    }
+
+    /// Rewrites the engine's non-streaming response body before the host
+    /// returns it to the client; `None` returns it unchanged. Called for
+    /// WebAssembly plugins.
+    fn map_response(route: &str, body: Value) -> Result<Option<Value>, String> {
+        let _ = (route, body);
+        Ok(None)
+    }
 }
 
 /// An engine that runs inside the calling process, serving one model.
@@ -85,25 +104,6 @@ pub trait Engine: Send + Sync + 'static {
         request: GenerateRequest,
         emit: &mut dyn FnMut(&str, u32) -> ControlFlow<()>,
     ) -> Result<GenerateOutcome, String>;
-}
-
-/// Exports a [`Plugin`] implementation as this library's root module.
-#[macro_export]
-macro_rules! export_plugin {
-    ($plugin:ty) => {
-        /// The root module the Hangar host loads.
-        #[::abi_stable::export_root_module]
-        pub fn hangar_plugin_root_module() -> $crate::api::abi::PluginModuleRef {
-            use $crate::abi_stable::prefix_type::PrefixTypeTrait;
-            $crate::api::abi::PluginModule {
-                describe: $crate::__private::describe::<$plugin>,
-                probe: $crate::__private::probe::<$plugin>,
-                plan_launch: $crate::__private::plan_launch::<$plugin>,
-                load_in_process: $crate::__private::load_in_process::<$plugin>,
-            }
-            .leak_into_prefix()
-        }
-    };
 }
 
 /// A [`Description`] for the plugin's package: id and version from the
@@ -193,115 +193,11 @@ pub fn version_from_output(
     }
 }
 
+#[cfg(not(target_family = "wasm"))]
+mod native;
+#[cfg(not(target_family = "wasm"))]
 #[doc(hidden)]
-pub mod __private {
-    use super::*;
-    use abi_stable::sabi_trait::TD_Opaque;
-    use abi_stable::sabi_types::RMut;
-    use abi_stable::std_types::RBox;
-    use hangar_plugin_api::abi::{InProcessEngine, InProcessEngine_TO, SinkControl, TokenSink_TO};
+pub use native::__private;
 
-    pub extern "C" fn describe<P: Plugin>(_input: RStr<'_>) -> RResult<RString, RString> {
-        guarded("describe", || Ok(P::describe()))
-    }
-
-    pub extern "C" fn probe<P: Plugin>(input: RStr<'_>) -> RResult<RString, RString> {
-        guarded("probe", || P::probe(decode(input)?))
-    }
-
-    pub extern "C" fn plan_launch<P: Plugin>(input: RStr<'_>) -> RResult<RString, RString> {
-        guarded("plan_launch", || P::plan_launch(decode(input)?))
-    }
-
-    pub extern "C" fn load_in_process<P: Plugin>(
-        input: RStr<'_>,
-    ) -> RResult<InProcessEngine_TO<'static, RBox<()>>, RString> {
-        quiet_panics();
-        match catch_unwind(AssertUnwindSafe(|| {
-            decode(input).and_then(P::load_in_process)
-        })) {
-            Ok(Ok(engine)) => RResult::ROk(InProcessEngine_TO::from_value(
-                EngineAdapter(engine),
-                TD_Opaque,
-            )),
-            Ok(Err(message)) => RResult::RErr(message.into()),
-            Err(_) => RResult::RErr(panic_message().into()),
-        }
-    }
-
-    /// Puts an SDK [`Engine`] behind the ABI's trait object.
-    struct EngineAdapter(Box<dyn Engine>);
-
-    impl InProcessEngine for EngineAdapter {
-        fn generate(
-            &self,
-            request: RStr<'_>,
-            mut sink: TokenSink_TO<'_, RMut<'_, ()>>,
-        ) -> RResult<RString, RString> {
-            guarded("generate", || {
-                let request = decode(request)?;
-                self.0.generate(request, &mut |text, token| match sink
-                    .emit(RStr::from_str(text), token)
-                {
-                    SinkControl::Continue => ControlFlow::Continue(()),
-                    SinkControl::Stop => ControlFlow::Break(()),
-                })
-            })
-        }
-    }
-
-    fn panic_message() -> String {
-        let message = LAST_PANIC
-            .with(|p| p.borrow_mut().take())
-            .unwrap_or_else(|| "unknown panic".into());
-        format!("the plugin panicked: {message}")
-    }
-
-    fn decode<T: DeserializeOwned>(input: RStr<'_>) -> Result<T, String> {
-        serde_json::from_str(input.as_str())
-            .map_err(|e| format!("the host sent a message this plugin cannot read: {e}"))
-    }
-
-    thread_local! {
-        static LAST_PANIC: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
-    }
-
-    /// Replaces the library's panic hook (each plugin library has its own
-    /// copy of std, so this touches neither the host nor other plugins): a
-    /// panic is reported to the host as an error, not printed to its stderr.
-    fn quiet_panics() {
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| {
-            std::panic::set_hook(Box::new(|info| {
-                let message = info
-                    .payload()
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| info.payload().downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a non-string panic payload".into());
-                let at = info
-                    .location()
-                    .map(|l| format!(" at {}:{}", l.file(), l.line()))
-                    .unwrap_or_default();
-                LAST_PANIC.with(|p| *p.borrow_mut() = Some(format!("{message}{at}")));
-            }));
-        });
-    }
-
-    fn guarded<T: Serialize>(
-        function: &str,
-        call: impl FnOnce() -> Result<T, String>,
-    ) -> RResult<RString, RString> {
-        quiet_panics();
-        match catch_unwind(AssertUnwindSafe(call)) {
-            Ok(Ok(value)) => match serde_json::to_string(&value) {
-                Ok(json) => RResult::ROk(json.into()),
-                Err(e) => {
-                    RResult::RErr(format!("{function}() returned unserializable data: {e}").into())
-                }
-            },
-            Ok(Err(message)) => RResult::RErr(message.into()),
-            Err(_) => RResult::RErr(panic_message().into()),
-        }
-    }
-}
+#[cfg(target_family = "wasm")]
+pub mod wasm;

@@ -47,6 +47,7 @@ use serde::Serialize;
 pub use plugin_test::{Limits, PluginTest};
 
 use crate::loader::native::InProcessEngine;
+use crate::loader::LoadedPlugin;
 use crate::registry::LoadStep;
 use plugin_test::bounded;
 
@@ -759,25 +760,38 @@ fn errors_stay_errors(
     let Ok(plugin) = test.plugin() else {
         return;
     };
-    let module = plugin.module();
     let limit = test.limits().call;
     let mut answered = Vec::new();
-    for (name, function) in [
-        ("probe", module.probe()),
-        ("plan_launch", module.plan_launch()),
-    ] {
-        let call = bounded(name, limit, move || {
-            matches!(function(RStr::from_str(MALFORMED)), RResult::RErr(_))
-        });
-        answered.push((name, call));
+    match plugin {
+        LoadedPlugin::Native(native) => {
+            let module = native.module();
+            for (name, function) in [
+                ("probe", module.probe()),
+                ("plan_launch", module.plan_launch()),
+            ] {
+                let call = bounded(name, limit, move || {
+                    matches!(function(RStr::from_str(MALFORMED)), RResult::RErr(_))
+                });
+                answered.push((name, call));
+            }
+            let load = module.load_in_process();
+            answered.push((
+                "load_in_process",
+                bounded("load_in_process", limit, move || {
+                    matches!(load(RStr::from_str(MALFORMED)), RResult::RErr(_))
+                }),
+            ));
+        }
+        LoadedPlugin::Wasm(wasm) => {
+            for name in ["probe", "plan_launch"] {
+                let wasm = wasm.clone();
+                let call = bounded(name, limit, move || {
+                    wasm.call_json(name, MALFORMED).is_err()
+                });
+                answered.push((name, call));
+            }
+        }
     }
-    let load = module.load_in_process();
-    answered.push((
-        "load_in_process",
-        bounded("load_in_process", limit, move || {
-            matches!(load(RStr::from_str(MALFORMED)), RResult::RErr(_))
-        }),
-    ));
     if let Some(engine) = engine {
         let run = generate(engine, MALFORMED.into(), None, test.limits());
         answered.push(("generate", run.map(|r| r.result.is_err())));

@@ -12,7 +12,8 @@ use hangar_plugin_api::{Accelerator, Manifest};
 use semver::Version;
 use serde_json::Value;
 
-use crate::loader::native::{InProcessEngine, NativePlugin};
+use crate::loader::native::InProcessEngine;
+use crate::loader::LoadedPlugin;
 use crate::plugin_folder::{PluginFolder, Profile};
 use crate::registry::{self, LoadFailure};
 
@@ -63,7 +64,7 @@ impl Default for Limits {
 pub struct PluginTest {
     folder: PluginFolder,
     manifest: Result<Manifest, String>,
-    plugin: Option<Result<NativePlugin, LoadFailure>>,
+    plugin: Option<Result<LoadedPlugin, LoadFailure>>,
     settings: BTreeMap<String, Value>,
     model: Option<PathBuf>,
     limits: Limits,
@@ -153,17 +154,17 @@ impl PluginTest {
     }
 
     /// The loaded plugin, or why the host would refuse it.
-    pub fn plugin(&self) -> Result<NativePlugin, String> {
+    pub fn plugin(&self) -> Result<LoadedPlugin, String> {
         let manifest = self.manifest()?;
         match &self.plugin {
-            Some(Ok(plugin)) => Ok(*plugin),
+            Some(Ok(plugin)) => Ok(plugin.clone()),
             Some(Err(failure)) => Err(failure.reason.clone()),
             None => Err(format!("plugin '{}' was not loaded", manifest.id)),
         }
     }
 
     /// How loading went, step by step (for the suite's first checks).
-    pub(super) fn load_outcome(&self) -> Option<&Result<NativePlugin, LoadFailure>> {
+    pub(super) fn load_outcome(&self) -> Option<&Result<LoadedPlugin, LoadFailure>> {
         self.plugin.as_ref()
     }
 

@@ -15,14 +15,14 @@ use std::sync::OnceLock;
 
 use hangar_plugin_api::manifest::MANIFEST_FILE;
 use hangar_plugin_api::wire::{ProbeInput, ProbeReport};
-use hangar_plugin_api::{Accelerator, Manifest, Platform, PluginKind};
+use hangar_plugin_api::{Accelerator, Manifest, Platform};
 use semver::Version;
 use serde::Serialize;
 
 pub use capabilities::{gate, CapabilityState};
 
 use crate::config::Config;
-use crate::loader::native::NativePlugin;
+use crate::loader::LoadedPlugin;
 
 /// Format aliases every host knows, before plugins add theirs.
 pub const BUILTIN_ALIASES: &[(&str, &str)] = &[("safetensors", "mlx")];
@@ -68,7 +68,7 @@ pub enum EngineState {
     /// The plugin loaded, but its engine cannot serve here.
     Unavailable {
         /// The loaded plugin.
-        plugin: NativePlugin,
+        plugin: LoadedPlugin,
         /// Why, from the probe.
         reason: String,
     },
@@ -80,7 +80,7 @@ pub enum EngineState {
 #[derive(Debug, Clone)]
 pub struct Engine {
     /// The loaded plugin.
-    pub plugin: NativePlugin,
+    pub plugin: LoadedPlugin,
     /// What the probe reported.
     pub report: ProbeReport,
     /// The engine version, when it was read unambiguously.
@@ -398,15 +398,11 @@ pub struct LoadFailure {
 /// The registry, `hangar worker` and the conformance suite
 /// ([`crate::conformance`]) all load plugins through this one function, so
 /// a plugin that passes the suite loads in the host.
-pub fn load_plugin(dir: &Path, manifest: &Manifest) -> Result<NativePlugin, LoadFailure> {
+pub fn load_plugin(dir: &Path, manifest: &Manifest) -> Result<LoadedPlugin, LoadFailure> {
     let failure = |step| move |reason| LoadFailure { step, reason };
-    if manifest.kind == PluginKind::Wasm {
-        return Err(failure(LoadStep::Library)(
-            "WebAssembly plugins are not supported by this host build yet; use a native build of the plugin".into(),
-        ));
-    }
     let artifact = artifact_path(dir, manifest).map_err(failure(LoadStep::Library))?;
-    let plugin = NativePlugin::load(&artifact).map_err(failure(LoadStep::Library))?;
+    let plugin =
+        LoadedPlugin::load(manifest.kind, &artifact).map_err(failure(LoadStep::Library))?;
     let description = plugin.describe().map_err(failure(LoadStep::Describe))?;
     check_description(manifest, &description).map_err(failure(LoadStep::Agreement))?;
     Ok(plugin)

@@ -1,0 +1,459 @@
+//! Loads WebAssembly plugins: components of the `hangar:engine@1.0.0` world
+//! (`plugin-api/wit/engine.wit`), run in a wasmtime sandbox.
+//!
+//! - The world imports nothing but `host.panicked`: a guest cannot spawn a
+//!   process, open a file or reach the network. It only plans; the host
+//!   runs the plan, and only programs the manifest declares.
+//! - Every call gets a fresh instance under an epoch deadline and a memory
+//!   cap ([`WasmLimits`]). A guest that traps, loops or grows past its cap
+//!   is stopped; the caller gets an error that says which, and nothing else
+//!   in the host is touched.
+//! - A plugin's artifact may be a component, or the core module that
+//!   `cargo build --target wasm32-unknown-unknown` writes with the SDK (it
+//!   carries the world's type information; `wit-component` turns it into a
+//!   component).
+//! - Compiled components are cached on disk, keyed by the artifact's
+//!   SHA-256, this host's version and wasmtime's compatibility hash, so a
+//!   plugin is compiled once, not at every start.
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../plugin-api/wit",
+        world: "engine",
+    });
+}
+
+use bindings::exports::hangar::engine::plugin::Guest;
+
+/// How often the epoch advances: the resolution of call deadlines.
+const TICK: Duration = Duration::from_millis(10);
+
+/// The limits every call into a guest runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WasmLimits {
+    /// Wall-clock time one call may take, in milliseconds.
+    pub call_timeout_ms: u64,
+    /// The most linear memory one instance may grow to, in MiB.
+    pub memory_mib: u64,
+}
+
+impl Default for WasmLimits {
+    fn default() -> Self {
+        WasmLimits {
+            call_timeout_ms: 2_000,
+            memory_mib: 64,
+        }
+    }
+}
+
+/// The runtime's settings: `[wasm]` in `config.toml`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WasmConfig {
+    /// Limits of each call.
+    #[serde(flatten)]
+    pub limits: WasmLimits,
+    /// Where compiled components are cached (default: the user's cache dir,
+    /// `hangar/wasm`).
+    pub cache_dir: Option<PathBuf>,
+}
+
+static CONFIG: OnceLock<WasmConfig> = OnceLock::new();
+
+/// Sets the runtime's settings for this process; the first call wins, and
+/// a process that never calls it uses the defaults.
+pub fn configure(config: &WasmConfig) {
+    let _ = CONFIG.set(config.clone());
+}
+
+fn config() -> &'static WasmConfig {
+    CONFIG.get_or_init(WasmConfig::default)
+}
+
+/// The process's one wasmtime engine, with a thread that advances its epoch
+/// every [`TICK`].
+fn engine() -> Result<&'static Engine, String> {
+    static ENGINE: OnceLock<Result<Engine, String>> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            let mut config = Config::new();
+            config.epoch_interruption(true);
+            config.max_wasm_stack(1 << 20);
+            let engine = Engine::new(&config)
+                .map_err(|e| format!("cannot start the WebAssembly runtime: {e}"))?;
+            let ticker = engine.weak();
+            std::thread::Builder::new()
+                .name("hangar-wasm-epoch".into())
+                .spawn(move || {
+                    while let Some(engine) = ticker.upgrade() {
+                        engine.increment_epoch();
+                        drop(engine);
+                        std::thread::sleep(TICK);
+                    }
+                })
+                .map_err(|e| format!("cannot start the WebAssembly epoch thread: {e}"))?;
+            Ok(engine)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// What one instance holds: its memory cap, and what went wrong.
+struct GuestState {
+    memory_cap: usize,
+    /// Linear memory the guest asked for past its cap, in bytes.
+    refused_growth: Option<usize>,
+    /// The guest's panic message, sent just before it trapped.
+    panicked: Option<String>,
+}
+
+impl ResourceLimiter for GuestState {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_cap {
+            self.refused_growth = Some(desired);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 1 << 20)
+    }
+}
+
+impl bindings::hangar::engine::host::Host for GuestState {
+    fn panicked(&mut self, message: String) {
+        self.panicked = Some(message);
+    }
+}
+
+/// A loaded WebAssembly plugin.
+#[derive(Clone)]
+pub struct WasmPlugin {
+    pre: Arc<bindings::EnginePre<GuestState>>,
+    limits: WasmLimits,
+}
+
+impl std::fmt::Debug for WasmPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasmPlugin")
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl WasmPlugin {
+    /// Compiles (or takes from the cache) and links the component at
+    /// `path`, with this process's limits.
+    pub fn load(path: &Path) -> Result<WasmPlugin, String> {
+        WasmPlugin::load_with(path, config().limits)
+    }
+
+    /// [`WasmPlugin::load`] with explicit limits.
+    pub fn load_with(path: &Path, limits: WasmLimits) -> Result<WasmPlugin, String> {
+        let engine = engine()?;
+        let bytes =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let component = compile_cached(engine, path, &bytes)?;
+        let mut linker = Linker::<GuestState>::new(engine);
+        bindings::Engine::add_to_linker::<_, HasSelf<GuestState>>(&mut linker, |s| s)
+            .map_err(|e| format!("cannot link {}: {e}", path.display()))?;
+        let pre = linker.instantiate_pre(&component).map_err(|e| {
+            format!(
+                "{} is not a plugin of the hangar:engine@1.0.0 world: {e:#}; build it with hangar-sdk's export_plugin!",
+                path.display()
+            )
+        })?;
+        let pre = bindings::EnginePre::new(pre).map_err(|e| {
+            format!(
+                "{} does not export the hangar:engine@1.0.0 world's plugin interface: {e:#}",
+                path.display()
+            )
+        })?;
+        Ok(WasmPlugin {
+            pre: Arc::new(pre),
+            limits,
+        })
+    }
+
+    /// Calls the plugin's `describe()`.
+    pub fn describe(&self) -> Result<hangar_plugin_api::wire::Description, String> {
+        let json = self.call("describe", |guest, store| guest.call_describe(store))?;
+        decode("describe", &json)
+    }
+
+    /// Calls the plugin's `probe()`.
+    pub fn probe(
+        &self,
+        input: &hangar_plugin_api::wire::ProbeInput,
+    ) -> Result<hangar_plugin_api::wire::ProbeReport, String> {
+        let input = encode("probe", input)?;
+        let json = self.call("probe", |guest, store| guest.call_probe(store, &input))?;
+        decode("probe", &json)
+    }
+
+    /// Calls the plugin's `plan_launch()`.
+    pub fn plan_launch(
+        &self,
+        request: &hangar_plugin_api::wire::LoadRequest,
+    ) -> Result<hangar_plugin_api::wire::LaunchPlan, String> {
+        let request = encode("plan_launch", request)?;
+        let json = self.call("plan_launch", |guest, store| {
+            guest.call_plan_launch(store, &request)
+        })?;
+        decode("plan_launch", &json)
+    }
+
+    /// Calls the plugin's `map_request()` on a client's request body:
+    /// `None` when the plugin leaves it as it is.
+    pub fn map_request(
+        &self,
+        route: &str,
+        body: &serde_json::Value,
+    ) -> Result<Option<serde_json::Value>, String> {
+        self.map("map_request", route, body, |guest, store, route, body| {
+            guest.call_map_request(store, route, body)
+        })
+    }
+
+    /// Calls the plugin's `map_response()` on an engine's response body.
+    pub fn map_response(
+        &self,
+        route: &str,
+        body: &serde_json::Value,
+    ) -> Result<Option<serde_json::Value>, String> {
+        self.map("map_response", route, body, |guest, store, route, body| {
+            guest.call_map_response(store, route, body)
+        })
+    }
+
+    /// Calls `probe` or `plan_launch` with `json` as it is: the conformance
+    /// suite sends malformed messages this way.
+    pub fn call_json(&self, function: &str, json: &str) -> Result<String, String> {
+        let json = json.to_string();
+        match function {
+            "probe" => self.call("probe", |guest, store| guest.call_probe(store, &json)),
+            "plan_launch" => self.call("plan_launch", |guest, store| {
+                guest.call_plan_launch(store, &json)
+            }),
+            other => Err(format!(
+                "the world has no function {other}() taking one message"
+            )),
+        }
+    }
+
+    fn map(
+        &self,
+        name: &str,
+        route: &str,
+        body: &serde_json::Value,
+        f: impl FnOnce(
+            &Guest,
+            &mut Store<GuestState>,
+            &str,
+            &String,
+        ) -> wasmtime::Result<Result<Option<String>, String>>,
+    ) -> Result<Option<serde_json::Value>, String> {
+        let body = encode(name, body)?;
+        let mapped = self.call(name, |guest, store| f(guest, store, route, &body))?;
+        mapped.map(|json| decode(name, &json)).transpose()
+    }
+
+    /// Runs `f` in a fresh instance under this plugin's limits.
+    fn call<T>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&Guest, &mut Store<GuestState>) -> wasmtime::Result<Result<T, String>>,
+    ) -> Result<T, String> {
+        let engine = self.pre.instance_pre().engine();
+        let memory_cap = usize::try_from(self.limits.memory_mib << 20).unwrap_or(usize::MAX);
+        let mut store = Store::new(
+            engine,
+            GuestState {
+                memory_cap,
+                refused_growth: None,
+                panicked: None,
+            },
+        );
+        store.limiter(|state| state);
+        let ticks = self
+            .limits
+            .call_timeout_ms
+            .div_ceil(TICK.as_millis() as u64);
+        store.set_epoch_deadline(ticks.max(1));
+        store.epoch_deadline_trap();
+        let outcome = self
+            .pre
+            .instantiate(&mut store)
+            .and_then(|instance| f(instance.hangar_engine_plugin(), &mut store));
+        match outcome {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(message)) => Err(format!("{name}() failed: {message}")),
+            Err(error) => Err(self.explain(name, error, store.data())),
+        }
+    }
+
+    /// Why a call ended in a trap, in words an operator can act on.
+    fn explain(&self, name: &str, error: wasmtime::Error, state: &GuestState) -> String {
+        if let Some(message) = &state.panicked {
+            return format!("{name}() failed: the plugin panicked: {message}");
+        }
+        if let Some(asked) = state.refused_growth {
+            return format!(
+                "{name}() was stopped: the plugin grew past its memory cap of {} MiB (it asked for {} MiB)",
+                self.limits.memory_mib,
+                asked.div_ceil(1 << 20)
+            );
+        }
+        match error.downcast_ref::<Trap>() {
+            Some(Trap::Interrupt) => format!(
+                "{name}() was stopped: the plugin did not answer within its limit of {} ms",
+                self.limits.call_timeout_ms
+            ),
+            Some(trap) => format!("{name}() failed: the plugin trapped: {trap}"),
+            None => format!("{name}() failed: {error:#}"),
+        }
+    }
+}
+
+fn encode<T: Serialize>(name: &str, value: &T) -> Result<String, String> {
+    serde_json::to_string(value).map_err(|e| format!("cannot encode {name}() input: {e}"))
+}
+
+fn decode<T: DeserializeOwned>(name: &str, json: &str) -> Result<T, String> {
+    serde_json::from_str(json)
+        .map_err(|e| format!("{name}() returned a message the host cannot read: {e}"))
+}
+
+/// The compiled component for `bytes`, from the on-disk cache when it holds
+/// it; compiled (and stored) otherwise. A cache that cannot be read or
+/// written costs a compile, never a failure.
+fn compile_cached(engine: &Engine, path: &Path, bytes: &[u8]) -> Result<Component, String> {
+    let entry = cache_dir().map(|dir| dir.join(cache_key(engine, bytes)));
+    if let Some(entry) = entry.as_deref().filter(|e| e.is_file()) {
+        if let Some(component) = cached::load(engine, entry) {
+            return Ok(component);
+        }
+    }
+    let component_bytes = componentize(path, bytes)?;
+    let component = Component::new(engine, &component_bytes).map_err(|e| {
+        format!(
+            "{} is not a valid WebAssembly component: {e:#}",
+            path.display()
+        )
+    })?;
+    if let Some(entry) = &entry {
+        match component.serialize() {
+            Ok(compiled) => store_entry(entry, &compiled),
+            Err(e) => tracing::warn!("cannot serialize a compiled WebAssembly plugin: {e:#}"),
+        }
+    }
+    Ok(component)
+}
+
+/// A component: `bytes` as they are, or the SDK's core module encoded as one.
+fn componentize(path: &Path, bytes: &[u8]) -> Result<Vec<u8>, String> {
+    if wasmparser::Parser::is_component(bytes) {
+        return Ok(bytes.to_vec());
+    }
+    if !wasmparser::Parser::is_core_wasm(bytes) {
+        return Err(format!(
+            "{} is not a WebAssembly file; rebuild the plugin with `cargo build --target wasm32-unknown-unknown --release`",
+            path.display()
+        ));
+    }
+    wit_component::ComponentEncoder::default()
+        .module(bytes)
+        .and_then(|encoder| encoder.validate(true).encode())
+        .map_err(|e| {
+            format!(
+                "{} is a WebAssembly module but not a Hangar plugin ({e:#}); build it with hangar-sdk's export_plugin!",
+                path.display()
+            )
+        })
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    config()
+        .cache_dir
+        .as_deref()
+        .map(|dir| crate::config::expand_home(&dir.to_string_lossy()))
+        .or_else(|| dirs::cache_dir().map(|d| d.join("hangar").join("wasm")))
+}
+
+/// `<sha256 of the artifact>-<hash of host version and wasmtime's
+/// compatibility hash>.cwasm`.
+fn cache_key(engine: &Engine, bytes: &[u8]) -> String {
+    let artifact = Sha256::digest(bytes);
+    let mut build = std::collections::hash_map::DefaultHasher::new();
+    env!("CARGO_PKG_VERSION").hash(&mut build);
+    engine.precompile_compatibility_hash().hash(&mut build);
+    let hex: String = artifact.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{hex}-{:016x}.cwasm", build.finish())
+}
+
+/// Writes a cache entry through a temporary file, so a reader never sees
+/// half of one.
+fn store_entry(entry: &Path, compiled: &[u8]) {
+    let write = || -> std::io::Result<()> {
+        let dir = entry.parent().expect("cache entries live in a folder");
+        std::fs::create_dir_all(dir)?;
+        let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+        std::io::Write::write_all(&mut tmp, compiled)?;
+        tmp.persist(entry)?;
+        Ok(())
+    };
+    if let Err(e) = write() {
+        tracing::warn!(entry = %entry.display(), "cannot cache a compiled WebAssembly plugin: {e}");
+    }
+}
+
+/// The one place the host runs `unsafe` code: wasmtime's deserialization
+/// of compiled code.
+#[allow(unsafe_code)]
+mod cached {
+    use std::path::Path;
+
+    use wasmtime::component::Component;
+    use wasmtime::Engine;
+
+    /// The cached component at `entry`, or `None` when wasmtime refuses it
+    /// (another wasmtime build, or a damaged file: wasmtime checks its
+    /// header).
+    pub(super) fn load(engine: &Engine, entry: &Path) -> Option<Component> {
+        // SAFETY: the cache holds only what `Component::serialize` of this
+        // host wrote (through a temporary file and a rename), in the
+        // operator's own cache dir; its name carries the artifact's hash,
+        // this host's version and wasmtime's compatibility hash, and
+        // wasmtime validates the header before use.
+        match unsafe { Component::deserialize_file(engine, entry) } {
+            Ok(component) => Some(component),
+            Err(e) => {
+                tracing::warn!(entry = %entry.display(), "ignoring a cached WebAssembly plugin: {e:#}");
+                None
+            }
+        }
+    }
+}
