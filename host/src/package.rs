@@ -18,7 +18,8 @@
 //! Installing takes any plain files directly inside the one folder that
 //! the checksums list, and refuses anything else (links, `..`, absolute
 //! paths, subfolders), files the checksums do not list or that do not match, a manifest the host would refuse, a
-//! native library built for another machine, and an id that is already
+//! native library built for another machine or a WebAssembly file that is not
+//! a plugin of the host's world, and an id that is already
 //! installed (unless forced). It unpacks into a staging folder and renames
 //! it into place, so a running host never sees half a plugin, and a
 //! replaced library is unlinked rather than overwritten while mapped.
@@ -79,8 +80,12 @@ fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Package
 }
 
 /// The file name `pack` gives a plugin's package by default:
-/// `ID-VERSION-OS-ARCH.tar.gz`.
+/// `ID-VERSION-OS-ARCH.tar.gz`, or `ID-VERSION-wasm.tar.gz` for a
+/// WebAssembly plugin, which runs everywhere.
 pub fn default_file_name(manifest: &Manifest) -> String {
+    if manifest.kind == PluginKind::Wasm {
+        return format!("{}-{}-wasm.tar.gz", manifest.id, manifest.version);
+    }
     format!(
         "{}-{}-{}-{}.tar.gz",
         manifest.id,
@@ -207,8 +212,16 @@ pub fn install(file: &Path, plugins_dir: &Path, force: bool) -> Result<Installed
         let path = staging.path().join(name);
         std::fs::write(&path, bytes).map_err(io("cannot write", &path))?;
     }
-    if manifest.kind == PluginKind::Native {
-        crate::loader::native::check_object(&staging.path().join(&artifact)).map_err(refused)?;
+    let staged_artifact = staging.path().join(&artifact);
+    match manifest.kind {
+        PluginKind::Native => {
+            crate::loader::native::check_object(&staged_artifact).map_err(refused)?
+        }
+        // Compiling it checks it is a plugin of this host's world, and
+        // fills the compile cache for the host's first start.
+        PluginKind::Wasm => crate::loader::wasm::WasmPlugin::load(&staged_artifact)
+            .map(drop)
+            .map_err(refused)?,
     }
     let staged = staging.keep();
     let old = plugins_dir.join(format!(".{id}.replaced-{}", std::process::id()));

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::{Subcommand, ValueEnum};
 
 use crate::config::{self, Config};
@@ -17,6 +17,7 @@ use crate::conformance::{self, PluginTest};
 use crate::package;
 use crate::plugin_folder::{PluginFolder, Profile};
 use crate::template::{self, SdkSource};
+use hangar_plugin_api::PluginKind;
 
 /// `hangar plugin …`.
 #[derive(Debug, Subcommand)]
@@ -85,7 +86,7 @@ pub enum PluginCommand {
 pub enum Kind {
     /// A native library built with the SDK (`.so`, `.dylib`).
     Native,
-    /// A WebAssembly component (not available in this build yet).
+    /// A WebAssembly component, run in the host's sandbox.
     Wasm,
 }
 
@@ -150,11 +151,6 @@ fn new(
     dir: Option<PathBuf>,
     sdk: Option<PathBuf>,
 ) -> anyhow::Result<ExitCode> {
-    if kind == Kind::Wasm {
-        bail!(
-            "WebAssembly plugins are not available in this build of hangar yet: it has no WebAssembly loader, so a wasm plugin would not load. Use --kind native"
-        );
-    }
     let dest = dir.unwrap_or_else(|| PathBuf::from(".")).join(name);
     let sdk = match sdk {
         Some(path) => SdkSource::Path(
@@ -163,7 +159,11 @@ fn new(
         ),
         None => SdkSource::default_for_this_build(),
     };
-    let files = template::write_native(name, &dest, &sdk)?;
+    let kind = match kind {
+        Kind::Native => PluginKind::Native,
+        Kind::Wasm => PluginKind::Wasm,
+    };
+    let files = template::write(kind, name, &dest, &sdk)?;
     println!("created plugin '{name}' in {}:", dest.display());
     for file in files {
         println!("  {}", file.strip_prefix(&dest).unwrap_or(&file).display());
@@ -172,6 +172,9 @@ fn new(
         println!(
             "(hangar-sdk comes from crates.io; pass --sdk PATH to use a checkout's sdk/ folder)"
         );
+    }
+    if kind == PluginKind::Wasm {
+        println!("(needs the target once: rustup target add wasm32-unknown-unknown)");
     }
     println!(
         "next: cd {} && cargo test && hangar plugin check . && hangar plugin pack .",

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use hangar_plugin_api::manifest::MANIFEST_FILE;
-use hangar_plugin_api::Manifest;
+use hangar_plugin_api::{Manifest, PluginKind};
 use tempfile::TempDir;
 
 /// A plugin folder, kept alive for as long as this value lives when it was
@@ -62,7 +62,7 @@ impl PluginFolder {
     pub fn build(crate_dir: &Path, profile: Profile) -> Result<PluginFolder, String> {
         let manifest = Manifest::from_dir(crate_dir)
             .map_err(|e| format!("{}: {e}", crate_dir.join(MANIFEST_FILE).display()))?;
-        let library = cargo_build(crate_dir, profile)?;
+        let library = cargo_build(crate_dir, manifest.kind, profile)?;
         let wanted = manifest.artifact_file_name();
         let built = library
             .file_name()
@@ -102,10 +102,14 @@ fn artifact_present(dir: &Path) -> bool {
     Manifest::from_dir(dir).is_ok_and(|m| dir.join(m.artifact_file_name()).is_file())
 }
 
-/// Runs `cargo build --lib` for the crate in `crate_dir` and returns the
-/// shared library it produced, as cargo reports it (so the target dir,
-/// `CARGO_TARGET_DIR` and the profile are cargo's business, not ours).
-fn cargo_build(crate_dir: &Path, profile: Profile) -> Result<PathBuf, String> {
+/// The target WebAssembly plugins are built for.
+pub const WASM_TARGET: &str = "wasm32-unknown-unknown";
+
+/// Runs `cargo build --lib` for the crate in `crate_dir` (for
+/// [`WASM_TARGET`] when the plugin is WebAssembly) and returns the library
+/// it produced, as cargo reports it (so the target dir, `CARGO_TARGET_DIR`
+/// and the profile are cargo's business, not ours).
+fn cargo_build(crate_dir: &Path, kind: PluginKind, profile: Profile) -> Result<PathBuf, String> {
     let manifest_path = crate_dir.join("Cargo.toml");
     let manifest_path = manifest_path
         .canonicalize()
@@ -125,18 +129,30 @@ fn cargo_build(crate_dir: &Path, profile: Profile) -> Result<PathBuf, String> {
     if profile == Profile::Release {
         command.arg("--release");
     }
+    if kind == PluginKind::Wasm {
+        command.args(["--target", WASM_TARGET]);
+    }
     let output = command
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("cannot run cargo (is it installed and on PATH?): {e}"))?;
     if !output.status.success() {
+        let hint = match kind {
+            PluginKind::Wasm => format!(
+                "; a WebAssembly plugin needs the target once: rustup target add {WASM_TARGET}"
+            ),
+            PluginKind::Native => String::new(),
+        };
         return Err(format!(
-            "cargo build of {} failed (its errors are above)",
+            "cargo build of {} failed (its errors are above){hint}",
             manifest_path.display()
         ));
     }
-    let suffix = std::env::consts::DLL_SUFFIX;
+    let suffix = match kind {
+        PluginKind::Native => std::env::consts::DLL_SUFFIX,
+        PluginKind::Wasm => ".wasm",
+    };
     let stdout = String::from_utf8_lossy(&output.stdout);
     stdout
         .lines()
@@ -157,7 +173,7 @@ fn cargo_build(crate_dir: &Path, profile: Profile) -> Result<PathBuf, String> {
         .find(|f| f.to_string_lossy().ends_with(suffix))
         .ok_or_else(|| {
             format!(
-                "cargo built no shared library for {}; a native plugin sets crate-type = [\"cdylib\"] under [lib]",
+                "cargo built no library for {}; a plugin sets crate-type = [\"cdylib\"] under [lib]",
                 manifest_path.display()
             )
         })

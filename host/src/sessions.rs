@@ -18,6 +18,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::inprocess::Served;
+use crate::loader::wasm::WasmPlugin;
 use crate::models::Model;
 use crate::registry::{probe::find_program, Registry};
 use crate::settings::SettingsStore;
@@ -178,6 +179,9 @@ pub enum Backend {
         base_url: String,
         /// The `model` value the engine expects (`None`: omit the field).
         upstream_model: Option<String>,
+        /// The WebAssembly plugin whose `map_request` / `map_response` see
+        /// every request and non-streaming response.
+        mapper: Option<WasmPlugin>,
     },
     /// An engine inside the host (`isolation = "none"`).
     InProcess(Arc<Served>),
@@ -535,11 +539,15 @@ impl Sessions {
             served: AtomicU64::new(0),
             work_dir: work_dir.clone(),
         };
-        let (plan, program) = match planned.how {
+        let (plan, program, mapper) = match planned.how {
             How::InProcess { served, notes } => {
                 return Ok(Arc::new(session(Backend::InProcess(served), notes)))
             }
-            How::Launch { plan, program } => (plan, program),
+            How::Launch {
+                plan,
+                program,
+                mapper,
+            } => (plan, program, mapper),
         };
         let start_err = |reason: String| LoadError::Start {
             plugin: planned.plugin.clone(),
@@ -569,6 +577,7 @@ impl Sessions {
             process,
             base_url,
             upstream_model: plan.upstream_model.clone(),
+            mapper,
         };
         let session = Arc::new(session(backend, plan.notes.clone()));
         tokio::spawn(self.clone().watch(session.clone()));
@@ -684,6 +693,9 @@ enum How {
     Launch {
         plan: Box<LaunchPlan>,
         program: PathBuf,
+        /// The WebAssembly plugin that maps the session's requests and
+        /// responses, when the plan came from one.
+        mapper: Option<WasmPlugin>,
     },
     /// The engine is loaded in the host already.
     InProcess {
@@ -727,6 +739,7 @@ fn plan(
     let request = LoadRequest {
         model_id: model.id.clone(),
         model_path: model.path.display().to_string(),
+        model_files: crate::models::files(&model.path),
         format: model.format.clone(),
         accelerator: entry
             .accelerator
@@ -801,6 +814,7 @@ fn plan(
         return Ok(planned(How::Launch {
             plan: Box::new(plan),
             program: keeper.to_path_buf(),
+            mapper: None,
         }));
     }
     let mut plan = engine.plugin.plan_launch(&request).map_err(plan_err)?;
@@ -833,6 +847,7 @@ fn plan(
     Ok(planned(How::Launch {
         plan: Box::new(plan),
         program,
+        mapper: engine.plugin.wasm().cloned(),
     }))
 }
 

@@ -1,8 +1,12 @@
 //! `hangar plugin new`: writes a plugin crate from the SDK's template.
 //!
-//! The template lives in `sdk/templates/native/` (the SDK owns it; its
-//! files are compiled into this binary, so `hangar plugin new` works
-//! without a checkout). Placeholders: `{{id}}` the plugin id, `{{crate}}`
+//! The templates live in `sdk/templates/native/` and `sdk/templates/wasm/`
+//! (the SDK owns them; their files are compiled into this binary, so
+//! `hangar plugin new` works without a checkout). A WebAssembly plugin's
+//! source is the native one's: the SDK's `export_plugin!` exports whichever
+//! interface the build target calls for, so the wasm template shares
+//! `src/`, `tests/` and `.gitignore` and differs in `Cargo.toml`,
+//! `plugin.toml` and `README.md`. Placeholders: `{{id}}` the plugin id, `{{crate}}`
 //! the package name, `{{lib}}` the library name, `{{sdk}}` and
 //! `{{testkit}}` the dependency lines. `Cargo.toml` is stored as
 //! `Cargo.toml.tmpl` and `.gitignore` as `gitignore`, so that neither
@@ -11,6 +15,7 @@
 use std::path::{Path, PathBuf};
 
 use hangar_plugin_api::manifest::is_valid_plugin_id;
+use hangar_plugin_api::PluginKind;
 
 /// The template's files: name in the new crate, contents.
 const NATIVE: &[(&str, &str)] = &[
@@ -33,6 +38,34 @@ const NATIVE: &[(&str, &str)] = &[
     (
         "README.md",
         include_str!("../../sdk/templates/native/README.md"),
+    ),
+    (
+        ".gitignore",
+        include_str!("../../sdk/templates/native/gitignore"),
+    ),
+];
+
+/// The WebAssembly template's files.
+const WASM: &[(&str, &str)] = &[
+    (
+        "Cargo.toml",
+        include_str!("../../sdk/templates/wasm/Cargo.toml.tmpl"),
+    ),
+    (
+        "plugin.toml",
+        include_str!("../../sdk/templates/wasm/plugin.toml"),
+    ),
+    (
+        "src/lib.rs",
+        include_str!("../../sdk/templates/native/src/lib.rs"),
+    ),
+    (
+        "tests/conformance.rs",
+        include_str!("../../sdk/templates/native/tests/conformance.rs"),
+    ),
+    (
+        "README.md",
+        include_str!("../../sdk/templates/wasm/README.md"),
     ),
     (
         ".gitignore",
@@ -94,9 +127,14 @@ pub enum TemplateError {
     },
 }
 
-/// Writes a native plugin crate for plugin `id` into `dest` (which must
+/// Writes a plugin crate of `kind` for plugin `id` into `dest` (which must
 /// not exist, or be empty). Returns the files written.
-pub fn write_native(id: &str, dest: &Path, sdk: &SdkSource) -> Result<Vec<PathBuf>, TemplateError> {
+pub fn write(
+    kind: PluginKind,
+    id: &str,
+    dest: &Path,
+    sdk: &SdkSource,
+) -> Result<Vec<PathBuf>, TemplateError> {
     if !is_valid_plugin_id(id) {
         return Err(TemplateError::InvalidId(id.into()));
     }
@@ -115,7 +153,11 @@ pub fn write_native(id: &str, dest: &Path, sdk: &SdkSource) -> Result<Vec<PathBu
         ("{{id}}", id.to_string()),
     ];
     let mut written = Vec::new();
-    for (name, template) in NATIVE {
+    let files = match kind {
+        PluginKind::Native => NATIVE,
+        PluginKind::Wasm => WASM,
+    };
+    for (name, template) in files {
         let text = substitutions
             .iter()
             .fold(template.to_string(), |text, (from, to)| {

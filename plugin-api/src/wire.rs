@@ -105,6 +105,13 @@ pub struct LoadRequest {
     pub model_id: String,
     /// The model folder or file.
     pub model_path: String,
+    /// The model's files: the names in `model_path` when it is a folder (a
+    /// `.gguf` model's shards, a safetensors model's `config.json` …), or
+    /// the file's own name. A WebAssembly plugin cannot look at the disk, so
+    /// the host tells it. Added in 1.0 with a default, like every field a
+    /// minor release adds.
+    #[serde(default)]
+    pub model_files: Vec<String>,
     /// The canonical format.
     pub format: String,
     /// The accelerator resolution picked for this machine.

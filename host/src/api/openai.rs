@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 
 use super::inprocess::Route;
 use super::{ApiError, App};
+use crate::loader::wasm::WasmPlugin;
 use crate::models::Model;
 use crate::sessions::{Backend, InFlight, Session};
 
@@ -88,12 +89,13 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
     refuse_gated_fields(&app, &model, &request).await?;
     let session = app.sessions.ensure(&model).await?;
     let in_flight = session.begin_request();
-    let (base_url, upstream_model) = match &session.backend {
+    let (base_url, upstream_model, mapper) = match &session.backend {
         Backend::Process {
             base_url,
             upstream_model,
+            mapper,
             ..
-        } => (base_url, upstream_model),
+        } => (base_url, upstream_model, mapper),
         Backend::InProcess(served) => {
             let route = if path.ends_with("chat/completions") {
                 Route::Chat
@@ -111,6 +113,18 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
         Some(upstream) => request.insert("model".into(), Value::String(upstream.clone())),
         None => request.remove("model"),
     };
+    if let Some(mapper) = mapper {
+        let body = Value::Object(request);
+        request = match map(mapper, path, body, WasmPlugin::map_request).await? {
+            Value::Object(mapped) => mapped,
+            other => {
+                return Err(ApiError::engine(format!(
+                    "engine '{}': map_request() returned {other}, not a JSON object",
+                    session.plugin
+                )))
+            }
+        };
+    }
     let send = app
         .sessions
         .client()
@@ -147,6 +161,9 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
     let status = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     match serde_json::from_slice::<Value>(&bytes) {
         Ok(mut value) if status.is_success() => {
+            if let Some(mapper) = mapper {
+                value = map(mapper, path, value, WasmPlugin::map_response).await?;
+            }
             rewrite_model(&mut value, &model_id);
             Ok((status, Json(value)).into_response())
         }
@@ -166,6 +183,24 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
             Err(e)
         }
     }
+}
+
+/// Runs a WebAssembly plugin's `map_request` or `map_response` on `body`
+/// (off the async threads: a call may take up to its deadline); `None`
+/// from the plugin keeps `body`.
+async fn map(
+    mapper: &WasmPlugin,
+    route: &'static str,
+    body: Value,
+    call: fn(&WasmPlugin, &str, &Value) -> Result<Option<Value>, String>,
+) -> Result<Value, ApiError> {
+    let mapper = mapper.clone();
+    tokio::task::spawn_blocking(move || match call(&mapper, route, &body) {
+        Ok(mapped) => Ok(mapped.unwrap_or(body)),
+        Err(reason) => Err(ApiError::engine(format!("the engine's plugin {reason}"))),
+    })
+    .await
+    .map_err(|e| ApiError::engine(format!("the engine's plugin did not answer: {e}")))?
 }
 
 /// A request field whose capability is off for the serving engine is

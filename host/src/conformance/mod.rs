@@ -10,7 +10,7 @@
 //! | check | passes when |
 //! |---|---|
 //! | `manifest_valid` | `plugin.toml` parses and validates, plugin-api requirement included |
-//! | `library_loads` | the artifact is a library for this machine that exports the root module |
+//! | `library_loads` | the artifact is a library for this machine that exports the root module, or a WebAssembly component (or the SDK's core module) of the `hangar:engine@1.0.0` world |
 //! | `describe_answers` | `describe()` answers (a panic is reported, not propagated) |
 //! | `describe_matches_manifest` | `describe()` says what `plugin.toml` says |
 //! | `probe_terminates` | the manifest's probe program, run as the host runs it, and `probe()` answer in time |
@@ -19,7 +19,7 @@
 //! | `engine_loads` | an in-process plugin loads the representative model |
 //! | `generate_one_outcome` | a streamed generation of 8 tokens ends with one outcome: `stop` or `length`, at most 8 tokens |
 //! | `generate_stops_quickly` | a sink that answers `Stop` ends generation within [`Limits::stop`] with `cancelled`, no output after it, and the engine serves the next request |
-//! | `errors_stay_errors` | a malformed message to `probe`, `plan_launch`, `load_in_process` (and `generate`) comes back as an error |
+//! | `errors_stay_errors` | a malformed message to `probe`, `plan_launch`, `load_in_process` (native; and `generate`) comes back as an error, not a panic or a trap |
 //!
 //! Checks that do not apply (launch plans of in-process plugins, the
 //! generation checks of plugins that plan engine processes) and checks

@@ -217,7 +217,7 @@ impl PluginTest {
         let manifest = self.manifest()?;
         let model = match &self.model {
             Some(dir) => dir.clone(),
-            None => self.scratch_model()?,
+            None => self.scratch_model(&manifest.formats[0])?,
         };
         let work_dir = self.scratch.path().join("work");
         std::fs::create_dir_all(&work_dir)
@@ -242,6 +242,7 @@ impl PluginTest {
         Ok(LoadRequest {
             model_id: "conformance-model".into(),
             model_path: model.display().to_string(),
+            model_files: crate::models::files(&model),
             format: manifest.formats[0].clone(),
             accelerator,
             engine,
@@ -275,10 +276,17 @@ impl PluginTest {
 
     /// A model folder with only a `config.json` (a two-layer Llama's), for
     /// plugins that plan without reading weights.
-    fn scratch_model(&self) -> Result<PathBuf, String> {
+    /// A scratch model folder: a small `config.json`, and for `gguf` a
+    /// `model.gguf` that holds only the format's magic (plugins plan, they
+    /// do not read weights).
+    fn scratch_model(&self, format: &str) -> Result<PathBuf, String> {
         let dir = self.scratch.path().join("model");
         std::fs::create_dir_all(&dir)
             .and_then(|()| std::fs::write(dir.join("config.json"), SCRATCH_CONFIG))
+            .and_then(|()| match format {
+                "gguf" => std::fs::write(dir.join("model.gguf"), b"GGUF"),
+                _ => Ok(()),
+            })
             .map_err(|e| format!("cannot write a scratch model in {}: {e}", dir.display()))?;
         Ok(dir)
     }

@@ -197,6 +197,7 @@ fn check_request(edit: impl FnOnce(&mut LoadRequest), expect: Expect) {
     let mut request = LoadRequest {
         model_id: "tiny".into(),
         model_path: CRATE.into(),
+        model_files: vec![],
         format: "mlx".into(),
         accelerator: "cpu".into(),
         engine: ProbeReport {

@@ -88,6 +88,7 @@ fn check_request(
     let mut request = LoadRequest {
         model_id: "m".into(),
         model_path,
+        model_files: vec![],
         format: "mlx".into(),
         accelerator: "cuda13".into(),
         engine: ProbeReport {

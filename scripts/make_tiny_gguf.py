@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Writes a tiny random-weight Llama model as one GGUF file, with the
+tokenizer metadata llama.cpp needs (a SentencePiece-style vocabulary with
+byte fallback) and a ChatML chat template, for tests and the demo.
+
+    python3 scripts/make_tiny_gguf.py OUT.gguf [--seed 0] [--hidden 64] [--layers 2]
+"""
+
+import argparse
+import string
+
+import gguf
+import numpy as np
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def vocabulary():
+    """(tokens, scores, types): specials, the 256 byte tokens, then pieces."""
+    T = gguf.TokenType
+    tokens = [("<unk>", T.UNKNOWN), ("<s>", T.CONTROL), ("</s>", T.CONTROL),
+              ("<|im_start|>", T.CONTROL), ("<|im_end|>", T.CONTROL)]
+    tokens += [(f"<0x{b:02X}>", T.BYTE) for b in range(256)]
+    pieces = ["\u2581"] + list(string.ascii_letters + string.digits + string.punctuation)
+    pieces += ["\u2581" + c for c in string.ascii_letters]
+    words = "the of and to in is you that it he was for on are as with his they at be this from have or by one had not but what all were when we there can an your which their said if do will each about how up out them then she many some so these would other into has more her two like him see time could no make than first been its who now people my made over did down only way find use may water long little very after words called just where most know".split()
+    pieces += ["\u2581" + w for w in words]
+    tokens += [(p, T.NORMAL) for p in pieces]
+    scores = [0.0] * len(tokens)
+    for i, (_, kind) in enumerate(tokens):
+        if kind == T.NORMAL:
+            scores[i] = -float(i)
+    return [t for t, _ in tokens], scores, [int(k) for _, k in tokens]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--intermediate", type=int, default=128)
+    ap.add_argument("--context", type=int, default=512)
+    args = ap.parse_args()
+
+    tokens, scores, types = vocabulary()
+    vocab, hidden = len(tokens), args.hidden
+    head_dim = hidden // args.heads
+    rng = np.random.default_rng(args.seed)
+
+    def weight(*shape):
+        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
+
+    w = gguf.GGUFWriter(args.out, "llama")
+    w.add_name("hangar-tiny-llama")
+    w.add_context_length(args.context)
+    w.add_embedding_length(hidden)
+    w.add_block_count(args.layers)
+    w.add_feed_forward_length(args.intermediate)
+    w.add_head_count(args.heads)
+    w.add_head_count_kv(args.kv_heads)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(4)  # <|im_end|> ends a ChatML turn
+    w.add_add_bos_token(True)
+    w.add_chat_template(CHATML)
+
+    w.add_tensor("token_embd.weight", weight(vocab, hidden))
+    w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    w.add_tensor("output.weight", weight(vocab, hidden))
+    kv = args.kv_heads * head_dim
+    for i in range(args.layers):
+        b = f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        w.add_tensor(b + "attn_q.weight", weight(hidden, hidden))
+        w.add_tensor(b + "attn_k.weight", weight(kv, hidden))
+        w.add_tensor(b + "attn_v.weight", weight(kv, hidden))
+        w.add_tensor(b + "attn_output.weight", weight(hidden, hidden))
+        w.add_tensor(b + "ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+        w.add_tensor(b + "ffn_gate.weight", weight(args.intermediate, hidden))
+        w.add_tensor(b + "ffn_up.weight", weight(args.intermediate, hidden))
+        w.add_tensor(b + "ffn_down.weight", weight(hidden, args.intermediate))
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+if __name__ == "__main__":
+    main()
