@@ -3,7 +3,9 @@
 # plugins dir that `hangar --plugins-dir` reads: target/plugins/<id>/ with
 # plugin.toml and the built library. Prints that folder's path last.
 #
-# Plugins in the root workspace build in debug with the host. native-mlx is a
+# Plugins in the root workspace build in debug with the host. WebAssembly
+# plugins (kind = "wasm", workspaces of their own, as third parties write
+# them) build in release for wasm32-unknown-unknown. native-mlx is a
 # workspace of its own (it needs MLX; the host must not): it builds in
 # release, after scripts/native-mlx-prepare.sh, unless HANGAR_NO_NATIVE_MLX=1.
 set -euo pipefail
@@ -25,7 +27,11 @@ esac
 for manifest in plugins/*/plugin.toml; do
   dir="$(dirname "$manifest")"
   built="target/debug"
-  if grep -q '^\[workspace\]' "$dir/Cargo.toml"; then
+  if grep -q '^kind = "wasm"' "$manifest"; then
+    rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
+    (cd "$dir" && cargo build --quiet --release --lib --target wasm32-unknown-unknown) >&2
+    built="$dir/target/wasm32-unknown-unknown/release"
+  elif grep -q '^\[workspace\]' "$dir/Cargo.toml"; then
     [[ "${HANGAR_NO_NATIVE_MLX:-}" == 1 ]] && continue
     scripts/native-mlx-prepare.sh >&2
     (cd "$dir" && cargo build --quiet --release --lib) >&2
@@ -33,7 +39,9 @@ for manifest in plugins/*/plugin.toml; do
   fi
   id=$(sed -n 's/^id = "\(.*\)"/\1/p' "$manifest" | head -1)
   artifact=$(sed -n 's/^artifact = "\(.*\)"/\1/p' "$manifest" | head -1)
-  [[ "$artifact" == *.* ]] || artifact="$prefix$artifact$suffix"
+  if [[ "$artifact" != *.* ]]; then
+    if grep -q '^kind = "wasm"' "$manifest"; then artifact="$artifact.wasm"; else artifact="$prefix$artifact$suffix"; fi
+  fi
   mkdir -p "$out/$id"
   # Copy then rename: a running host maps the old library, and overwriting
   # a mapped file in place would crash it.

@@ -81,7 +81,12 @@ def main():
 
     w.add_tensor("token_embd.weight", weight(vocab, hidden))
     w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
-    w.add_tensor("output.weight", weight(vocab, hidden))
+    # Only ordinary pieces get random output rows: control and byte tokens
+    # score 0 and are (almost) never chosen, so greedy output is readable
+    # text that runs to max_tokens instead of ending at a random EOS.
+    output = weight(vocab, hidden)
+    output[[i for i, t in enumerate(types) if t != gguf.TokenType.NORMAL]] = 0.0
+    w.add_tensor("output.weight", output)
     kv = args.kv_heads * head_dim
     for i in range(args.layers):
         b = f"blk.{i}."

@@ -289,7 +289,11 @@ def env(tmp_path_factory):
     shutil.copy(models / "tiny-llama" / "model.safetensors", models / "bad-json" / "model.safetensors")
 
     config = root / "config.toml"
-    config.write_text(f'[plugins.mlx-lm]\nprogram = "{python}"\n')
+    llama_server = os.path.join(os.path.dirname(python), "llama-server")
+    config.write_text(
+        f'[plugins.mlx-lm]\nprogram = "{python}"\n[plugins.llama-server]\nprogram = "{llama_server}"\n'
+        f'[wasm]\ncache_dir = "{root / "wasm-cache"}"\n'
+    )
     # This suite is about mlx-lm; native-mlx (which outranks it) has its own.
     (root / "settings.toml").write_text(
         '[default_engines]\nmlx = "mlx-lm"\n[models.tiny-llama]\nmax_tokens = 64\n'

@@ -48,3 +48,12 @@ def test_native_mlx_generates_stops_and_errors_as_the_suite_asks(env):
     checks = check(env, "native-mlx", "--model", str(env["models"] / "tiny-llama"))
     for name in ("engine_loads", "generate_one_outcome", "generate_stops_quickly", "errors_stay_errors"):
         assert checks[name]["outcome"] == "pass", checks[name]
+
+
+def test_llama_server_conforms_as_a_webassembly_plugin(env):
+    checks = check(env, "llama-server")
+    assert checks["library_loads"]["outcome"] == "pass", checks["library_loads"]
+    assert "0.6.0-dev" in checks["probe_terminates"]["verdict"], checks["probe_terminates"]
+    plan = checks["launch_plan_declared_programs"]
+    assert plan["outcome"] == "pass" and "llama-server" in plan["verdict"], plan
+    assert checks["errors_stay_errors"]["outcome"] == "pass", checks["errors_stay_errors"]

