@@ -12,10 +12,15 @@ scripts/system-deps.sh
 HANGAR_PYTHON="$(scripts/python-env.sh)"
 export HANGAR_PYTHON
 scripts/native-mlx-prepare.sh
+# WebAssembly plugins (the SDK's wasm examples, the template, llama-server).
+rustup target add wasm32-unknown-unknown >&2
 
 cargo build --workspace --all-targets
 cargo test --workspace
 # native-mlx is a workspace of its own (it needs MLX; the host must not).
 (cd plugins/native-mlx && cargo test --release)
+# llama-server is a WebAssembly plugin written as a third party would, in a
+# workspace of its own; the shared target dir reuses the host's build.
+CARGO_TARGET_DIR="$PWD/target" cargo test --manifest-path plugins/llama-server/Cargo.toml
 # End to end: hangar serve + real engines, driven by the openai client.
 "$HANGAR_PYTHON" -m pytest tests/stand-ins tests/e2e -q

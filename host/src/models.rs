@@ -462,6 +462,27 @@ fn check_safetensors(file: &Path) -> Result<u64, String> {
     Ok(len)
 }
 
+/// The names of a model's files, sorted: the entries of its folder that
+/// are files (following symlinks, as the Hugging Face cache needs), or the
+/// file's own name. Unreadable folders give none.
+pub fn files(path: &Path) -> Vec<String> {
+    if path.is_file() {
+        return path
+            .file_name()
+            .map(|n| vec![n.to_string_lossy().into_owned()])
+            .unwrap_or_default();
+    }
+    let mut names: Vec<String> = fs::read_dir(path)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 #[cfg(test)]
 mod tests {
     use std::fmt::Write as _;
@@ -821,25 +842,4 @@ mod tests {
         assert_eq!(found("c"), None);
         assert_eq!(found("z"), None);
     }
-}
-
-/// The names of a model's files, sorted: the entries of its folder that
-/// are files (following symlinks, as the Hugging Face cache needs), or the
-/// file's own name. Unreadable folders give none.
-pub fn files(path: &Path) -> Vec<String> {
-    if path.is_file() {
-        return path
-            .file_name()
-            .map(|n| vec![n.to_string_lossy().into_owned()])
-            .unwrap_or_default();
-    }
-    let mut names: Vec<String> = fs::read_dir(path)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.path().is_file())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
 }

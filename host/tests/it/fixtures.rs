@@ -28,6 +28,32 @@ pub fn examples_dir() -> &'static Path {
     })
 }
 
+/// An SDK example built for WebAssembly (`wasm32-unknown-unknown`, once per
+/// test run): the same source as the native example, exported through the
+/// `hangar:engine` world.
+pub fn wasm_example(name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let mut command = Command::new(cargo);
+        command.args(["build", "--quiet", "-p", "hangar-sdk"]);
+        command.args(["--target", "wasm32-unknown-unknown"]);
+        for example in WASM_EXAMPLES {
+            command.args(["--example", example]);
+        }
+        let status = command.current_dir(root).status().expect("cargo runs");
+        assert!(
+            status.success(),
+            "building the SDK's examples for wasm32-unknown-unknown failed (rustup target add wasm32-unknown-unknown)"
+        );
+    });
+    target_dir().join(format!("wasm32-unknown-unknown/debug/examples/{name}.wasm"))
+}
+
+/// The examples the WebAssembly tests use.
+const WASM_EXAMPLES: &[&str] = &["engine_beta", "engine_panics", "wasm_misbehaves"];
+
 /// The cargo target dir these tests were built into (`target/debug/deps/it-…`
 /// → `target`), for nested builds that should reuse its dependencies.
 pub fn target_dir() -> PathBuf {
@@ -84,6 +110,18 @@ impl Scenario {
         if let Some(library) = library {
             std::fs::copy(example_library(library), dir.join(lib_file(library))).unwrap();
         }
+        dir
+    }
+
+    /// Writes a WebAssembly plugin folder `name` with `manifest` (a native
+    /// one from [`manifest`] is turned into a wasm one) and the example
+    /// `example` built for WebAssembly as `<example>.wasm`.
+    pub fn wasm_plugin(&self, name: &str, manifest: &str, example: &str) -> PathBuf {
+        let dir = self.plugins_dir().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let manifest = manifest.replace("kind = \"native\"", "kind = \"wasm\"");
+        std::fs::write(dir.join("plugin.toml"), manifest).unwrap();
+        std::fs::copy(wasm_example(example), dir.join(format!("{example}.wasm"))).unwrap();
         dir
     }
 

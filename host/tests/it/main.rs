@@ -7,3 +7,4 @@ mod package;
 mod plugin_cmd;
 mod registry;
 mod serve;
+mod wasm;

@@ -126,23 +126,89 @@ fn a_new_native_plugin_builds_passes_packs_installs_and_is_listed() {
 }
 
 #[test]
-fn wasm_plugins_are_not_available_yet() {
+fn a_new_wasm_plugin_builds_and_is_listed_from_a_plain_folder() {
     let s = Scenario::new();
-    let (code, out) = s.hangar(&[
+    let work = s.root.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let hangar = |args: &[&str]| s.hangar_with(args, &cargo_env());
+    let (code, out) = hangar(&[
         "plugin",
         "new",
         "--kind",
         "wasm",
         "demo",
         "--dir",
-        s.root.path().to_str().unwrap(),
+        work.to_str().unwrap(),
     ]);
+    assert_eq!(code, 0, "{out}");
+    let demo = work.join("demo");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    std::fs::copy(root.join("Cargo.lock"), demo.join("Cargo.lock")).unwrap();
+
+    // Build as the template's README says, and drop a folder of the
+    // manifest and the module into the plugins dir by hand.
+    let build = cargo(
+        &demo,
+        &["build", "--quiet", "--target", "wasm32-unknown-unknown"],
+    );
+    eprintln!("the wasm template's plugin built in {build:.1} s");
+    let built =
+        crate::fixtures::target_dir().join("wasm32-unknown-unknown/debug/hangar_plugin_demo.wasm");
+    let folder = s.plugins_dir().join("demo");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::copy(demo.join("plugin.toml"), folder.join("plugin.toml")).unwrap();
+    std::fs::copy(&built, folder.join("hangar_plugin_demo.wasm")).unwrap();
+    let (code, out) = hangar(&["plugins"]);
     expect![[r#"
-        exit 1
-        error: WebAssembly plugins are not available in this build of hangar yet: it has no WebAssembly loader, so a wasm plugin would not load. Use --kind native
+        exit 0
+        platform: linux/x86_64/cpu
+         PLUGIN  STATUS       FORMATS  PLATFORMS                                               PRIORITY  ENGINE  CAPABILITIES 
+         demo    unavailable  gguf     linux/x86_64/cpu linux/aarch64/cpu macos/aarch64/metal  10                             
+        - demo ($ROOT/plugins/demo): not installed (looked in PATH, $ROOT/.local/bin/demo-server)
     "#]]
     .assert_eq(&format!("exit {code}\n{out}"));
-    assert!(!s.root.path().join("demo").exists());
+
+    // With its engine installed it is ready, its capability gated on.
+    let bin = s.root.path().join(".local/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::rename(
+        s.engine_program("demo-server", "demo-server 1.1.0"),
+        bin.join("demo-server"),
+    )
+    .unwrap();
+    let (code, out) = hangar(&["plugins"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("demo    ready   gguf") && out.contains("1.1.0   prompt_cache"),
+        "{out}"
+    );
+
+    // The crate passes the conformance suite, packs into one file, and
+    // installs.
+    let package = s.root.path().join("demo-0.1.0-wasm.tar.gz");
+    let (code, out) = hangar(&["plugin", "check", demo.to_str().unwrap(), "--debug"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("8 passed, 0 failed, 3 skipped"), "{out}");
+    let (code, out) = hangar(&[
+        "plugin",
+        "pack",
+        demo.to_str().unwrap(),
+        "--debug",
+        "-o",
+        package.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    std::fs::remove_dir_all(&folder).unwrap();
+    let (code, out) = hangar(&["plugin", "install", package.to_str().unwrap()]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, "installed plugin demo 0.1.0 in $ROOT/plugins/demo")
+    );
+}
+
+#[test]
+fn a_plugin_id_must_be_an_id() {
+    let s = Scenario::new();
     let (code, out) = s.hangar(&[
         "plugin",
         "new",
