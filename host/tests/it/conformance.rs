@@ -1,5 +1,6 @@
-//! The conformance suite against the SDK's example plugins: the honest
-//! ones pass; each broken one fails the check that names what is wrong.
+//! The conformance suite against the SDK's example plugins, native and
+//! built for WebAssembly: the honest ones pass; each broken one fails the
+//! check that names what is wrong.
 //! (The repo's engine plugins run the suite in their own `cargo test`,
 //! through the test kit, as a third party's would.)
 
@@ -278,4 +279,61 @@ fn hangar_plugin_check_prints_a_table_and_fails_with_the_plugin() {
         - describe_answers: describe() failed: the plugin panicked: the engine adapter is broken at sdk/examples/engine_panics.rs:11
     "#]]
     .assert_eq(&format!("exit {code}\n{out}"));
+}
+
+#[test]
+fn the_same_examples_built_for_webassembly_pass_and_fail_alike() {
+    let s = Scenario::new();
+    let program = s.engine_program("beta-engine", "beta 0.9.0");
+    let extra = format!(
+        "programs = [\"python3\"]\n[probe]\nprogram = \"{}\"\n",
+        program.display()
+    );
+    let beta = s.wasm_plugin(
+        "beta",
+        &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
+        "engine_beta",
+    );
+    check(
+        &s,
+        &beta,
+        expect![[r#"
+            plugin beta
+            pass manifest_valid
+            pass library_loads
+            pass describe_answers
+            pass describe_matches_manifest
+            pass probe_terminates
+            pass probe_without_engine
+            pass launch_plan_declared_programs
+            skip engine_loads
+            skip generate_one_outcome
+            skip generate_stops_quickly
+            pass errors_stay_errors
+        "#]],
+    );
+    // A panic traps the guest; the host reports it as the native one's.
+    let panics = s.wasm_plugin(
+        "panics",
+        &manifest("panics", "engine_panics", &["mlx"], 1, ""),
+        "engine_panics",
+    );
+    check(
+        &s,
+        &panics,
+        expect![[r#"
+            plugin panics
+            pass manifest_valid
+            pass library_loads
+            FAIL describe_answers: describe() failed: the plugin panicked: the engine adapter is broken at sdk/examples/engine_panics.rs:11
+            skip describe_matches_manifest
+            skip probe_terminates
+            skip probe_without_engine
+            skip launch_plan_declared_programs
+            skip engine_loads
+            skip generate_one_outcome
+            skip generate_stops_quickly
+            skip errors_stay_errors
+        "#]],
+    );
 }
