@@ -27,6 +27,12 @@
 //! The crate must also depend on `abi_stable` (the root module's export
 //! attribute names it by its crate name) and set
 //! `crate-type = ["cdylib"]`.
+//!
+//! The same source is a WebAssembly plugin when built with
+//! `cargo build --target wasm32-unknown-unknown`: there [`export_plugin!`]
+//! exports the `hangar:engine@1.0.0` world instead (see [`wasm`], which is
+//! compiled only for that target), and a panic traps the guest after the
+//! SDK has handed its message to the host.
 
 // The wasm bindings name this crate by its package name.
 extern crate self as hangar_sdk;
