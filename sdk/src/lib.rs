@@ -30,7 +30,7 @@
 //!
 //! The same source is a WebAssembly plugin when built with
 //! `cargo build --target wasm32-unknown-unknown`: there [`export_plugin!`]
-//! exports the `hangar:engine@1.0.0` world instead (see [`wasm`], which is
+//! exports the `hangar:engine@1.0.0` world instead (see the `wasm` module, which is
 //! compiled only for that target), and a panic traps the guest after the
 //! SDK has handed its message to the host.
 

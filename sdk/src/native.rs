@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::Engine;
 
-/// Exports a [`Plugin`] implementation as this library's root module.
+/// Exports a [`Plugin`](crate::Plugin) implementation as this library's root module.
 #[macro_export]
 macro_rules! export_plugin {
     ($plugin:ty) => {
