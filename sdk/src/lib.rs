@@ -199,6 +199,22 @@ pub fn version_from_output(
     }
 }
 
+/// A panic's message and place: `message at file:line`, as the host
+/// reports it.
+fn panic_text(info: &std::panic::PanicHookInfo<'_>) -> String {
+    let message = info
+        .payload()
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| info.payload().downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic payload".into());
+    let at = info
+        .location()
+        .map(|l| format!(" at {}:{}", l.file(), l.line()))
+        .unwrap_or_default();
+    format!("{message}{at}")
+}
+
 #[cfg(not(target_family = "wasm"))]
 mod native;
 #[cfg(not(target_family = "wasm"))]

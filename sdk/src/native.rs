@@ -109,17 +109,8 @@ pub mod __private {
         static ONCE: std::sync::Once = std::sync::Once::new();
         ONCE.call_once(|| {
             std::panic::set_hook(Box::new(|info| {
-                let message = info
-                    .payload()
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| info.payload().downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a non-string panic payload".into());
-                let at = info
-                    .location()
-                    .map(|l| format!(" at {}:{}", l.file(), l.line()))
-                    .unwrap_or_default();
-                LAST_PANIC.with(|p| *p.borrow_mut() = Some(format!("{message}{at}")));
+                let text = crate::panic_text(info);
+                LAST_PANIC.with(|p| *p.borrow_mut() = Some(text));
             }));
         });
     }

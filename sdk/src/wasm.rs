@@ -80,17 +80,7 @@ fn report_panics() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         std::panic::set_hook(Box::new(|info| {
-            let message = info
-                .payload()
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| info.payload().downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a non-string panic payload".into());
-            let at = info
-                .location()
-                .map(|l| format!(" at {}:{}", l.file(), l.line()))
-                .unwrap_or_default();
-            hangar::engine::host::panicked(&format!("{message}{at}"));
+            hangar::engine::host::panicked(&crate::panic_text(info));
         }));
     });
 }
