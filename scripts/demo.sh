@@ -12,15 +12,22 @@ cargo build --quiet -p hangar
 PLUGINS="$(scripts/build-plugins.sh)"
 mkdir -p models target/demo
 [ -f models/tiny-llama/model.safetensors ] || "$PY" scripts/make_tiny_model.py models/tiny-llama >/dev/null
+# The same kind of model as one GGUF file, for the llama-server plugin.
+[ -f models/tiny-gguf.gguf ] || "$PY" scripts/make_tiny_gguf.py models/tiny-gguf.gguf
 cat > target/demo/config.toml <<TOML
-# Written by scripts/demo.sh: point the mlx-lm plugin at the project's venv.
+# Written by scripts/demo.sh: point the mlx-lm and llama-server plugins at
+# the project's venv.
 [plugins.mlx-lm]
 program = "$PY"
+
+[plugins.llama-server]
+program = "$(dirname "$PY")/llama-server"
 TOML
 
 hangar() { target/debug/hangar --plugins-dir "$PLUGINS" --config target/demo/config.toml "$@"; }
 hangar plugins
 hangar resolve models/tiny-llama
+hangar resolve models/tiny-gguf.gguf
 PORT="${PORT:-8080}"
 cat >&2 <<MSG
 
@@ -28,7 +35,8 @@ Try, from another terminal:
   curl -s localhost:$PORT/v1/models
   curl -s localhost:$PORT/v1/chat/completions -H 'content-type: application/json' \\
     -d '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16}'
-(The model has random weights: expect well-formed answers full of nonsense.)
+  (or "model": "tiny-gguf", served by llama.cpp through the WebAssembly plugin)
+(The models have random weights: expect well-formed answers full of nonsense.)
 
 MSG
 exec target/debug/hangar --plugins-dir "$PLUGINS" --config target/demo/config.toml \
