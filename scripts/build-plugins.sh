@@ -21,16 +21,16 @@ done
 cargo build --quiet "${packages[@]}" >&2
 
 case "$(uname -s)" in
-  Darwin) prefix=lib suffix=.dylib ;;
-  *) prefix=lib suffix=.so ;;
+  Darwin) lib_suffix=.dylib ;;
+  *) lib_suffix=.so ;;
 esac
 for manifest in plugins/*/plugin.toml; do
   dir="$(dirname "$manifest")"
-  built="target/debug"
+  built="target/debug" prefix=lib suffix="$lib_suffix"
   if grep -q '^kind = "wasm"' "$manifest"; then
     rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
     (cd "$dir" && cargo build --quiet --release --lib --target wasm32-unknown-unknown) >&2
-    built="$dir/target/wasm32-unknown-unknown/release"
+    built="$dir/target/wasm32-unknown-unknown/release" prefix="" suffix=.wasm
   elif grep -q '^\[workspace\]' "$dir/Cargo.toml"; then
     [[ "${HANGAR_NO_NATIVE_MLX:-}" == 1 ]] && continue
     scripts/native-mlx-prepare.sh >&2
@@ -39,9 +39,7 @@ for manifest in plugins/*/plugin.toml; do
   fi
   id=$(sed -n 's/^id = "\(.*\)"/\1/p' "$manifest" | head -1)
   artifact=$(sed -n 's/^artifact = "\(.*\)"/\1/p' "$manifest" | head -1)
-  if [[ "$artifact" != *.* ]]; then
-    if grep -q '^kind = "wasm"' "$manifest"; then artifact="$artifact.wasm"; else artifact="$prefix$artifact$suffix"; fi
-  fi
+  [[ "$artifact" == *.* ]] || artifact="$prefix$artifact$suffix"
   mkdir -p "$out/$id"
   # Copy then rename: a running host maps the old library, and overwriting
   # a mapped file in place would crash it.

@@ -15,7 +15,7 @@ use clap::{Subcommand, ValueEnum};
 use crate::config::{self, Config};
 use crate::conformance::{self, PluginTest};
 use crate::package;
-use crate::plugin_folder::{PluginFolder, Profile};
+use crate::plugin_folder::{PluginFolder, Profile, WASM_TARGET};
 use crate::template::{self, SdkSource};
 use hangar_plugin_api::PluginKind;
 
@@ -174,7 +174,7 @@ fn new(
         );
     }
     if kind == PluginKind::Wasm {
-        println!("(needs the target once: rustup target add wasm32-unknown-unknown)");
+        println!("(needs the target once: rustup target add {WASM_TARGET})");
     }
     println!(
         "next: cd {} && cargo test && hangar plugin check . && hangar plugin pack .",

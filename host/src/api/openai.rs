@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 
 use super::inprocess::Route;
 use super::{ApiError, App};
-use crate::loader::wasm::WasmPlugin;
+use crate::loader::wasm::{Direction, WasmPlugin};
 use crate::models::Model;
 use crate::sessions::{Backend, InFlight, Session};
 
@@ -115,7 +115,7 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
     };
     if let Some(mapper) = mapper {
         let body = Value::Object(request);
-        request = match map(mapper, path, body, WasmPlugin::map_request).await? {
+        request = match map(mapper, Direction::Request, path, body).await? {
             Value::Object(mapped) => mapped,
             other => {
                 return Err(ApiError::engine(format!(
@@ -162,7 +162,7 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
     match serde_json::from_slice::<Value>(&bytes) {
         Ok(mut value) if status.is_success() => {
             if let Some(mapper) = mapper {
-                value = map(mapper, path, value, WasmPlugin::map_response).await?;
+                value = map(mapper, Direction::Response, path, value).await?;
             }
             rewrite_model(&mut value, &model_id);
             Ok((status, Json(value)).into_response())
@@ -190,12 +190,12 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
 /// from the plugin keeps `body`.
 async fn map(
     mapper: &WasmPlugin,
+    direction: Direction,
     route: &'static str,
     body: Value,
-    call: fn(&WasmPlugin, &str, &Value) -> Result<Option<Value>, String>,
 ) -> Result<Value, ApiError> {
     let mapper = mapper.clone();
-    tokio::task::spawn_blocking(move || match call(&mapper, route, &body) {
+    tokio::task::spawn_blocking(move || match mapper.map(direction, route, &body) {
         Ok(mapped) => Ok(mapped.unwrap_or(body)),
         Err(reason) => Err(ApiError::engine(format!("the engine's plugin {reason}"))),
     })

@@ -65,14 +65,6 @@ impl LoadedPlugin {
         }
     }
 
-    /// The native library, for callers that speak its ABI directly.
-    pub fn native(&self) -> Option<&NativePlugin> {
-        match self {
-            LoadedPlugin::Native(p) => Some(p),
-            LoadedPlugin::Wasm(_) => None,
-        }
-    }
-
     /// The component, for callers that map requests through it.
     pub fn wasm(&self) -> Option<&WasmPlugin> {
         match self {

@@ -5,7 +5,7 @@
 //!   process, open a file or reach the network. It only plans; the host
 //!   runs the plan, and only programs the manifest declares.
 //! - Every call gets a fresh instance under an epoch deadline and a memory
-//!   cap ([`WasmLimits`]). A guest that traps, loops or grows past its cap
+//!   cap ([`WasmConfig`]). A guest that traps, loops or grows past its cap
 //!   is stopped; the caller gets an error that says which, and nothing else
 //!   in the host is touched.
 //! - A plugin's artifact may be a component, or the core module that
@@ -39,35 +39,27 @@ use bindings::exports::hangar::engine::plugin::Guest;
 /// How often the epoch advances: the resolution of call deadlines.
 const TICK: Duration = Duration::from_millis(10);
 
-/// The limits every call into a guest runs under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Serialize)]
+/// The runtime's settings: `[wasm]` in `config.toml`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct WasmLimits {
+pub struct WasmConfig {
     /// Wall-clock time one call may take, in milliseconds.
     pub call_timeout_ms: u64,
     /// The most linear memory one instance may grow to, in MiB.
     pub memory_mib: u64,
-}
-
-impl Default for WasmLimits {
-    fn default() -> Self {
-        WasmLimits {
-            call_timeout_ms: 2_000,
-            memory_mib: 64,
-        }
-    }
-}
-
-/// The runtime's settings: `[wasm]` in `config.toml`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct WasmConfig {
-    /// Limits of each call.
-    #[serde(flatten)]
-    pub limits: WasmLimits,
     /// Where compiled components are cached (default: the user's cache dir,
     /// `hangar/wasm`).
     pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for WasmConfig {
+    fn default() -> Self {
+        WasmConfig {
+            call_timeout_ms: 2_000,
+            memory_mib: 64,
+            cache_dir: None,
+        }
+    }
 }
 
 static CONFIG: OnceLock<WasmConfig> = OnceLock::new();
@@ -149,17 +141,36 @@ impl bindings::hangar::engine::host::Host for GuestState {
     }
 }
 
+/// Which body a plugin's mapping sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// A client's request, before the host forwards it to the engine.
+    Request,
+    /// The engine's non-streaming response, before the host returns it.
+    Response,
+}
+
+impl Direction {
+    fn function(self) -> &'static str {
+        match self {
+            Direction::Request => "map_request",
+            Direction::Response => "map_response",
+        }
+    }
+}
+
 /// A loaded WebAssembly plugin.
 #[derive(Clone)]
 pub struct WasmPlugin {
     pre: Arc<bindings::EnginePre<GuestState>>,
-    limits: WasmLimits,
+    limits: &'static WasmConfig,
 }
 
 impl std::fmt::Debug for WasmPlugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WasmPlugin")
-            .field("limits", &self.limits)
+            .field("call_timeout_ms", &self.limits.call_timeout_ms)
+            .field("memory_mib", &self.limits.memory_mib)
             .finish()
     }
 }
@@ -168,11 +179,6 @@ impl WasmPlugin {
     /// Compiles (or takes from the cache) and links the component at
     /// `path`, with this process's limits.
     pub fn load(path: &Path) -> Result<WasmPlugin, String> {
-        WasmPlugin::load_with(path, config().limits)
-    }
-
-    /// [`WasmPlugin::load`] with explicit limits.
-    pub fn load_with(path: &Path, limits: WasmLimits) -> Result<WasmPlugin, String> {
         let engine = engine()?;
         let bytes =
             std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
@@ -194,7 +200,7 @@ impl WasmPlugin {
         })?;
         Ok(WasmPlugin {
             pre: Arc::new(pre),
-            limits,
+            limits: config(),
         })
     }
 
@@ -209,9 +215,7 @@ impl WasmPlugin {
         &self,
         input: &hangar_plugin_api::wire::ProbeInput,
     ) -> Result<hangar_plugin_api::wire::ProbeReport, String> {
-        let input = encode("probe", input)?;
-        let json = self.call("probe", |guest, store| guest.call_probe(store, &input))?;
-        decode("probe", &json)
+        self.typed("probe", input)
     }
 
     /// Calls the plugin's `plan_launch()`.
@@ -219,38 +223,16 @@ impl WasmPlugin {
         &self,
         request: &hangar_plugin_api::wire::LoadRequest,
     ) -> Result<hangar_plugin_api::wire::LaunchPlan, String> {
-        let request = encode("plan_launch", request)?;
-        let json = self.call("plan_launch", |guest, store| {
-            guest.call_plan_launch(store, &request)
-        })?;
-        decode("plan_launch", &json)
+        self.typed("plan_launch", request)
     }
 
-    /// Calls the plugin's `map_request()` on a client's request body:
-    /// `None` when the plugin leaves it as it is.
-    pub fn map_request(
-        &self,
-        route: &str,
-        body: &serde_json::Value,
-    ) -> Result<Option<serde_json::Value>, String> {
-        self.map("map_request", route, body, |guest, store, route, body| {
-            guest.call_map_request(store, route, body)
-        })
+    fn typed<I: Serialize, O: DeserializeOwned>(&self, name: &str, input: &I) -> Result<O, String> {
+        let json = self.call_json(name, &encode(name, input)?)?;
+        decode(name, &json)
     }
 
-    /// Calls the plugin's `map_response()` on an engine's response body.
-    pub fn map_response(
-        &self,
-        route: &str,
-        body: &serde_json::Value,
-    ) -> Result<Option<serde_json::Value>, String> {
-        self.map("map_response", route, body, |guest, store, route, body| {
-            guest.call_map_response(store, route, body)
-        })
-    }
-
-    /// Calls `probe` or `plan_launch` with `json` as it is: the conformance
-    /// suite sends malformed messages this way.
+    /// Calls `probe` or `plan_launch` with the message `json` as it is (the
+    /// conformance suite sends malformed ones this way).
     pub fn call_json(&self, function: &str, json: &str) -> Result<String, String> {
         let json = json.to_string();
         match function {
@@ -264,20 +246,21 @@ impl WasmPlugin {
         }
     }
 
-    fn map(
+    /// Calls the plugin's `map_request()` on a client's request body, or
+    /// `map_response()` on an engine's non-streaming response body: `None`
+    /// when the plugin leaves it as it is.
+    pub fn map(
         &self,
-        name: &str,
+        direction: Direction,
         route: &str,
         body: &serde_json::Value,
-        f: impl FnOnce(
-            &Guest,
-            &mut Store<GuestState>,
-            &str,
-            &String,
-        ) -> wasmtime::Result<Result<Option<String>, String>>,
     ) -> Result<Option<serde_json::Value>, String> {
+        let name = direction.function();
         let body = encode(name, body)?;
-        let mapped = self.call(name, |guest, store| f(guest, store, route, &body))?;
+        let mapped = self.call(name, |guest, store| match direction {
+            Direction::Request => guest.call_map_request(store, route, &body),
+            Direction::Response => guest.call_map_response(store, route, &body),
+        })?;
         mapped.map(|json| decode(name, &json)).transpose()
     }
 

@@ -3,7 +3,7 @@
 //! suite (its own `cargo test` and `hangar plugin check`), packs into one
 //! file, installs into a plugins dir, and `hangar plugins` lists it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
@@ -32,29 +32,38 @@ fn cargo(dir: &Path, args: &[&str]) -> f64 {
     started.elapsed().as_secs_f64()
 }
 
-#[test]
-fn a_new_native_plugin_builds_passes_packs_installs_and_is_listed() {
-    let s = Scenario::new();
+/// `hangar plugin new --kind KIND demo` in a work folder of `s`; returns
+/// the crate folder.
+fn new_plugin(s: &Scenario, kind: &str) -> PathBuf {
     let work = s.root.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
-    let hangar = |args: &[&str]| s.hangar_with(args, &cargo_env());
-    let (code, out) = hangar(&[
-        "plugin",
-        "new",
-        "--kind",
-        "native",
-        "demo",
-        "--dir",
-        work.to_str().unwrap(),
-    ]);
+    let (code, out) = s.hangar_with(
+        &[
+            "plugin",
+            "new",
+            "--kind",
+            kind,
+            "demo",
+            "--dir",
+            work.to_str().unwrap(),
+        ],
+        &cargo_env(),
+    );
     assert_eq!(code, 0, "{out}");
     let demo = work.join("demo");
     assert!(demo.join("src/lib.rs").is_file(), "{out}");
-
     // The workspace's lock file pins the dependencies to the versions the
     // workspace already compiled (and needs no registry).
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     std::fs::copy(root.join("Cargo.lock"), demo.join("Cargo.lock")).unwrap();
+    demo
+}
+
+#[test]
+fn a_new_native_plugin_builds_passes_packs_installs_and_is_listed() {
+    let s = Scenario::new();
+    let hangar = |args: &[&str]| s.hangar_with(args, &cargo_env());
+    let demo = new_plugin(&s, "native");
     let build = cargo(&demo, &["build", "--quiet"]);
     eprintln!("the template's plugin built in {build:.1} s");
 
@@ -128,22 +137,8 @@ fn a_new_native_plugin_builds_passes_packs_installs_and_is_listed() {
 #[test]
 fn a_new_wasm_plugin_builds_and_is_listed_from_a_plain_folder() {
     let s = Scenario::new();
-    let work = s.root.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
     let hangar = |args: &[&str]| s.hangar_with(args, &cargo_env());
-    let (code, out) = hangar(&[
-        "plugin",
-        "new",
-        "--kind",
-        "wasm",
-        "demo",
-        "--dir",
-        work.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{out}");
-    let demo = work.join("demo");
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    std::fs::copy(root.join("Cargo.lock"), demo.join("Cargo.lock")).unwrap();
+    let demo = new_plugin(&s, "wasm");
 
     // Build as the template's README says, and drop a folder of the
     // manifest and the module into the plugins dir by hand.
