@@ -34,15 +34,19 @@
 //! plugin's own tests of its plans.
 //!
 //! The test kit is a crate of its own rather than a feature of
-//! `hangar-sdk`: it links the host, which must reach the plugin's test
-//! binaries only, never the library the host loads.
+//! `hangar-sdk`: it links the host's engine library (`hangar-engine`: the
+//! registry, the loaders, the suite; no HTTP server), which must reach the
+//! plugin's test binaries only, never the library the host loads.
+//!
+//! A WebAssembly plugin's tests turn on the `wasm` feature, which brings
+//! the wasmtime runtime; a native plugin's tests build without it.
 
-pub use hangar::conformance::{
+pub use hangar_engine::conformance::{
     assert_conformant, Check, Limits, Outcome, PluginTest, Report, CHECKS,
 };
-pub use hangar::plugin_folder::Profile;
+pub use hangar_engine::plugin_folder::Profile;
 
 /// Runs every conformance check against `plugin` and returns the report.
 pub fn conformance(plugin: &PluginTest) -> Report {
-    hangar::conformance::run(plugin)
+    hangar_engine::conformance::run(plugin)
 }

@@ -1,0 +1,160 @@
+//! The operator's configuration: `config.toml` in the config dir.
+//!
+//! ```toml
+//! plugins_dirs = ["/opt/hangar/plugins"]   # besides the data dir's plugins/
+//! model_dirs = ["~/models"]
+//! platform = "linux/x86_64/cpu"            # override detection
+//!
+//! [plugins.mlx-lm]                         # settings handed to one plugin
+//! program = "/opt/venv/bin/python3"        # where its probe program lives
+//!
+//! [wasm]                                   # WebAssembly plugins
+//! call_timeout_ms = 2000                   # each call's deadline
+//! memory_mib = 64                          # each instance's memory cap
+//! cache_dir = "~/.cache/hangar/wasm"       # compiled plugins
+//! ```
+//!
+//! Settings (generation defaults, default engines, engine and model
+//! settings) live beside it in `settings.toml`, which the server reads.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The environment variable naming the config file.
+pub const CONFIG_ENV: &str = "HANGAR_CONFIG";
+
+/// The parsed configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Extra plugin folders, searched after `--plugins-dir` and before the
+    /// data dir's `plugins/`.
+    #[serde(default)]
+    pub plugins_dirs: Vec<PathBuf>,
+    /// Folders whose subfolders are models.
+    #[serde(default)]
+    pub model_dirs: Vec<PathBuf>,
+    /// Overrides platform detection (`os/arch/acc,acc`).
+    #[serde(default)]
+    pub platform: Option<String>,
+    /// Plugin id → that plugin's settings.
+    #[serde(default)]
+    pub plugins: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
+    /// The WebAssembly runtime: limits of each call into a plugin, and where
+    /// compiled plugins are cached.
+    #[serde(default)]
+    pub wasm: WasmConfig,
+}
+
+/// The runtime's settings: `[wasm]` in `config.toml`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WasmConfig {
+    /// Wall-clock time one call may take, in milliseconds.
+    pub call_timeout_ms: u64,
+    /// The most linear memory one instance may grow to, in MiB.
+    pub memory_mib: u64,
+    /// Where compiled components are cached (default: the user's cache dir,
+    /// `hangar/wasm`).
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for WasmConfig {
+    fn default() -> Self {
+        WasmConfig {
+            call_timeout_ms: 2_000,
+            memory_mib: 64,
+            cache_dir: None,
+        }
+    }
+}
+
+/// Why the configuration could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file exists but could not be read.
+    #[error("cannot read config {path}: {cause}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        cause: std::io::Error,
+    },
+    /// The file is not a valid config.
+    #[error("config {path} is invalid: {message}; fix the file or move it aside")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl Config {
+    /// Reads the config from `path`, or from `HANGAR_CONFIG`, or from the
+    /// default location. A default location that does not exist is an empty
+    /// config; an explicitly named file must exist.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let explicit = path
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os(CONFIG_ENV).map(PathBuf::from));
+        let Some(path) = explicit.clone().or_else(default_path) else {
+            return Ok(Config::default());
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                Config::parse(&text).map_err(|message| ConfigError::Invalid { path, message })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => {
+                Ok(Config::default())
+            }
+            Err(cause) => Err(ConfigError::Read { path, cause }),
+        }
+    }
+
+    /// Parses config text.
+    pub fn parse(text: &str) -> Result<Config, String> {
+        toml::from_str(text).map_err(|e| e.message().to_string())
+    }
+
+    /// The settings the operator gave plugin `id`.
+    pub fn plugin_settings(&self, id: &str) -> BTreeMap<String, serde_json::Value> {
+        self.plugins.get(id).cloned().unwrap_or_default()
+    }
+}
+
+/// The environment variable naming the settings file.
+pub const SETTINGS_ENV: &str = "HANGAR_SETTINGS";
+
+/// Where settings persist: `HANGAR_SETTINGS`, else `settings.toml` beside
+/// the config file in use.
+pub fn settings_path(config: Option<&Path>) -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(SETTINGS_ENV) {
+        return Some(PathBuf::from(path));
+    }
+    let config = config
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os(CONFIG_ENV).map(PathBuf::from))
+        .or_else(default_path)?;
+    Some(config.with_file_name("settings.toml"))
+}
+
+/// `~/.config/hangar/config.toml` (or the platform's equivalent).
+pub fn default_path() -> Option<PathBuf> {
+    dirs::config_dir().map(|d| d.join("hangar").join("config.toml"))
+}
+
+/// `~/.local/share/hangar/plugins` (or the platform's equivalent).
+pub fn default_plugins_dir() -> Option<PathBuf> {
+    dirs::data_dir().map(|d| d.join("hangar").join("plugins"))
+}
+
+/// Expands a leading `~/` to the home folder.
+pub fn expand_home(path: &str) -> PathBuf {
+    match (path.strip_prefix("~/"), dirs::home_dir()) {
+        (Some(rest), Some(home)) => home.join(rest),
+        _ => PathBuf::from(path),
+    }
+}

@@ -1,0 +1,139 @@
+//! The management routes: plugins, resolution, models, sessions, logs,
+//! events and health.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{ApiError, App};
+
+/// `GET /health`.
+pub(super) async fn health(State(app): State<Arc<App>>) -> Json<Value> {
+    let loading = app.sessions.loading();
+    let sessions: Vec<_> = app.sessions.list().iter().map(|s| s.info()).collect();
+    Json(json!({
+        "status": if loading.is_empty() { "healthy" } else { "loading" },
+        "loading": loading,
+        "sessions": sessions,
+    }))
+}
+
+/// `GET /api/plugins`.
+pub(super) async fn plugins(State(app): State<Arc<App>>) -> Json<Value> {
+    let registry = app.sessions.registry().clone();
+    let report = tokio::task::spawn_blocking(move || {
+        hangar_engine::registry::report::plugins_report(&registry)
+    })
+    .await
+    .expect("the report does not panic");
+    Json(serde_json::to_value(report).expect("reports serialize"))
+}
+
+/// The query of `GET /api/resolve`.
+#[derive(Deserialize)]
+pub(super) struct ResolveQuery {
+    model: String,
+}
+
+/// `GET /api/resolve?model=ID_OR_FORMAT`.
+pub(super) async fn resolve(
+    State(app): State<Arc<App>>,
+    query: Result<Query<ResolveQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = query?;
+    let discovery = app.discover().await;
+    let model = discovery.find(&q.model).cloned();
+    let format = match &model {
+        Some(m) => m.format.clone(),
+        None if q.model.contains('/') => return Err(ApiError::model_not_found(&q.model, &[])),
+        None => q.model.clone(),
+    };
+    let registry = app.sessions.registry().clone();
+    let defaults = app.sessions.settings().get().default_engines;
+    let resolution = tokio::task::spawn_blocking(move || registry.resolve(&format, &defaults))
+        .await
+        .expect("resolution does not panic");
+    Ok(Json(json!({ "model": model, "resolution": resolution })))
+}
+
+/// `GET /api/models`.
+pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
+    let discovery = app.discover().await;
+    let loading = app.sessions.loading();
+    let models: Vec<Value> = discovery
+        .models
+        .iter()
+        .map(|m| {
+            let session = app.sessions.of_model(&m.id).map(|s| s.info());
+            let state = if session.is_some() {
+                "loaded"
+            } else if loading.contains(&m.id) {
+                "loading"
+            } else {
+                "available"
+            };
+            json!({ "model": m, "state": state, "session": session })
+        })
+        .collect();
+    Json(json!({ "models": models, "not_models": discovery.rejected }))
+}
+
+/// `POST /api/models/{id}/load`.
+pub(super) async fn load(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let model = app.find_model(&id).await?;
+    let session = app.sessions.ensure(&model).await?;
+    Ok(Json(json!({ "loaded": true, "session": session.info() })))
+}
+
+/// `POST /api/models/{id}/unload`.
+pub(super) async fn unload(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if app.sessions.unload(&id).await {
+        Ok(Json(json!({ "unloaded": true, "model": id })))
+    } else {
+        Err(ApiError::not_found(format!(
+            "model '{id}' is not loaded; GET /api/sessions lists what is"
+        )))
+    }
+}
+
+/// `GET /api/sessions`.
+pub(super) async fn sessions(State(app): State<Arc<App>>) -> Json<Value> {
+    let sessions: Vec<_> = app.sessions.list().iter().map(|s| s.info()).collect();
+    Json(json!({ "sessions": sessions }))
+}
+
+/// `GET /api/sessions/{id}/logs`.
+pub(super) async fn logs(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let session = app.sessions.by_id(&id).ok_or_else(|| {
+        ApiError::not_found(format!(
+            "no running session '{id}'; GET /api/sessions lists them"
+        ))
+    })?;
+    let (lines, dropped) = match session.process() {
+        Some(process) => process.log.snapshot(),
+        None => (
+            vec!["(the engine runs inside the host: its output is the host's)".into()],
+            0,
+        ),
+    };
+    Ok(Json(
+        json!({ "session": id, "model": session.model.id, "dropped": dropped, "lines": lines }),
+    ))
+}
+
+/// `GET /api/events`.
+pub(super) async fn events(State(app): State<Arc<App>>) -> Json<Value> {
+    Json(json!({ "events": app.sessions.events() }))
+}

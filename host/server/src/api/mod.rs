@@ -1,0 +1,145 @@
+//! The unified HTTP API (axum): OpenAI-compatible routes for clients and
+//! management routes for operators, over every session of the host.
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /health` | `healthy` or `loading`, with the sessions |
+//! | `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` | OpenAI-compatible |
+//! | `GET /api/plugins` | every plugin, as `hangar plugins --json` |
+//! | `GET /api/resolve?model=ID_OR_FORMAT` | the resolution trace |
+//! | `GET /api/models` | discovered models, their state, and folders that are not models |
+//! | `POST /api/models/{id}/load`, `POST /api/models/{id}/unload` | load or stop a model (`/` in ids as `%2F`) |
+//! | `GET/PUT /api/settings` | app defaults, default engines, engine settings |
+//! | `GET/PUT /api/models/{id}/settings`, `GET /api/models/{id}/settings/schema` | one model's settings, and what its engine supports now |
+//! | `GET /api/sessions`, `GET /api/sessions/{id}/logs` | running engines and their output |
+//! | `GET /api/events` | loads, unloads, crashes |
+//!
+//! When the host was started with an API key, every route but `/health`
+//! needs `Authorization: Bearer KEY`.
+
+mod error;
+pub(crate) mod inprocess;
+mod manage;
+mod openai;
+mod settings;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+
+pub(crate) use error::ApiError;
+use subtle::ConstantTimeEq;
+
+use crate::sessions::Sessions;
+use hangar_engine::models::{discover, Discovery, Model};
+
+/// Everything the handlers share.
+pub(crate) struct App {
+    /// The sessions (and through them, the registry).
+    pub sessions: Arc<Sessions>,
+    /// The model dirs, rescanned on use so that new folders appear without
+    /// a restart.
+    pub model_dirs: Vec<PathBuf>,
+    /// The key clients must send, if any.
+    pub api_key: Option<String>,
+}
+
+impl App {
+    /// Scans the model dirs.
+    pub(crate) async fn discover(&self) -> Discovery {
+        let dirs = self.model_dirs.clone();
+        tokio::task::spawn_blocking(move || discover(&dirs))
+            .await
+            .unwrap_or_default()
+    }
+
+    /// The model with this id, or a 404 that lists the ones there are (or
+    /// says why a folder of that name is not a model).
+    pub(crate) async fn find_model(&self, id: &str) -> Result<Model, ApiError> {
+        let discovery = self.discover().await;
+        if let Some(model) = discovery.find(id) {
+            return Ok(model.clone());
+        }
+        if let Some(bad) = discovery.rejected.iter().find(|r| {
+            r.path.file_name().and_then(|n| n.to_str()) == Some(id)
+                || r.path.file_stem().and_then(|n| n.to_str()) == Some(id)
+        }) {
+            return Err(ApiError::not_found(format!(
+                "model '{id}' cannot be served: {}",
+                bad.reason
+            )));
+        }
+        let ids: Vec<String> = discovery.models.iter().map(|m| m.id.clone()).collect();
+        Err(ApiError::model_not_found(id, &ids))
+    }
+}
+
+/// The router over `app`.
+pub(crate) fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/models", get(openai::models))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/api/plugins", get(manage::plugins))
+        .route("/api/resolve", get(manage::resolve))
+        .route("/api/models", get(manage::models))
+        .route("/api/models/{id}/load", post(manage::load))
+        .route("/api/models/{id}/unload", post(manage::unload))
+        .route(
+            "/api/settings",
+            get(settings::get_app).put(settings::put_app),
+        )
+        .route(
+            "/api/models/{id}/settings",
+            get(settings::get_model).put(settings::put_model),
+        )
+        .route("/api/models/{id}/settings/schema", get(settings::schema))
+        .route("/api/sessions", get(manage::sessions))
+        .route("/api/sessions/{id}/logs", get(manage::logs))
+        .route("/api/events", get(manage::events))
+        .layer(middleware::from_fn_with_state(app.clone(), authorize))
+        .route("/health", get(manage::health))
+        .layer(DefaultBodyLimit::max(MAX_BODY_MIB * 1024 * 1024))
+        .fallback(|| async { ApiError::not_found("no such route; see GET /v1/models and /api/*") })
+        .method_not_allowed_fallback(|| async {
+            ApiError {
+                status: axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                ..ApiError::bad_request(
+                    "this route does not take that method (completions are POST, lists are GET)",
+                    None,
+                )
+            }
+        })
+        .with_state(app)
+}
+
+/// The largest request body accepted, in MiB: room for long prompts and
+/// inline images.
+pub(crate) const MAX_BODY_MIB: usize = 64;
+
+async fn authorize(
+    State(app): State<Arc<App>>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    if let Some(key) = &app.api_key {
+        let sent = request
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
+        // Constant-time, so the comparison leaks nothing about the key.
+        let ok = sent.is_some_and(|t| bool::from(t.as_bytes().ct_eq(key.as_bytes())));
+        if !ok {
+            return Err(ApiError::unauthorized());
+        }
+    }
+    Ok(next.run(request).await)
+}

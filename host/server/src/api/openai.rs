@@ -1,0 +1,389 @@
+//! The OpenAI-compatible routes: `POST /v1/chat/completions` and
+//! `POST /v1/completions` proxied to the model's engine, and
+//! `GET /v1/models`.
+//!
+//! Streams pass through event by event as they arrive: the proxy only
+//! frames server-sent events so that it can rewrite each event's `model`
+//! to the client's model id and, if the engine dies mid-stream, end the
+//! stream with one final error event instead of a torn one.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::StreamExt;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use super::inprocess::Route;
+use super::{ApiError, App};
+use crate::sessions::{Backend, InFlight, Session};
+use hangar_engine::loader::wasm::{Direction, WasmPlugin};
+use hangar_engine::models::Model;
+
+/// `POST /v1/chat/completions`.
+pub(super) async fn chat_completions(
+    State(app): State<Arc<App>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    forward(app, "/v1/chat/completions", body).await
+}
+
+/// `POST /v1/completions`.
+pub(super) async fn completions(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    forward(app, "/v1/completions", body?).await
+}
+
+/// `GET /v1/models`: every discovered model, in OpenAI's list shape.
+pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
+    let discovery = app.discover().await;
+    let data: Vec<Value> = discovery
+        .models
+        .iter()
+        .map(|m| {
+            json!({
+                "id": m.id,
+                "object": "model",
+                "created": 0,
+                "owned_by": "hangar",
+                "format": m.format,
+            })
+        })
+        .collect();
+    Json(json!({ "object": "list", "data": data }))
+}
+
+async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Response, ApiError> {
+    let mut request: Map<String, Value> = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!("the request body is not a JSON object: {e}"), None)
+    })?;
+    let model_id = match request.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        _ => {
+            return Err(ApiError::bad_request(
+                "'model' is required: name one of the models GET /v1/models lists",
+                Some("model"),
+            ))
+        }
+    };
+    let stream = match request.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "'stream' must be true or false",
+                Some("stream"),
+            ))
+        }
+    };
+    let model = app.find_model(&model_id).await?;
+    refuse_gated_fields(&app, &model, &request).await?;
+    let session = app.sessions.ensure(&model).await?;
+    let in_flight = session.begin_request();
+    let (base_url, upstream_model, mapper) = match &session.backend {
+        Backend::Process {
+            base_url,
+            upstream_model,
+            mapper,
+            ..
+        } => (base_url, upstream_model, mapper),
+        Backend::InProcess(served) => {
+            let route = if path.ends_with("chat/completions") {
+                Route::Chat
+            } else {
+                Route::Completion
+            };
+            let answer = served.answer(route, &request);
+            return tokio::select! {
+                r = answer => r,
+                _ = session.ended.cancelled() => Err(ended_error(&session)),
+            };
+        }
+    };
+    match upstream_model {
+        Some(upstream) => request.insert("model".into(), Value::String(upstream.clone())),
+        None => request.remove("model"),
+    };
+    if let Some(mapper) = mapper {
+        let body = Value::Object(request);
+        request = match map(mapper, Direction::Request, path, body).await? {
+            Value::Object(mapped) => mapped,
+            other => {
+                return Err(ApiError::engine(format!(
+                    "engine '{}': map_request() returned {other}, not a JSON object",
+                    session.plugin
+                )))
+            }
+        };
+    }
+    let send = app
+        .sessions
+        .client()
+        .post(format!("{base_url}{path}"))
+        .json(&request)
+        .send();
+    let response = tokio::select! {
+        r = send => r,
+        _ = session.ended.cancelled() => return Err(ended_error(&session)),
+    };
+    let response = match response {
+        Ok(r) => r,
+        Err(e) => return Err(failure(&session, &format!("the engine did not answer: {e}")).await),
+    };
+    let status = response.status();
+    let is_sse = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if status.is_success() && stream && is_sse {
+        return Ok(sse(session, in_flight, response, model_id));
+    }
+    let read = tokio::select! {
+        r = response.bytes() => r,
+        _ = session.ended.cancelled() => return Err(ended_error(&session)),
+    };
+    let bytes = match read {
+        Ok(b) => b,
+        Err(e) => {
+            return Err(failure(&session, &format!("the engine broke off its answer: {e}")).await)
+        }
+    };
+    let status = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(mut value) if status.is_success() => {
+            if let Some(mapper) = mapper {
+                value = map(mapper, Direction::Response, path, value).await?;
+            }
+            rewrite_model(&mut value, &model_id);
+            Ok((status, Json(value)).into_response())
+        }
+        // The engine's own error, passed on when it is in OpenAI's shape.
+        Ok(value) if value.get("error").is_some_and(Value::is_object) => {
+            Ok((status, Json(value)).into_response())
+        }
+        _ => {
+            let text: String = String::from_utf8_lossy(&bytes).chars().take(500).collect();
+            let mut e = ApiError::engine(format!(
+                "engine '{}' answered {status} for model '{model_id}': {text}",
+                session.plugin
+            ));
+            if !status.is_success() {
+                e.status = status;
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Runs a WebAssembly plugin's `map_request` or `map_response` on `body`
+/// (off the async threads: a call may take up to its deadline); `None`
+/// from the plugin keeps `body`.
+async fn map(
+    mapper: &WasmPlugin,
+    direction: Direction,
+    route: &'static str,
+    body: Value,
+) -> Result<Value, ApiError> {
+    let mapper = mapper.clone();
+    tokio::task::spawn_blocking(move || match mapper.map(direction, route, &body) {
+        Ok(mapped) => Ok(mapped.unwrap_or(body)),
+        Err(reason) => Err(ApiError::engine(format!("the engine's plugin {reason}"))),
+    })
+    .await
+    .map_err(|e| ApiError::engine(format!("the engine's plugin did not answer: {e}")))?
+}
+
+/// A request field whose capability is off for the serving engine is
+/// refused (422) before anything loads, rather than sent to an engine
+/// version that does not know it.
+async fn refuse_gated_fields(
+    app: &App,
+    model: &Model,
+    request: &Map<String, Value>,
+) -> Result<(), ApiError> {
+    let registry = app.sessions.registry().clone();
+    let defaults = app.sessions.settings().get().default_engines;
+    let format = model.format.clone();
+    let present: Map<String, Value> = request
+        .iter()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, _)| (k.clone(), Value::Bool(true)))
+        .collect();
+    let refused = tokio::task::spawn_blocking(move || match registry.serving(&format, &defaults) {
+        Ok((entry, engine)) => crate::settings::refused_request_fields(entry, engine, &present),
+        // Loading reports the missing engine with the whole story.
+        Err(_) => vec![],
+    })
+    .await
+    .unwrap_or_default();
+    match refused.is_empty() {
+        true => Ok(()),
+        false => Err(ApiError::unprocessable(refused.join("; "))),
+    }
+}
+
+/// The error for a request whose session ended under it.
+fn ended_error(session: &Session) -> ApiError {
+    ApiError::engine(
+        session
+            .end_reason()
+            .unwrap_or("the model's engine stopped")
+            .to_string(),
+    )
+}
+
+/// A transport failure: when the engine died, say so (its exit is noticed
+/// within moments of the broken connection), else report the failure.
+async fn failure(session: &Session, what: &str) -> ApiError {
+    let _ = tokio::time::timeout(Duration::from_secs(1), session.ended.cancelled()).await;
+    if session.ended.is_cancelled() {
+        ended_error(session)
+    } else {
+        ApiError::engine(format!(
+            "engine '{}' serving model '{}' failed: {what}",
+            session.plugin, session.model.id
+        ))
+    }
+}
+
+fn sse(
+    session: Arc<Session>,
+    in_flight: InFlight,
+    upstream: reqwest::Response,
+    model_id: String,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<Bytes>(32);
+    tokio::spawn(async move {
+        let _in_flight = in_flight;
+        let mut body = upstream.bytes_stream();
+        let mut framer = SseFramer::default();
+        let mut done = false;
+        let end = loop {
+            let next = tokio::select! {
+                chunk = body.next() => chunk,
+                _ = session.ended.cancelled() => break Some(ended_error(&session)),
+                _ = tx.closed() => return, // the client hung up: drop the upstream request
+            };
+            match next {
+                Some(Ok(bytes)) => {
+                    for event in framer.push(&bytes) {
+                        done |= event.lines().any(|l| l.trim() == "data: [DONE]");
+                        if tx.send(rewrite_event(&event, &model_id)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Some(Err(e)) => {
+                    break Some(failure(&session, &format!("the stream broke: {e}")).await)
+                }
+                None if done => break None,
+                // An engine that dies mid-stream may close the connection
+                // cleanly; without [DONE] that is still a failure.
+                None => break Some(failure(&session, "the stream ended before [DONE]").await),
+            }
+        };
+        if let Some(error) = end {
+            let event = format!("data: {}\n\n", error.body());
+            let _ = tx.send(Bytes::from(event)).await;
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .expect("a valid response")
+}
+
+/// Splits a byte stream into complete server-sent events (each ending in a
+/// blank line), keeping an incomplete tail for the next chunk.
+#[derive(Default)]
+struct SseFramer {
+    buffer: Vec<u8>,
+}
+
+impl SseFramer {
+    fn push(&mut self, bytes: &[u8]) -> Vec<String> {
+        self.buffer.extend_from_slice(bytes);
+        let mut events = Vec::new();
+        while let Some((end, sep)) = find_event_end(&self.buffer) {
+            let rest = self.buffer.split_off(end + sep);
+            let event = std::mem::replace(&mut self.buffer, rest);
+            events.push(String::from_utf8_lossy(&event).into_owned());
+        }
+        events
+    }
+}
+
+fn find_event_end(buffer: &[u8]) -> Option<(usize, usize)> {
+    let lf = buffer.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
+    let crlf = buffer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| (i, 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Puts the client's model id into every JSON `data:` line of an event.
+fn rewrite_event(event: &str, model_id: &str) -> Bytes {
+    if !event.contains("\"model\"") {
+        return Bytes::from(event.to_string());
+    }
+    let mut out = String::with_capacity(event.len());
+    for line in event.split_inclusive('\n') {
+        let rewritten = line.strip_prefix("data: ").and_then(|data| {
+            let mut value: Value = serde_json::from_str(data.trim_end()).ok()?;
+            rewrite_model(&mut value, model_id);
+            Some(format!("data: {value}\n"))
+        });
+        out.push_str(rewritten.as_deref().unwrap_or(line));
+    }
+    Bytes::from(out)
+}
+
+fn rewrite_model(value: &mut Value, model_id: &str) {
+    if let Some(m) = value.get_mut("model") {
+        *m = Value::String(model_id.to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_framed_across_chunks_and_rewritten() {
+        let mut f = SseFramer::default();
+        assert!(
+            f.push(b": keepalive\n\ndata: {\"model\":\"/tmp/x\",\"a\"")
+                .len()
+                == 1
+        );
+        let events = f.push(b":1}\n\ndata: [DONE]\n\n");
+        assert_eq!(
+            events,
+            [
+                "data: {\"model\":\"/tmp/x\",\"a\":1}\n\n",
+                "data: [DONE]\n\n"
+            ]
+        );
+        let out = rewrite_event(&events[0], "tiny");
+        assert_eq!(out, "data: {\"a\":1,\"model\":\"tiny\"}\n\n");
+    }
+}

@@ -1,0 +1,298 @@
+//! The command line: `hangar plugins`, `hangar resolve`, `hangar platform`,
+//! `hangar serve`, and the plugin author's `hangar plugin …`.
+//!
+//! Every command prints a human-readable table by default and JSON with
+//! `--json`, for scripts.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use serde::Serialize;
+
+use crate::settings::SettingsStore;
+use hangar_engine::config::{self, Config};
+use hangar_engine::platform;
+use hangar_engine::registry::report::{plugins_report, PluginsReport};
+use hangar_engine::registry::resolve::{Resolution, Verdict};
+use hangar_engine::registry::Registry;
+use hangar_engine::text::table;
+
+/// Hangar: one API over every local LLM inference engine.
+#[derive(Debug, Parser)]
+#[command(name = "hangar", version, about)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every command takes.
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// A folder of plugin folders; repeatable. Searched before the config's
+    /// `plugins_dirs` and the data dir's `plugins/`.
+    #[arg(
+        long = "plugins-dir",
+        global = true,
+        env = "HANGAR_PLUGINS_DIR",
+        value_delimiter = ':'
+    )]
+    pub plugins_dirs: Vec<PathBuf>,
+    /// The config file (default: the config dir's hangar/config.toml).
+    #[arg(long, global = true)]
+    pub config: Option<PathBuf>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List every plugin: status, formats, platforms, priority, engine
+    /// version and capabilities, or what is wrong with it.
+    Plugins,
+    /// Show which engine serves a model folder or format, and why every
+    /// other plugin does not.
+    Resolve {
+        /// A model folder, or a format name (`mlx`, `safetensors`, `gguf`).
+        model: String,
+    },
+    /// Show this machine's platform as plugins see it.
+    Platform,
+    /// Serve every model of the model dirs behind one OpenAI-compatible API.
+    Serve(ServeArgs),
+    /// Write, check, pack and install plugins.
+    Plugin {
+        #[command(subcommand)]
+        command: crate::plugin_cmd::PluginCommand,
+    },
+    /// Internal: hosts one in-process engine in a child process of its own,
+    /// serving the OpenAI routes on the load request's port.
+    #[command(hide = true)]
+    Worker {
+        /// The plugin folder.
+        #[arg(long)]
+        plugin_dir: PathBuf,
+        /// The load request (JSON) the host wrote.
+        #[arg(long)]
+        request: PathBuf,
+    },
+    /// Internal: stands between the host and one engine process so that no
+    /// engine outlives the host.
+    #[command(hide = true)]
+    Keeper {
+        /// The engine program.
+        program: String,
+        /// Its arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+/// Options of `hangar serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// A folder whose subfolders are models (or a Hugging Face cache);
+    /// repeatable. Added to the config's `model_dirs`.
+    #[arg(long = "model-dir", env = "HANGAR_MODEL_DIR", value_delimiter = ':')]
+    pub model_dirs: Vec<PathBuf>,
+    /// Address to bind. Anything but loopback needs an API key.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: std::net::IpAddr,
+    /// Port to bind (0 picks a free one).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// The key clients must send as `Authorization: Bearer KEY`.
+    #[arg(long, env = "HANGAR_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Where sessions keep their work folders (default: the data dir's
+    /// hangar/state).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+}
+
+impl From<ServeArgs> for crate::serve::Options {
+    fn from(args: ServeArgs) -> Self {
+        crate::serve::Options {
+            model_dirs: args.model_dirs,
+            host: args.host,
+            port: args.port,
+            api_key: args.api_key,
+            state_dir: args.state_dir,
+        }
+    }
+}
+
+/// Runs the command line and returns the process exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // A worker's output is its session's log, where engine events belong;
+    // everything else stays quiet unless HANGAR_LOG says otherwise.
+    let default_level = match cli.command {
+        Command::Worker { .. } => "info",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HANGAR_LOG")
+                .unwrap_or_else(|_| default_level.into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match &cli.command {
+        Command::Keeper { program, args } => {
+            return Ok(crate::supervisor::keeper::run(program, args))
+        }
+        Command::Worker {
+            plugin_dir,
+            request,
+        } => return crate::worker::run(plugin_dir, request),
+        _ => {}
+    }
+    let config = Config::load(cli.global.config.as_deref())?;
+    hangar_engine::loader::wasm::configure(&config.wasm);
+    if let Command::Plugin { command } = cli.command {
+        return crate::plugin_cmd::run(command, &cli.global.plugins_dirs, &config, cli.global.json);
+    }
+    let machine = platform::current(config.platform.as_deref()).map_err(anyhow::Error::msg)?;
+    if let Command::Platform = cli.command {
+        print(cli.global.json, &machine, || machine.to_string());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut dirs = cli.global.plugins_dirs.clone();
+    dirs.extend(config.plugins_dirs.iter().cloned());
+    let required = dirs.clone();
+    dirs.extend(config::default_plugins_dir());
+    let registry = Registry::scan(&dirs, &required, config, machine);
+    match cli.command {
+        Command::Serve(args) => {
+            let settings =
+                SettingsStore::open(config::settings_path(cli.global.config.as_deref()))?;
+            crate::serve::run(registry, settings, args.into())
+        }
+        Command::Plugins => {
+            let report = plugins_report(&registry);
+            print(cli.global.json, &report, || plugins_table(&report));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Resolve { model } => {
+            let format = format_of(&model)?;
+            let settings =
+                SettingsStore::open(config::settings_path(cli.global.config.as_deref()))?;
+            let resolution = registry.resolve(&format, &settings.get().default_engines);
+            print(cli.global.json, &resolution, || {
+                resolution_table(&resolution)
+            });
+            Ok(if resolution.chosen.is_some() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            })
+        }
+        Command::Platform
+        | Command::Plugin { .. }
+        | Command::Keeper { .. }
+        | Command::Worker { .. } => {
+            unreachable!("handled above")
+        }
+    }
+}
+
+/// A model folder's format, or the argument itself when it names a format.
+fn format_of(model: &str) -> anyhow::Result<String> {
+    let path = std::path::Path::new(model);
+    if path.exists() {
+        return hangar_engine::models::detect_format(path).map_err(anyhow::Error::msg);
+    }
+    if model.contains(['/', '\\']) {
+        anyhow::bail!("model folder {model} does not exist");
+    }
+    Ok(model.to_string())
+}
+
+fn print<T: Serialize>(json: bool, value: &T, human: impl FnOnce() -> String) {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(value).expect("reports serialize")
+        );
+    } else {
+        println!("{}", human());
+    }
+}
+
+fn plugins_table(report: &PluginsReport) -> String {
+    let mut t = table(&[
+        "PLUGIN",
+        "STATUS",
+        "FORMATS",
+        "PLATFORMS",
+        "PRIORITY",
+        "ENGINE",
+        "CAPABILITIES",
+    ]);
+    let mut notes = Vec::new();
+    for row in &report.plugins {
+        t.add_row(vec![
+            row.id.clone(),
+            row.status.to_string(),
+            row.formats.join(","),
+            row.platforms.join(" "),
+            row.priority.map(|p| p.to_string()).unwrap_or_default(),
+            row.engine_version.clone().unwrap_or_default(),
+            row.capabilities_on.join(","),
+        ]);
+        if let Some(detail) = &row.detail {
+            notes.push(format!("{} ({}): {detail}", row.id, row.dir.display()));
+        }
+        for off in &row.capabilities_off {
+            notes.push(format!("{}: off: {off}", row.id));
+        }
+    }
+    let mut out = format!("platform: {}\n{t}", report.platform);
+    for note in notes.iter().chain(&report.registry_errors) {
+        out.push_str(&format!("\n- {note}"));
+    }
+    out
+}
+
+fn resolution_table(r: &Resolution) -> String {
+    let mut out = String::new();
+    if let Some(alias) = &r.alias {
+        out.push_str(&format!("alias: {alias}\n"));
+    }
+    match &r.chosen {
+        Some(id) => out.push_str(&format!("{} → {id} ({})\n", r.format, r.reason)),
+        None => out.push_str(&format!("{} → no engine ({})\n", r.format, r.reason)),
+    }
+    let mut t = table(&["PLUGIN", "PRIORITY", "ENGINE", "VERDICT"]);
+    for e in &r.trace {
+        let verdict = match &e.verdict {
+            Verdict::Chosen => "chosen".to_string(),
+            Verdict::Outranked => "outranked".to_string(),
+            Verdict::Rejected(reason) => format!("rejected: {reason}"),
+        };
+        t.add_row(vec![
+            e.plugin.clone(),
+            e.priority.to_string(),
+            e.engine_version.clone().unwrap_or_default(),
+            verdict,
+        ]);
+    }
+    out.push_str(&t.to_string());
+    out
+}

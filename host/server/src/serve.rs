@@ -1,0 +1,111 @@
+//! `hangar serve`: discover models, bind the API, serve until a signal,
+//! then stop every engine before exiting.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use crate::api::{router, App};
+use crate::sessions::Sessions;
+use crate::settings::SettingsStore;
+use hangar_engine::registry::Registry;
+
+/// How to serve: what `hangar serve`'s flags say, as plain data.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    /// Model dirs besides the config's `model_dirs`.
+    pub model_dirs: Vec<PathBuf>,
+    /// The address to bind; anything but loopback needs an API key.
+    pub host: std::net::IpAddr,
+    /// The port to bind (0 picks a free one).
+    pub port: u16,
+    /// The key clients must send, if any.
+    pub api_key: Option<String>,
+    /// Where sessions keep their work folders (default: the data dir's
+    /// `hangar/state`).
+    pub state_dir: Option<PathBuf>,
+}
+
+/// Runs the server; returns when it has shut down.
+pub(crate) fn run(
+    registry: Registry,
+    settings: SettingsStore,
+    args: Options,
+) -> anyhow::Result<ExitCode> {
+    if !args.host.is_loopback() && args.api_key.as_deref().unwrap_or("").is_empty() {
+        bail!(
+            "refusing to bind {} without an API key: anything beyond loopback must be protected; pass --api-key or set HANGAR_API_KEY",
+            args.host
+        );
+    }
+    for d in registry.diagnostics() {
+        tracing::warn!(location = %d.location.display(), "plugin skipped: {}", d.reason);
+    }
+    let mut model_dirs = args.model_dirs.clone();
+    model_dirs.extend(registry.config().model_dirs.iter().cloned());
+    // Absolute, since engines run in their sessions' work folders.
+    let model_dirs: Vec<PathBuf> = model_dirs
+        .into_iter()
+        .map(|d| std::path::absolute(&d).unwrap_or(d))
+        .collect();
+    if model_dirs.is_empty() {
+        bail!("no model dirs: pass --model-dir DIR (a folder whose subfolders are models) or set model_dirs in the config");
+    }
+    let state_dir = match &args.state_dir {
+        Some(dir) => dir.clone(),
+        None => dirs::data_dir()
+            .map(|d| d.join("hangar").join("state"))
+            .unwrap_or_else(|| std::env::temp_dir().join("hangar-state")),
+    };
+    // Absolute, since workers read their load requests from it while
+    // running in their sessions' folders.
+    let state_dir = std::path::absolute(&state_dir).unwrap_or(state_dir);
+    let keeper: PathBuf =
+        std::env::current_exe().context("cannot find the hangar binary to run engines under")?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async move {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()?;
+        let sessions = Sessions::new(
+            Arc::new(registry),
+            Arc::new(settings),
+            keeper,
+            state_dir,
+            client,
+        );
+        let app = Arc::new(App {
+            sessions: sessions.clone(),
+            model_dirs,
+            api_key: args.api_key.filter(|k| !k.is_empty()),
+        });
+        let discovery = app.discover().await;
+        for bad in &discovery.rejected {
+            tracing::warn!(path = %bad.path.display(), "not a model: {}", bad.reason);
+        }
+        let listener = tokio::net::TcpListener::bind((args.host, args.port))
+            .await
+            .with_context(|| format!("cannot bind {}:{}", args.host, args.port))?;
+        let addr = listener.local_addr()?;
+        eprintln!(
+            "hangar: serving {} model(s) on http://{addr} (try: curl http://{addr}/v1/models)",
+            discovery.models.len()
+        );
+        let shutdown = {
+            let sessions = sessions.clone();
+            async move {
+                crate::supervisor::signal::wait_for_signal().await;
+                eprintln!("hangar: shutting down, stopping engines");
+                sessions.shutdown().await;
+            }
+        };
+        axum::serve(listener, router(app))
+            .with_graceful_shutdown(shutdown)
+            .await?;
+        sessions.shutdown().await;
+        Ok(ExitCode::SUCCESS)
+    })
+}

@@ -1,0 +1,442 @@
+//! Settings, in layers: the engine's built-in defaults < app defaults
+//! (generation defaults for every model, the default engine of each format,
+//! global settings of each engine) < per-model overrides < per-request
+//! fields.
+//!
+//! The stored layers live in `settings.toml` (beside `config.toml`), which
+//! the API reads and writes; every write is validated against the serving
+//! plugin's declared settings and its engine's capabilities first, and
+//! replaces the file atomically.
+//!
+//! ```toml
+//! [defaults]                 # generation defaults, for every model
+//! max_tokens = 512
+//! [default_engines]          # format → plugin
+//! mlx = "mlx-lm"
+//! [engines.mlxcel]           # one engine's settings, for every model it serves
+//! parallel = 2
+//! [models.tiny-llama]        # one model's settings
+//! kv_cache_type = "int8"
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+
+use hangar_plugin_api::settings::{SettingSpec, SettingType};
+use hangar_plugin_api::wire::settings as names;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use hangar_engine::registry::{CapabilityState, Engine, PluginEntry};
+
+/// A map of settings by name.
+pub(crate) type SettingMap = BTreeMap<String, Value>;
+
+/// The stored layers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Stored {
+    /// Generation defaults for every model (the names in [`generation`]).
+    #[serde(default)]
+    pub defaults: SettingMap,
+    /// Format → the plugin to prefer for it.
+    #[serde(default)]
+    pub default_engines: BTreeMap<String, String>,
+    /// Plugin id → settings for every model it serves.
+    #[serde(default)]
+    pub engines: BTreeMap<String, SettingMap>,
+    /// Model id → that model's settings.
+    #[serde(default)]
+    pub models: BTreeMap<String, SettingMap>,
+}
+
+/// The app-wide layers, as `GET/PUT /api/settings` carry them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AppSettings {
+    /// Generation defaults.
+    #[serde(default)]
+    pub defaults: SettingMap,
+    /// Per-format default engine.
+    #[serde(default)]
+    pub default_engines: BTreeMap<String, String>,
+    /// Global engine settings.
+    #[serde(default)]
+    pub engines: BTreeMap<String, SettingMap>,
+}
+
+/// The generation defaults an operator may set for every model: each is
+/// passed only to engines that declare a setting of the same name.
+pub(crate) fn generation() -> Vec<SettingSpec> {
+    let spec =
+        |name: &str, kind, min: Option<f64>, max: Option<f64>, description: &str| SettingSpec {
+            name: name.into(),
+            kind,
+            description: description.into(),
+            default: None,
+            capability: None,
+            values: vec![],
+            min,
+            max,
+        };
+    vec![
+        spec(
+            names::CONTEXT_LENGTH,
+            SettingType::Integer,
+            Some(1.0),
+            None,
+            "context length in tokens",
+        ),
+        spec(
+            names::MAX_TOKENS,
+            SettingType::Integer,
+            Some(1.0),
+            None,
+            "default maximum tokens per answer",
+        ),
+        spec(
+            names::TEMPERATURE,
+            SettingType::Number,
+            Some(0.0),
+            Some(2.0),
+            "default sampling temperature",
+        ),
+        spec(
+            names::TOP_P,
+            SettingType::Number,
+            Some(0.0),
+            Some(1.0),
+            "default nucleus sampling mass",
+        ),
+        spec(
+            names::TOP_K,
+            SettingType::Integer,
+            Some(0.0),
+            None,
+            "default top-k",
+        ),
+        spec(
+            names::MIN_P,
+            SettingType::Number,
+            Some(0.0),
+            Some(1.0),
+            "default min-p",
+        ),
+    ]
+}
+
+/// Why settings were refused: every problem, each a full sentence. The API
+/// answers 422 with them.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}", .0.join("; "))]
+pub(crate) struct Refused(pub Vec<String>);
+
+/// Why the settings file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StoreError {
+    /// Reading or writing failed.
+    #[error("settings file {path}: {cause}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        cause: std::io::Error,
+    },
+    /// The file is not valid.
+    #[error("settings file {path} is invalid: {message}; fix it or move it aside")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The stored layers, shared by the host, and the file they persist to.
+#[derive(Debug)]
+pub(crate) struct SettingsStore {
+    path: Option<PathBuf>,
+    stored: RwLock<Stored>,
+}
+
+impl SettingsStore {
+    /// Reads `path` (a missing file is empty settings). `None` keeps
+    /// settings in memory only.
+    pub(crate) fn open(path: Option<PathBuf>) -> Result<SettingsStore, StoreError> {
+        let stored = match &path {
+            Some(path) => match std::fs::read_to_string(path) {
+                Ok(text) => toml::from_str(&text).map_err(|e| StoreError::Invalid {
+                    path: path.clone(),
+                    message: e.message().to_string(),
+                })?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Stored::default(),
+                Err(cause) => {
+                    return Err(StoreError::Io {
+                        path: path.clone(),
+                        cause,
+                    })
+                }
+            },
+            None => Stored::default(),
+        };
+        Ok(SettingsStore {
+            path,
+            stored: RwLock::new(stored),
+        })
+    }
+
+    /// A copy of every stored layer.
+    pub(crate) fn get(&self) -> Stored {
+        self.stored.read().expect("settings lock").clone()
+    }
+
+    /// Replaces the stored layers after `check` accepted them, then writes
+    /// the file (atomically: a temporary file renamed over the old one).
+    pub(crate) fn update(&self, change: impl FnOnce(&mut Stored)) -> Result<(), StoreError> {
+        let mut guard = self.stored.write().expect("settings lock");
+        let mut next = guard.clone();
+        change(&mut next);
+        if let Some(path) = &self.path {
+            write_atomically(path, &next)?;
+        }
+        *guard = next;
+        Ok(())
+    }
+}
+
+fn write_atomically(path: &Path, stored: &Stored) -> Result<(), StoreError> {
+    let io = |cause| StoreError::Io {
+        path: path.to_path_buf(),
+        cause,
+    };
+    let text = toml::to_string_pretty(stored).map_err(|e| StoreError::Invalid {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let tmp = path.with_extension("toml.tmp");
+    std::fs::write(
+        &tmp,
+        format!("# Written by hangar; edit with care, or use the /api/settings routes.\n{text}"),
+    )
+    .map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// The words for an engine in refusals: its probe program's name
+/// (`mlxcel-server`), or `engine`.
+fn engine_name(entry: &PluginEntry) -> String {
+    entry
+        .manifest
+        .probe
+        .program
+        .as_deref()
+        .and_then(|p| Path::new(p).file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "engine".into())
+}
+
+/// Why `capability` is off, in a sentence naming the plugin, the engine,
+/// the required and the found version.
+pub(crate) fn capability_off(
+    entry: &PluginEntry,
+    engine: &Engine,
+    capability: &str,
+) -> Option<String> {
+    let required = entry.manifest.capabilities.get(capability)?;
+    match engine.capabilities.get(capability) {
+        Some(CapabilityState::On) => None,
+        _ => Some(format!(
+            "plugin '{}' needs {} {required} for {capability}; found {}",
+            entry.manifest.id,
+            engine_name(entry),
+            engine
+                .version
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_else(|| "an unknown version".into())
+        )),
+    }
+}
+
+/// Checks one setting for a plugin and its engine: declared, well typed,
+/// and available at the engine's version.
+pub(crate) fn check_setting(
+    entry: &PluginEntry,
+    engine: &Engine,
+    name: &str,
+    value: &Value,
+) -> Result<(), String> {
+    let manifest = &entry.manifest;
+    let Some(spec) = manifest.setting(name) else {
+        let known: Vec<&str> = manifest.settings.iter().map(|s| s.name.as_str()).collect();
+        return Err(format!(
+            "plugin '{}' has no setting '{name}' (its settings: {})",
+            manifest.id,
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        ));
+    };
+    if let Some(reason) = spec
+        .capability
+        .as_deref()
+        .and_then(|c| capability_off(entry, engine, c))
+    {
+        return Err(format!("setting '{name}' is unavailable: {reason}"));
+    }
+    let enabled = |cap: &str| {
+        engine
+            .capabilities
+            .get(cap)
+            .is_some_and(CapabilityState::is_on)
+    };
+    spec.check(value, enabled).map_err(|e| {
+        match spec
+            .values
+            .iter()
+            .find(|v| Some(v.value()) == value.as_str())
+        {
+            Some(v) if v.capability().is_some_and(|c| !enabled(c)) => {
+                let cap = v.capability().unwrap_or_default();
+                format!(
+                    "{e}: {}",
+                    capability_off(entry, engine, cap).unwrap_or_default()
+                )
+            }
+            _ => e,
+        }
+    })
+}
+
+/// Checks a whole settings map for one plugin; collects every problem.
+pub(crate) fn check_map(
+    entry: &PluginEntry,
+    engine: &Engine,
+    map: &SettingMap,
+) -> Result<(), Refused> {
+    let problems: Vec<String> = map
+        .iter()
+        .filter(|(_, v)| !v.is_null())
+        .filter_map(|(k, v)| check_setting(entry, engine, k, v).err())
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Refused(problems))
+    }
+}
+
+/// Checks the generation defaults (engine-independent: type and range).
+pub(crate) fn check_defaults(defaults: &SettingMap) -> Result<(), Refused> {
+    let specs = generation();
+    let problems: Vec<String> = defaults
+        .iter()
+        .filter(|(_, v)| !v.is_null())
+        .filter_map(|(name, value)| match specs.iter().find(|s| &s.name == name) {
+            None => Some(format!(
+                "'{name}' is not a generation default (they are: {}); engine settings go under engines.<plugin> or a model's settings",
+                specs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+            )),
+            Some(spec) => spec.check(value, |_| true).err(),
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Refused(problems))
+    }
+}
+
+/// Where an effective setting came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Layer {
+    /// `[defaults]`.
+    AppDefault,
+    /// `[engines.<plugin>]`.
+    Engine,
+    /// `[models.<id>]`.
+    Model,
+}
+
+/// One effective setting.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Effective {
+    /// The value.
+    pub value: Value,
+    /// The layer it came from.
+    pub source: Layer,
+}
+
+/// The settings a model gets from the stored layers, for the plugin that
+/// serves it: app defaults the plugin declares < engine settings < model
+/// settings. A stored value the engine cannot take now (its version
+/// changed since it was stored) is left out, with a note saying why.
+pub(crate) fn effective(
+    stored: &Stored,
+    entry: &PluginEntry,
+    engine: &Engine,
+    model: &str,
+) -> (BTreeMap<String, Effective>, Vec<String>) {
+    let mut out = BTreeMap::new();
+    let mut notes = Vec::new();
+    let empty = SettingMap::new();
+    let layers = [
+        (Layer::AppDefault, &stored.defaults),
+        (
+            Layer::Engine,
+            stored.engines.get(&entry.manifest.id).unwrap_or(&empty),
+        ),
+        (Layer::Model, stored.models.get(model).unwrap_or(&empty)),
+    ];
+    for (layer, map) in layers {
+        for (name, value) in map {
+            if value.is_null() {
+                out.remove(name);
+                continue;
+            }
+            if layer == Layer::AppDefault && entry.manifest.setting(name).is_none() {
+                continue; // a generation default this engine has no setting for
+            }
+            match check_setting(entry, engine, name, value) {
+                Ok(()) => {
+                    out.insert(
+                        name.clone(),
+                        Effective {
+                            value: value.clone(),
+                            source: layer,
+                        },
+                    );
+                }
+                Err(reason) => {
+                    notes.push(format!("stored setting '{name}' was not applied: {reason}"))
+                }
+            }
+        }
+    }
+    (out, notes)
+}
+
+/// The request fields an engine cannot take now: a sentence for each.
+pub(crate) fn refused_request_fields(
+    entry: &PluginEntry,
+    engine: &Engine,
+    request: &serde_json::Map<String, Value>,
+) -> Vec<String> {
+    entry
+        .manifest
+        .request_fields
+        .iter()
+        .filter(|(field, _)| request.get(*field).is_some_and(|v| !v.is_null()))
+        .filter_map(|(field, cap)| {
+            capability_off(entry, engine, cap)
+                .map(|reason| format!("request field '{field}' is unavailable: {reason}"))
+        })
+        .collect()
+}
