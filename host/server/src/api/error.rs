@@ -153,6 +153,7 @@ impl From<LoadError> for ApiError {
             LoadError::NoEngine { .. } => (StatusCode::SERVICE_UNAVAILABLE, "no_engine"),
             LoadError::Plan { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_model_settings"),
             LoadError::Start { .. } => (StatusCode::SERVICE_UNAVAILABLE, "engine_start_failed"),
+            LoadError::Cancelled { .. } => (StatusCode::SERVICE_UNAVAILABLE, "load_cancelled"),
             LoadError::ShuttingDown { .. } => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             LoadError::Host { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "host_error"),
         };

@@ -96,7 +96,7 @@ pub(super) async fn unload(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if app.sessions.unload(&id).await {
+    if app.sessions.unload(&id, "unloaded on request").await {
         Ok(Json(json!({ "unloaded": true, "model": id })))
     } else {
         Err(ApiError::not_found(format!(

@@ -7,6 +7,7 @@
 //! every process it started, and so that nothing survives the host.
 
 pub(crate) mod keeper;
+mod launch;
 mod log;
 pub(crate) mod signal;
 
@@ -24,6 +25,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::watch;
 
+pub(crate) use launch::{launch, Launch, STOP_GRACE};
 pub(crate) use log::EngineLog;
 
 /// How many log lines a session keeps.

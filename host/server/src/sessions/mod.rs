@@ -1,0 +1,523 @@
+//! Sessions: one running engine per loaded model, behind one map.
+//!
+//! A model loads on first use. Only one load per model runs at a time;
+//! requests that arrive while it loads wait for that same load and share
+//! its outcome. When an engine exits unexpectedly its session is removed at
+//! once (so its routes go with it), every in-flight request is told why, an
+//! event is recorded, and the next request loads the model again.
+
+mod plan;
+mod session;
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use hangar_engine::models::Model;
+use hangar_engine::registry::Registry;
+
+use crate::settings::SettingsStore;
+pub(crate) use crate::supervisor::STOP_GRACE;
+use crate::supervisor::{free_port, launch, Launch};
+use plan::{plan, How};
+pub(crate) use session::{Backend, InFlight, Served, Session};
+
+/// Why a model could not be loaded. Cloned to every request that waited.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum LoadError {
+    /// No plugin can serve the model's format here.
+    #[error("no engine can serve model '{model}' ({format}): {reason}; run `hangar resolve {path}` for the full trace")]
+    NoEngine {
+        /// The model id.
+        model: String,
+        /// Its format.
+        format: String,
+        /// Folder, for the hint.
+        path: String,
+        /// Resolution's reason and rejections.
+        reason: String,
+    },
+    /// The plugin refused to plan the launch (bad settings, missing files).
+    #[error("plugin '{plugin}' cannot serve model '{model}': {reason}")]
+    Plan {
+        /// The plugin.
+        plugin: String,
+        /// The model id.
+        model: String,
+        /// The plugin's message.
+        reason: String,
+    },
+    /// The engine did not start or become ready.
+    #[error("engine '{plugin}' failed to start model '{model}': {reason}")]
+    Start {
+        /// The plugin.
+        plugin: String,
+        /// The model id.
+        model: String,
+        /// What happened, with the engine's last output.
+        reason: String,
+    },
+    /// An unload arrived while the model was loading.
+    #[error(
+        "the load of model '{model}' was cancelled by an unload; send the request again to load it"
+    )]
+    Cancelled {
+        /// The model id.
+        model: String,
+    },
+    /// The host is shutting down and starts nothing new.
+    #[error("the host is shutting down; model '{model}' was not started")]
+    ShuttingDown {
+        /// The model id.
+        model: String,
+    },
+    /// Something on the host side (files, ports) failed.
+    #[error("cannot start model '{model}': {reason}")]
+    Host {
+        /// The model id.
+        model: String,
+        /// What failed.
+        reason: String,
+    },
+}
+
+/// Something that happened to a session.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Event {
+    /// Seconds since the epoch.
+    pub at: u64,
+    /// `loaded`, `load_failed`, `unloaded`, `crashed`.
+    pub kind: &'static str,
+    /// Model id.
+    pub model: String,
+    /// Session id, when there was one.
+    pub session: Option<String>,
+    /// Details.
+    pub message: String,
+}
+
+type LoadFuture = Shared<BoxFuture<'static, Result<Arc<Session>, LoadError>>>;
+
+enum Slot {
+    /// A load in flight, and the token that cancels it (an unload sent
+    /// while the model loads, or shutdown: a child of `closing`).
+    Loading(LoadFuture, CancellationToken),
+    Ready(Arc<Session>),
+}
+
+/// Every session of the host.
+pub(crate) struct Sessions {
+    registry: Arc<Registry>,
+    settings: Arc<SettingsStore>,
+    keeper: PathBuf,
+    state_dir: PathBuf,
+    client: reqwest::Client,
+    slots: Mutex<HashMap<String, Slot>>,
+    events: Mutex<VecDeque<Event>>,
+    next_id: AtomicU64,
+    /// Cancelled when shutdown begins: no new loads, loads in flight stop.
+    closing: CancellationToken,
+}
+
+/// How many events are kept.
+const EVENTS: usize = 500;
+
+impl Sessions {
+    /// A session map whose engines run under `keeper` (the `hangar` binary)
+    /// with work folders under `state_dir`.
+    pub(crate) fn new(
+        registry: Arc<Registry>,
+        settings: Arc<SettingsStore>,
+        keeper: PathBuf,
+        state_dir: PathBuf,
+        client: reqwest::Client,
+    ) -> Arc<Sessions> {
+        Arc::new(Sessions {
+            registry,
+            settings,
+            keeper,
+            state_dir,
+            client,
+            slots: Mutex::new(HashMap::new()),
+            events: Mutex::new(VecDeque::new()),
+            next_id: AtomicU64::new(1),
+            closing: CancellationToken::new(),
+        })
+    }
+
+    /// The registry.
+    pub(crate) fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// The stored settings.
+    pub(crate) fn settings(&self) -> &Arc<SettingsStore> {
+        &self.settings
+    }
+
+    /// The HTTP client used to reach engines.
+    pub(crate) fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
+    /// The session serving `model`, loading it first if needed.
+    pub(crate) async fn ensure(self: &Arc<Self>, model: &Model) -> Result<Arc<Session>, LoadError> {
+        let load = {
+            let mut slots = self.slots.lock().expect("slots lock");
+            if self.closing.is_cancelled() {
+                return Err(LoadError::ShuttingDown {
+                    model: model.id.clone(),
+                });
+            }
+            match slots.get(&model.id) {
+                Some(Slot::Ready(s)) if !s.ended.is_cancelled() => return Ok(s.clone()),
+                Some(Slot::Loading(load, _)) => load.clone(),
+                _ => {
+                    // The load runs as its own task: a client that gives up
+                    // waiting does not cancel it for the others.
+                    let this = self.clone();
+                    let cancel = self.closing.child_token();
+                    let task = tokio::spawn(this.load(model.clone(), cancel.clone()));
+                    let load: LoadFuture = async move {
+                        task.await.unwrap_or_else(|e| {
+                            Err(LoadError::Host {
+                                model: String::new(),
+                                reason: format!("the load task failed: {e}"),
+                            })
+                        })
+                    }
+                    .boxed()
+                    .shared();
+                    slots.insert(model.id.clone(), Slot::Loading(load.clone(), cancel));
+                    load
+                }
+            }
+        };
+        load.await
+    }
+
+    /// Ids of models loading now.
+    pub(crate) fn loading(&self) -> Vec<String> {
+        let slots = self.slots.lock().expect("slots lock");
+        let mut ids: Vec<String> = slots
+            .iter()
+            .filter(|(_, s)| matches!(s, Slot::Loading(..)))
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Every ready session.
+    pub(crate) fn list(&self) -> Vec<Arc<Session>> {
+        let slots = self.slots.lock().expect("slots lock");
+        let mut sessions: Vec<Arc<Session>> = slots
+            .values()
+            .filter_map(|s| match s {
+                Slot::Ready(s) => Some(s.clone()),
+                Slot::Loading(..) => None,
+            })
+            .collect();
+        sessions.sort_by(|a, b| a.model.id.cmp(&b.model.id));
+        sessions
+    }
+
+    /// The ready session with this session id.
+    pub(crate) fn by_id(&self, id: &str) -> Option<Arc<Session>> {
+        self.list().into_iter().find(|s| s.id == id)
+    }
+
+    /// The ready session of this model.
+    pub(crate) fn of_model(&self, model: &str) -> Option<Arc<Session>> {
+        self.list().into_iter().find(|s| s.model.id == model)
+    }
+
+    /// Stops a model's session, or cancels its load (the engine being
+    /// started is stopped, and the requests waiting for it are told why).
+    /// Returns false when the model was neither loaded nor loading.
+    /// `why` is the event's message (`unloaded on request`, `idle for 600 s`).
+    pub(crate) async fn unload(&self, model: &str, why: &str) -> bool {
+        let session = {
+            let mut slots = self.slots.lock().expect("slots lock");
+            match slots.get(model) {
+                Some(Slot::Ready(_)) => match slots.remove(model) {
+                    Some(Slot::Ready(s)) => Ok(s),
+                    _ => unreachable!("checked above"),
+                },
+                Some(Slot::Loading(load, cancel)) => {
+                    cancel.cancel();
+                    Err(load.clone())
+                }
+                None => return false,
+            }
+        };
+        let session = match session {
+            Ok(session) => session,
+            Err(load) => {
+                // The slot goes when the load ends, so that a request
+                // arriving now waits for the cancelled load to finish
+                // stopping its engine rather than starting a second one.
+                let _ = load.await;
+                return true;
+            }
+        };
+        session.end(format!("model '{model}' was unloaded"));
+        session.stop(STOP_GRACE).await;
+        self.record("unloaded", model, Some(&session.id), why.to_string());
+        true
+    }
+
+    /// Stops every session (host shutdown): refuses new loads, stops the
+    /// loads in flight, then stops every engine.
+    pub(crate) async fn shutdown(&self) {
+        self.closing.cancel();
+        let loads: Vec<LoadFuture> = {
+            let slots = self.slots.lock().expect("slots lock");
+            slots
+                .values()
+                .filter_map(|s| match s {
+                    Slot::Loading(load, _) => Some(load.clone()),
+                    Slot::Ready(_) => None,
+                })
+                .collect()
+        };
+        // Each load sees `closing`, stops its half-started engine and ends.
+        futures_util::future::join_all(loads).await;
+        let sessions: Vec<Arc<Session>> = {
+            let mut slots = self.slots.lock().expect("slots lock");
+            slots
+                .drain()
+                .filter_map(|(_, s)| match s {
+                    Slot::Ready(s) => Some(s),
+                    Slot::Loading(..) => None,
+                })
+                .collect()
+        };
+        let stops = sessions.iter().map(|s| {
+            s.end("the host is shutting down".into());
+            s.stop(STOP_GRACE)
+        });
+        futures_util::future::join_all(stops).await;
+    }
+
+    /// Recorded events, oldest first.
+    pub(crate) fn events(&self) -> Vec<Event> {
+        self.events
+            .lock()
+            .expect("events lock")
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    fn record(&self, kind: &'static str, model: &str, session: Option<&str>, message: String) {
+        match kind {
+            "crashed" | "load_failed" => tracing::warn!(model, kind, "{message}"),
+            _ => tracing::info!(model, kind, "{message}"),
+        }
+        let mut events = self.events.lock().expect("events lock");
+        if events.len() == EVENTS {
+            events.pop_front();
+        }
+        events.push_back(Event {
+            at: now(),
+            kind,
+            model: model.to_string(),
+            session: session.map(str::to_string),
+            message,
+        });
+    }
+
+    async fn load(
+        self: Arc<Self>,
+        model: Model,
+        cancel: CancellationToken,
+    ) -> Result<Arc<Session>, LoadError> {
+        let mut result = self.clone().start(model.clone(), &cancel).await;
+        if let (Ok(session), true) = (&result, cancel.is_cancelled()) {
+            session.end(format!("the load of model '{}' was cancelled", model.id));
+            session.stop(STOP_GRACE).await;
+            result = Err(self.cancelled(&model.id));
+        } else if let Err(LoadError::Cancelled { .. }) = &result {
+            result = Err(self.cancelled(&model.id));
+        }
+        let mut slots = self.slots.lock().expect("slots lock");
+        match &result {
+            Ok(session) => {
+                slots.insert(model.id.clone(), Slot::Ready(session.clone()));
+                drop(slots);
+                self.record(
+                    "loaded",
+                    &model.id,
+                    Some(&session.id),
+                    format!("served by {} ({:?})", session.plugin, session.backend),
+                );
+            }
+            Err(e) => {
+                slots.remove(&model.id);
+                drop(slots);
+                self.record("load_failed", &model.id, None, e.to_string());
+            }
+        }
+        result
+    }
+
+    /// Why a cancelled load ended: shutdown, or an unload.
+    fn cancelled(&self, model: &str) -> LoadError {
+        if self.closing.is_cancelled() {
+            LoadError::ShuttingDown {
+                model: model.to_string(),
+            }
+        } else {
+            LoadError::Cancelled {
+                model: model.to_string(),
+            }
+        }
+    }
+
+    async fn start(
+        self: Arc<Self>,
+        model: Model,
+        cancel: &CancellationToken,
+    ) -> Result<Arc<Session>, LoadError> {
+        let registry = self.registry.clone();
+        let id = format!("s{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+        // Unique across hosts that share a state dir; removed when the
+        // session ends.
+        let work_dir = self
+            .state_dir
+            .join("sessions")
+            .join(format!("{}-{id}", std::process::id()));
+        let host_err = |reason: String| LoadError::Host {
+            model: model.id.clone(),
+            reason,
+        };
+        std::fs::create_dir_all(&work_dir)
+            .map_err(|e| host_err(format!("cannot create {}: {e}", work_dir.display())))?;
+        let port = free_port().map_err(|e| host_err(format!("no free loopback port: {e}")))?;
+        let (m, wd, keeper) = (model.clone(), work_dir.clone(), self.keeper.clone());
+        let settings = self.settings.clone();
+        let planned =
+            tokio::task::spawn_blocking(move || plan(&registry, &settings, &keeper, &m, port, &wd))
+                .await
+                .map_err(|e| host_err(format!("planning failed: {e}")))?;
+        let planned = match planned {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&work_dir);
+                return Err(e);
+            }
+        };
+        let session = |backend: Backend, notes: Vec<String>| Session {
+            id: id.clone(),
+            model: model.clone(),
+            plugin: planned.plugin.clone(),
+            engine_version: planned.engine_version.clone(),
+            accelerator: planned.accelerator.clone(),
+            backend,
+            notes,
+            started_at: now(),
+            ended: CancellationToken::new(),
+            end_reason: OnceLock::new(),
+            in_flight: AtomicUsize::new(0),
+            served: AtomicU64::new(0),
+            work_dir: work_dir.clone(),
+        };
+        let (plan, program, mapper) = match planned.how {
+            How::InProcess { served, notes } => {
+                return Ok(Arc::new(session(Backend::InProcess(served), notes)))
+            }
+            How::Launch {
+                plan,
+                program,
+                mapper,
+            } => (plan, program, mapper),
+        };
+        let start_err = |reason: String| LoadError::Start {
+            plugin: planned.plugin.clone(),
+            model: model.id.clone(),
+            reason,
+        };
+        let started = launch(
+            &self.keeper,
+            &self.client,
+            &plan,
+            program,
+            &work_dir,
+            port,
+            cancel,
+        )
+        .await;
+        let (process, base_url) = match started {
+            Ok(started) => started,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&work_dir);
+                return Err(match e {
+                    Launch::Plan(reason) => LoadError::Plan {
+                        plugin: planned.plugin.clone(),
+                        model: model.id.clone(),
+                        reason,
+                    },
+                    Launch::Host(reason) => host_err(reason),
+                    Launch::Start(reason) => start_err(reason),
+                    Launch::Cancelled => LoadError::Cancelled {
+                        model: model.id.clone(),
+                    },
+                });
+            }
+        };
+        let backend = Backend::Process {
+            process,
+            base_url,
+            upstream_model: plan.upstream_model.clone(),
+            mapper,
+        };
+        let session = Arc::new(session(backend, plan.notes.clone()));
+        tokio::spawn(self.clone().watch(session.clone()));
+        Ok(session)
+    }
+
+    /// Waits for the session's engine to exit; an exit nobody asked for is
+    /// a crash: the session goes at once and its requests are told why.
+    async fn watch(self: Arc<Self>, session: Arc<Session>) {
+        let Some(process) = session.process() else {
+            return;
+        };
+        let exit = tokio::select! {
+            exit = process.exited() => exit,
+            _ = session.ended.cancelled() => return,
+        };
+        if session.ended.is_cancelled() {
+            return;
+        }
+        let tail = process.log.tail(5).join(" | ");
+        let reason = format!(
+            "engine '{}' serving model '{}' exited unexpectedly ({exit}); the next request loads it again. Last output: {tail}",
+            session.plugin, session.model.id
+        );
+        {
+            let mut slots = self.slots.lock().expect("slots lock");
+            if matches!(slots.get(&session.model.id), Some(Slot::Ready(s)) if Arc::ptr_eq(s, &session))
+            {
+                slots.remove(&session.model.id);
+            }
+        }
+        session.end(reason.clone());
+        // Reap whatever the engine left in its group.
+        process.stop(Duration::from_millis(200)).await;
+        self.record("crashed", &session.model.id, Some(&session.id), reason);
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
