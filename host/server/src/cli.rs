@@ -112,6 +112,70 @@ pub struct ServeArgs {
     /// hangar/state).
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
+    /// Memory kept free for the system and other programs: off, safe
+    /// (12 GiB static, 2 GiB for others), balanced (8 GiB, 1 GiB) or
+    /// aggressive (6 GiB, 512 MiB). A model that does not fit evicts idle
+    /// models first, then is refused with a 503.
+    #[arg(long, default_value = "off", value_parser = parse_guard)]
+    pub memory_guard: crate::scheduler::guard::Guard,
+    /// The most the loaded models may hold, in bytes (`8G`, `512M` and
+    /// `1024K` too).
+    #[arg(long, value_parser = parse_bytes)]
+    pub memory_limit: Option<u64>,
+    /// Models loaded at once; one more evicts the least recently used idle
+    /// unpinned model.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_loaded_models: Option<u64>,
+    /// Requests served at once over every model; more wait in a FIFO queue.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_concurrent_requests: Option<u64>,
+    /// Requests that may wait; one more is refused with 429 and Retry-After.
+    #[arg(long, default_value_t = 256)]
+    pub max_queued_requests: usize,
+    /// Seconds a request may wait in the queue before a 429.
+    #[arg(long, default_value_t = 60.0, value_parser = parse_seconds)]
+    pub queue_timeout: f64,
+}
+
+fn parse_guard(s: &str) -> Result<crate::scheduler::guard::Guard, String> {
+    s.parse()
+}
+
+/// Bytes, with an optional K, M, G or T suffix (powers of 1024).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => {
+                    return Err(format!(
+                        "'{s}' is not a size: use bytes, or a number with K, M, G or T"
+                    ))
+                }
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size: use bytes, or a number with K, M, G or T"))?;
+    n.checked_mul(1u64 << shift)
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("'{s}' is not a usable size (zero, or too large)"))
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(n) if n.is_finite() && n > 0.0 && n <= 86_400.0 => Ok(n),
+        _ => Err(format!(
+            "'{s}' is not a number of seconds between 0 and 86400"
+        )),
+    }
 }
 
 impl From<ServeArgs> for crate::serve::Options {
@@ -122,6 +186,18 @@ impl From<ServeArgs> for crate::serve::Options {
             port: args.port,
             api_key: args.api_key,
             state_dir: args.state_dir,
+            limits: crate::scheduler::machine::Limits {
+                max_concurrent: args
+                    .max_concurrent_requests
+                    .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+                max_queue: args.max_queued_requests,
+                queue_timeout: (args.queue_timeout * 1000.0) as u64,
+                max_loaded: args
+                    .max_loaded_models
+                    .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+                guard: args.memory_guard,
+                memory_limit: args.memory_limit,
+            },
         }
     }
 }

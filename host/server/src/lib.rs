@@ -33,6 +33,7 @@ pub(crate) mod api;
 pub mod cli;
 pub mod package;
 pub(crate) mod plugin_cmd;
+pub mod scheduler;
 pub(crate) mod serve;
 pub(crate) mod sessions;
 pub(crate) mod settings;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 
 use crate::api::{router, App};
+use crate::scheduler::driver::Driver;
 use crate::sessions::Sessions;
 use crate::settings::SettingsStore;
 use hangar_engine::registry::Registry;
@@ -27,6 +28,8 @@ pub(crate) struct Options {
     /// Where sessions keep their work folders (default: the data dir's
     /// `hangar/state`).
     pub state_dir: Option<PathBuf>,
+    /// Admission, residency and memory limits.
+    pub limits: crate::scheduler::machine::Limits,
 }
 
 /// Runs the server; returns when it has shut down.
@@ -77,7 +80,10 @@ pub(crate) fn run(
             state_dir,
             client,
         );
+        let scheduler = Driver::new(sessions.clone(), args.limits.clone());
+        tokio::spawn(scheduler.clone().run());
         let app = Arc::new(App {
+            scheduler: scheduler.clone(),
             sessions: sessions.clone(),
             model_dirs,
             api_key: args.api_key.filter(|k| !k.is_empty()),
@@ -86,6 +92,7 @@ pub(crate) fn run(
         for bad in &discovery.rejected {
             tracing::warn!(path = %bad.path.display(), "not a model: {}", bad.reason);
         }
+        scheduler.load_pinned(&discovery.models);
         let listener = tokio::net::TcpListener::bind((args.host, args.port))
             .await
             .with_context(|| format!("cannot bind {}:{}", args.host, args.port))?;

@@ -126,6 +126,136 @@ pub(crate) fn generation() -> Vec<SettingSpec> {
     ]
 }
 
+/// The host's own per-model settings (under `[models.<id>]`, beside the
+/// engine's): how the scheduler keeps the model. They never reach the
+/// engine.
+///
+/// | setting | what |
+/// |---|---|
+/// | `pin` | loaded when the host starts, never evicted nor unloaded when idle |
+/// | `ttl_seconds` | unloaded after that long without requests |
+/// | `max_concurrent_requests` | requests served at once for this model; more wait in the queue |
+/// | `drain_seconds` | how long an unload or eviction waits for in-flight requests (default 30) |
+pub(crate) fn residency() -> Vec<SettingSpec> {
+    let spec = |name: &str, kind, min: Option<f64>, description: &str| SettingSpec {
+        name: name.into(),
+        kind,
+        description: description.into(),
+        default: None,
+        capability: None,
+        values: vec![],
+        min,
+        // Whole days at most: a larger number is a mistake, not a policy.
+        max: (kind == SettingType::Integer).then_some(86_400.0 * 365.0),
+    };
+    vec![
+        spec(
+            names_residency::PIN,
+            SettingType::Boolean,
+            None,
+            "load at start and never evict",
+        ),
+        spec(
+            names_residency::TTL_SECONDS,
+            SettingType::Integer,
+            Some(1.0),
+            "unload after this many seconds idle",
+        ),
+        spec(
+            names_residency::MAX_CONCURRENT_REQUESTS,
+            SettingType::Integer,
+            Some(1.0),
+            "requests served at once for this model",
+        ),
+        spec(
+            names_residency::DRAIN_SECONDS,
+            SettingType::Integer,
+            Some(0.0),
+            "seconds an unload waits for in-flight requests",
+        ),
+    ]
+}
+
+/// The names of the [`residency`] settings.
+pub(crate) mod names_residency {
+    /// `pin`.
+    pub(crate) const PIN: &str = "pin";
+    /// `ttl_seconds`.
+    pub(crate) const TTL_SECONDS: &str = "ttl_seconds";
+    /// `max_concurrent_requests`.
+    pub(crate) const MAX_CONCURRENT_REQUESTS: &str = "max_concurrent_requests";
+    /// `drain_seconds`.
+    pub(crate) const DRAIN_SECONDS: &str = "drain_seconds";
+}
+
+/// How long an unload waits for in-flight requests unless `drain_seconds`
+/// says otherwise.
+pub(crate) const DEFAULT_DRAIN_SECONDS: u64 = 30;
+
+/// A model's residency settings, typed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Residency {
+    /// `pin`.
+    pub pin: bool,
+    /// `ttl_seconds`.
+    pub ttl_seconds: Option<u64>,
+    /// `max_concurrent_requests`.
+    pub max_concurrent_requests: Option<u64>,
+    /// `drain_seconds`.
+    pub drain_seconds: u64,
+}
+
+fn is_residency(name: &str) -> bool {
+    use names_residency::*;
+    [PIN, TTL_SECONDS, MAX_CONCURRENT_REQUESTS, DRAIN_SECONDS].contains(&name)
+}
+
+/// The model's residency settings from the stored layers (checked when
+/// they were stored).
+pub(crate) fn residency_of(stored: &Stored, model: &str) -> Residency {
+    use names_residency::*;
+    let map = stored.models.get(model);
+    let get = |name: &str| map.and_then(|m| m.get(name));
+    Residency {
+        pin: get(PIN).and_then(Value::as_bool).unwrap_or(false),
+        ttl_seconds: get(TTL_SECONDS).and_then(Value::as_u64),
+        max_concurrent_requests: get(MAX_CONCURRENT_REQUESTS).and_then(Value::as_u64),
+        drain_seconds: get(DRAIN_SECONDS)
+            .and_then(Value::as_u64)
+            .unwrap_or(DEFAULT_DRAIN_SECONDS),
+    }
+}
+
+/// Checks a model's settings map: the host's [`residency`] settings by
+/// type and range, the rest against the plugin and its engine.
+pub(crate) fn check_model_map(
+    entry: &PluginEntry,
+    engine: &Engine,
+    map: &SettingMap,
+) -> Result<(), Refused> {
+    let specs = residency();
+    let (host, rest): (SettingMap, SettingMap) = map
+        .clone()
+        .into_iter()
+        .partition(|(name, _)| is_residency(name));
+    let mut problems: Vec<String> = host
+        .iter()
+        .filter(|(_, v)| !v.is_null())
+        .filter_map(|(name, value)| {
+            let spec = specs.iter().find(|s| &s.name == name)?;
+            spec.check(value, |_| true).err()
+        })
+        .collect();
+    if let Err(Refused(p)) = check_map(entry, engine, &rest) {
+        problems.extend(p);
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Refused(problems))
+    }
+}
+
 /// Why settings were refused: every problem, each a full sentence. The API
 /// answers 422 with them.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -400,6 +530,9 @@ pub(crate) fn effective(
             if value.is_null() {
                 out.remove(name);
                 continue;
+            }
+            if layer == Layer::Model && is_residency(name) {
+                continue; // the host's own: the scheduler reads it
             }
             if layer == Layer::AppDefault && entry.manifest.setting(name).is_none() {
                 continue; // a generation default this engine has no setting for

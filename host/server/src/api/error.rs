@@ -7,6 +7,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
+use crate::scheduler::driver::AdmitError;
+use crate::scheduler::machine::Refusal;
 use crate::sessions::LoadError;
 
 /// An error answer.
@@ -158,6 +160,56 @@ impl From<LoadError> for ApiError {
             LoadError::Host { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "host_error"),
         };
         ApiError::new(status, "engine_error", code, e.to_string())
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(r: Refusal) -> ApiError {
+        let (status, kind, code) = match &r {
+            Refusal::QueueFull { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                "queue_full",
+            ),
+            Refusal::QueueTimeout { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                "queue_timeout",
+            ),
+            Refusal::Memory { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "insufficient_memory",
+            ),
+            Refusal::Pressure { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "memory_pressure",
+            ),
+            Refusal::TooManyModels { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "too_many_models",
+            ),
+            Refusal::Busy { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "models_busy",
+            ),
+        };
+        ApiError {
+            retry_after: r.retry_after(),
+            ..ApiError::new(status, kind, code, r.to_string())
+        }
+    }
+}
+
+impl From<AdmitError> for ApiError {
+    fn from(e: AdmitError) -> ApiError {
+        match e {
+            AdmitError::Refused(r) => r.into(),
+            AdmitError::Load(e) => e.into(),
+        }
     }
 }
 

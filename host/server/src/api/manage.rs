@@ -4,21 +4,36 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{ApiError, App};
 
-/// `GET /health`.
-pub(super) async fn health(State(app): State<Arc<App>>) -> Json<Value> {
+/// `GET /health`: 503 `loading` until every pinned model is ready, then
+/// 200 `healthy`.
+pub(super) async fn health(State(app): State<Arc<App>>) -> (StatusCode, Json<Value>) {
     let loading = app.sessions.loading();
     let sessions: Vec<_> = app.sessions.list().iter().map(|s| s.info()).collect();
-    Json(json!({
-        "status": if loading.is_empty() { "healthy" } else { "loading" },
-        "loading": loading,
-        "sessions": sessions,
-    }))
+    let pinned = app.scheduler.pinned();
+    let ready = pinned.iter().all(|(_, state)| state == "ready");
+    let pinned: serde_json::Map<String, Value> =
+        pinned.into_iter().map(|(id, s)| (id, json!(s))).collect();
+    let status = if !ready {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    (
+        status,
+        Json(json!({
+            "status": if !ready || !loading.is_empty() { "loading" } else { "healthy" },
+            "loading": loading,
+            "pinned": pinned,
+            "sessions": sessions,
+        })),
+    )
 }
 
 /// `GET /api/plugins`.
@@ -87,7 +102,7 @@ pub(super) async fn load(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let model = app.find_model(&id).await?;
-    let session = app.sessions.ensure(&model).await?;
+    let session = app.scheduler.load(&model).await?;
     Ok(Json(json!({ "loaded": true, "session": session.info() })))
 }
 
@@ -96,7 +111,7 @@ pub(super) async fn unload(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if app.sessions.unload(&id, "unloaded on request").await {
+    if app.scheduler.unload(&id).await {
         Ok(Json(json!({ "unloaded": true, "model": id })))
     } else {
         Err(ApiError::not_found(format!(
@@ -108,7 +123,7 @@ pub(super) async fn unload(
 /// `GET /api/sessions`.
 pub(super) async fn sessions(State(app): State<Arc<App>>) -> Json<Value> {
     let sessions: Vec<_> = app.sessions.list().iter().map(|s| s.info()).collect();
-    Json(json!({ "sessions": sessions }))
+    Json(json!({ "sessions": sessions, "scheduler": app.scheduler.view() }))
 }
 
 /// `GET /api/sessions/{id}/logs`.

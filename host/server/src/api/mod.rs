@@ -35,11 +35,14 @@ use axum::Router;
 pub(crate) use error::ApiError;
 use subtle::ConstantTimeEq;
 
+use crate::scheduler::driver::Driver;
 use crate::sessions::Sessions;
 use hangar_engine::models::{discover, Discovery, Model};
 
 /// Everything the handlers share.
 pub(crate) struct App {
+    /// The scheduler: admission, residency, memory guard.
+    pub scheduler: Arc<Driver>,
     /// The sessions (and through them, the registry).
     pub sessions: Arc<Sessions>,
     /// The model dirs, rescanned on use so that new folders appear without

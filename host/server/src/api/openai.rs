@@ -87,8 +87,7 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
     };
     let model = app.find_model(&model_id).await?;
     refuse_gated_fields(&app, &model, &request).await?;
-    let session = app.sessions.ensure(&model).await?;
-    let in_flight = session.begin_request();
+    let (session, in_flight) = app.scheduler.admit(&model).await?;
     let (base_url, upstream_model, mapper) = match &session.backend {
         Backend::Process {
             base_url,

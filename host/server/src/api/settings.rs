@@ -83,7 +83,7 @@ pub(super) async fn put_model(
     let map = strip_nulls(map);
     let checked = map.clone();
     with_engine(&app, &model, move |entry, engine, _| {
-        settings::check_map(entry, engine, &checked)
+        settings::check_model_map(entry, engine, &checked)
     })
     .await?
     .map_err(refused)?;

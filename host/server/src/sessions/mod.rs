@@ -316,7 +316,13 @@ impl Sessions {
             .collect()
     }
 
-    fn record(&self, kind: &'static str, model: &str, session: Option<&str>, message: String) {
+    pub(crate) fn record(
+        &self,
+        kind: &'static str,
+        model: &str,
+        session: Option<&str>,
+        message: String,
+    ) {
         match kind {
             "crashed" | "load_failed" => tracing::warn!(model, kind, "{message}"),
             _ => tracing::info!(model, kind, "{message}"),

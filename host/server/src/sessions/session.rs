@@ -93,7 +93,7 @@ impl Session {
     pub(crate) fn begin_request(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         self.served.fetch_add(1, Ordering::Relaxed);
-        InFlight(self.clone())
+        InFlight(self.clone(), None)
     }
 
     /// A serializable view.
@@ -145,13 +145,30 @@ impl std::fmt::Debug for Backend {
     }
 }
 
-/// Keeps a session's in-flight count up while a request runs.
-#[derive(Debug)]
-pub(crate) struct InFlight(Arc<Session>);
+/// Keeps a session's in-flight count up while a request runs, and
+/// whatever else the request holds until it ends (its scheduler slot).
+pub(crate) struct InFlight(Arc<Session>, Option<Box<dyn Send + Sync>>);
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "InFlight({})", self.0.id)
+    }
+}
+
+impl InFlight {
+    /// This guard, also holding `guard` until the request ends.
+    pub(crate) fn holding(mut self, guard: Box<dyn Send + Sync>) -> InFlight {
+        self.1 = Some(guard);
+        self
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        // The held guard drops after the count, so that a slot freed by it
+        // never admits a request to a session that still counts this one.
+        self.1.take();
     }
 }
 

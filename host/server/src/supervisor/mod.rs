@@ -9,6 +9,7 @@
 pub(crate) mod keeper;
 mod launch;
 mod log;
+mod rss;
 pub(crate) mod signal;
 
 use std::collections::BTreeMap;
@@ -153,6 +154,12 @@ impl EngineProcess {
             _lifeline: lifeline,
             gone: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// What the engine's process tree (the keeper and everything below
+    /// it) holds in memory now, where `/proc` can tell.
+    pub(crate) fn resident_bytes(&self) -> Option<u64> {
+        rss::tree_rss(self.pgid as u32)
     }
 
     /// The engine's pid, when known.

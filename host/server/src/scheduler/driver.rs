@@ -1,0 +1,535 @@
+//! The driver: the one impure part of the scheduler. It turns API calls
+//! and the passing of time into [`Event`]s for the [`Scheduler`], and
+//! carries out its [`Decision`]s on the sessions: wakes queued requests,
+//! starts loads, drains and stops engines, cancels loads. A background
+//! task ticks the timers, reads the machine's memory and each engine's
+//! resident memory, and notices engines that went away on their own.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::{oneshot, Notify};
+
+use hangar_engine::models::Model;
+
+use super::estimate::estimate;
+use super::machine::{
+    Decision, Event, Limits, Millis, Policy, Refusal, Residency, Scheduler, Ticket,
+};
+use super::readings;
+use crate::sessions::{InFlight, LoadError, Session, Sessions};
+use crate::settings::residency_of;
+
+/// How often memory is read and engines are looked at.
+const SAMPLE: Duration = Duration::from_secs(1);
+
+/// Why a request or load did not get a session.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AdmitError {
+    /// The scheduler refused it (429 or 503).
+    #[error("{0}")]
+    Refused(Refusal),
+    /// The model's load failed.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+}
+
+type Reply = oneshot::Sender<Result<(), Refusal>>;
+
+struct Inner {
+    machine: Scheduler,
+    next_ticket: Ticket,
+    /// Queued requests, woken by Admit or Reject.
+    waiters: HashMap<Ticket, Reply>,
+    /// The models the scheduler has seen, for the loads it starts.
+    models: HashMap<String, Model>,
+    /// Estimates by model id and context, so that no request reads files.
+    estimates: HashMap<(String, Option<u64>), u64>,
+    /// Pinned models at start, and how their load went.
+    pinned: Vec<(String, Result<bool, String>)>,
+    decisions: Vec<Decision>,
+}
+
+/// The scheduler, driven.
+pub(crate) struct Driver {
+    sessions: Arc<Sessions>,
+    inner: Mutex<Inner>,
+    origin: Instant,
+    wake: Notify,
+}
+
+/// A request's place: released (leaving the queue, or freeing its slot)
+/// when dropped.
+struct Permit {
+    driver: Arc<Driver>,
+    ticket: Ticket,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.driver.step(Event::Release(self.ticket));
+    }
+}
+
+/// What `/api/sessions` shows of the scheduler.
+#[derive(Debug, Serialize)]
+pub(crate) struct SchedulerView {
+    /// Requests running now, host-wide.
+    pub in_flight: usize,
+    /// Requests waiting now, host-wide.
+    pub queued: usize,
+    /// How long the oldest waiter has waited (ms).
+    pub oldest_wait_ms: Option<Millis>,
+    /// `--max-concurrent-requests`.
+    pub max_concurrent_requests: Option<usize>,
+    /// `--max-queued-requests`.
+    pub max_queued_requests: usize,
+    /// `--max-loaded-models`.
+    pub max_loaded_models: Option<usize>,
+    /// The memory guard.
+    pub memory: MemoryView,
+    /// Per model.
+    pub models: Vec<ModelView>,
+}
+
+/// The memory guard's state.
+#[derive(Debug, Serialize)]
+pub(crate) struct MemoryView {
+    /// `off`, `safe`, `balanced` or `aggressive`.
+    pub guard: String,
+    /// `--memory-limit`.
+    pub limit_bytes: Option<u64>,
+    /// The most models may hold now.
+    pub ceiling_bytes: Option<u64>,
+    /// What loaded models count for (the larger of estimate and measure).
+    pub used_bytes: u64,
+    /// The machine's memory, as last read.
+    pub total_bytes: Option<u64>,
+    /// Available, as last read.
+    pub available_bytes: Option<u64>,
+    /// Free GPU memory, as last read.
+    pub device_free_bytes: Option<u64>,
+    /// Why new requests are refused, when the machine is short.
+    pub pressure: Option<String>,
+}
+
+/// One model as the scheduler sees it.
+#[derive(Debug, Serialize)]
+pub(crate) struct ModelView {
+    /// Model id.
+    pub model: String,
+    /// `absent`, `loading`, `ready`, `draining`, `stopping`.
+    pub state: &'static str,
+    /// Pinned.
+    pub pin: bool,
+    /// Running requests.
+    pub in_flight: usize,
+    /// Waiting requests.
+    pub queued: usize,
+    /// How long its oldest waiter has waited (ms).
+    pub oldest_wait_ms: Option<Millis>,
+    /// Mean wait of requests admitted after waiting (ms).
+    pub mean_wait_ms: Option<Millis>,
+    /// Estimated need (bytes).
+    pub need_bytes: u64,
+    /// Measured resident memory of its engine (bytes).
+    pub held_bytes: Option<u64>,
+}
+
+impl Driver {
+    /// A driver over `sessions` with `limits`; its background task starts
+    /// with [`Driver::run`].
+    pub(crate) fn new(sessions: Arc<Sessions>, limits: Limits) -> Arc<Driver> {
+        Arc::new(Driver {
+            sessions,
+            inner: Mutex::new(Inner {
+                machine: Scheduler::new(limits),
+                next_ticket: 1,
+                waiters: HashMap::new(),
+                models: HashMap::new(),
+                estimates: HashMap::new(),
+                pinned: Vec::new(),
+                decisions: Vec::new(),
+            }),
+            origin: Instant::now(),
+            wake: Notify::new(),
+        })
+    }
+
+    fn now(&self) -> Millis {
+        self.origin.elapsed().as_millis() as Millis
+    }
+
+    /// The model's policy from its settings, with its estimate.
+    fn policy(&self, inner: &mut Inner, model: &Model) -> Policy {
+        let stored = self.sessions.settings().get();
+        let residency = residency_of(&stored, &model.id);
+        let context = stored
+            .models
+            .get(&model.id)
+            .and_then(|m| m.get(hangar_plugin_api::wire::settings::CONTEXT_LENGTH))
+            .or_else(|| {
+                stored
+                    .defaults
+                    .get(hangar_plugin_api::wire::settings::CONTEXT_LENGTH)
+            })
+            .and_then(serde_json::Value::as_u64);
+        let need = *inner
+            .estimates
+            .entry((model.id.clone(), context))
+            .or_insert_with(|| estimate(&model.path, model.size_bytes, context).total());
+        inner.models.insert(model.id.clone(), model.clone());
+        Policy {
+            pin: residency.pin,
+            ttl: residency.ttl_seconds.map(|s| s.saturating_mul(1000)),
+            max_concurrent: residency
+                .max_concurrent_requests
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            drain: residency.drain_seconds.saturating_mul(1000),
+            need,
+        }
+    }
+
+    /// Feeds one event and carries out the decisions; returns them.
+    fn step(self: &Arc<Self>, event: Event) -> Vec<Decision> {
+        let mut inner = self.inner.lock().expect("scheduler lock");
+        self.step_locked(&mut inner, event)
+    }
+
+    fn step_locked(self: &Arc<Self>, inner: &mut Inner, event: Event) -> Vec<Decision> {
+        let now = self.now();
+        let tick = event == Event::Tick;
+        let mut decisions = std::mem::take(&mut inner.decisions);
+        decisions.clear();
+        inner.machine.step(now, event, &mut decisions);
+        for d in &decisions {
+            self.carry_out(inner, d);
+        }
+        if !tick {
+            // The timers may have moved: let the background task look
+            // again (not after its own tick, or it would spin).
+            self.wake.notify_one();
+        }
+        let out = decisions.clone();
+        inner.decisions = decisions;
+        out
+    }
+
+    fn carry_out(self: &Arc<Self>, inner: &mut Inner, decision: &Decision) {
+        match decision {
+            Decision::Admit(ticket) => {
+                if let Some(reply) = inner.waiters.remove(ticket) {
+                    let _ = reply.send(Ok(()));
+                }
+            }
+            Decision::Reject(ticket, refusal) => {
+                if let Some(reply) = inner.waiters.remove(ticket) {
+                    let _ = reply.send(Err(refusal.clone()));
+                }
+            }
+            Decision::Load(model) => {
+                let Some(model) = inner.models.get(model).cloned() else {
+                    return;
+                };
+                let this = self.clone();
+                tokio::spawn(async move {
+                    let event = match this.sessions.ensure(&model).await {
+                        Ok(_) => Event::Loaded(model.id.clone()),
+                        Err(_) => Event::LoadFailed(model.id.clone()),
+                    };
+                    this.step(event);
+                });
+            }
+            Decision::Stop(model, why) => {
+                let (this, model, why) = (self.clone(), model.clone(), why.to_string());
+                tokio::spawn(async move {
+                    this.sessions.unload(&model, &why).await;
+                    this.step(Event::Stopped(model));
+                });
+            }
+            Decision::CancelLoad(model) => {
+                let (this, model) = (self.clone(), model.clone());
+                tokio::spawn(async move {
+                    this.sessions.unload(&model, "load cancelled").await;
+                });
+            }
+            Decision::Queue(_)
+            | Decision::RefuseLoad(..)
+            | Decision::Drain(..)
+            | Decision::NotLoaded(_) => {}
+        }
+    }
+
+    /// Admits a request for `model` (waiting in the queue if it must),
+    /// then returns its session, loading the model if needed. The
+    /// returned guard holds the request's slot until dropped.
+    pub(crate) async fn admit(
+        self: &Arc<Self>,
+        model: &Model,
+    ) -> Result<(Arc<Session>, InFlight), AdmitError> {
+        let (ticket, outcome) = {
+            let mut inner = self.inner.lock().expect("scheduler lock");
+            let ticket = inner.next_ticket;
+            inner.next_ticket += 1;
+            let policy = self.policy(&mut inner, model);
+            let decisions = self.step_locked(
+                &mut inner,
+                Event::Request {
+                    ticket,
+                    model: model.id.clone(),
+                    policy,
+                },
+            );
+            let mut outcome = Ok(None);
+            for d in decisions {
+                match d {
+                    Decision::Reject(t, refusal) if t == ticket => outcome = Err(refusal),
+                    Decision::Queue(t) if t == ticket => {
+                        let (tx, rx) = oneshot::channel();
+                        inner.waiters.insert(ticket, tx);
+                        outcome = Ok(Some(rx));
+                    }
+                    _ => {}
+                }
+            }
+            (ticket, outcome)
+        };
+        // Made outside the lock: dropping it takes the lock.
+        let permit = Permit {
+            driver: self.clone(),
+            ticket,
+        };
+        let queued = outcome.map_err(AdmitError::Refused)?;
+        if let Some(rx) = queued {
+            // Dropping this future (the client left) drops the permit,
+            // which takes the request out of the queue.
+            match rx.await {
+                Ok(Ok(())) => {}
+                Ok(Err(refusal)) => return Err(AdmitError::Refused(refusal)),
+                Err(_) => {
+                    return Err(AdmitError::Load(LoadError::ShuttingDown {
+                        model: model.id.clone(),
+                    }))
+                }
+            }
+        }
+        let session = self.sessions.ensure(model).await?;
+        let in_flight = session.begin_request().holding(Box::new(permit));
+        Ok((session, in_flight))
+    }
+
+    /// Loads `model` on an operator's request (or a pin), evicting what
+    /// must go; refused when it cannot fit.
+    pub(crate) async fn load(self: &Arc<Self>, model: &Model) -> Result<Arc<Session>, AdmitError> {
+        let decisions = {
+            let mut inner = self.inner.lock().expect("scheduler lock");
+            let policy = self.policy(&mut inner, model);
+            self.step_locked(
+                &mut inner,
+                Event::Load {
+                    model: model.id.clone(),
+                    policy,
+                },
+            )
+        };
+        for d in decisions {
+            if let Decision::RefuseLoad(m, refusal) = d {
+                if m == model.id {
+                    return Err(AdmitError::Refused(refusal));
+                }
+            }
+        }
+        Ok(self.sessions.ensure(model).await?)
+    }
+
+    /// Unloads `model`: cancels its load, or drains its in-flight requests
+    /// (up to its `drain_seconds`) and stops its engine. Returns once it is
+    /// gone; false when it was neither loaded nor loading.
+    pub(crate) async fn unload(self: &Arc<Self>, model: &str) -> bool {
+        let decisions = self.step(Event::Unload(model.to_string()));
+        if decisions
+            .iter()
+            .any(|d| matches!(d, Decision::NotLoaded(m) if m == model))
+        {
+            // Not the scheduler's (a load it did not start): the sessions
+            // may still have it.
+            return self.sessions.unload(model, "unloaded on request").await;
+        }
+        if decisions
+            .iter()
+            .any(|d| matches!(d, Decision::CancelLoad(m) if m == model))
+        {
+            self.sessions.unload(model, "load cancelled").await;
+            return true;
+        }
+        loop {
+            let state = self.residency(model);
+            if matches!(state, None | Some(Residency::Absent)) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn residency(&self, model: &str) -> Option<Residency> {
+        let inner = self.inner.lock().expect("scheduler lock");
+        inner.machine.model(model).map(|m| m.residency)
+    }
+
+    /// Loads every pinned model among `models` (in the background), so
+    /// that `/health` reports `healthy` once they are all ready.
+    pub(crate) fn load_pinned(self: &Arc<Self>, models: &[Model]) {
+        let stored = self.sessions.settings().get();
+        let pinned: Vec<Model> = models
+            .iter()
+            .filter(|m| residency_of(&stored, &m.id).pin)
+            .cloned()
+            .collect();
+        {
+            let mut inner = self.inner.lock().expect("scheduler lock");
+            inner.pinned = pinned.iter().map(|m| (m.id.clone(), Ok(false))).collect();
+        }
+        for model in pinned {
+            let this = self.clone();
+            tokio::spawn(async move {
+                let outcome = match this.load(&model).await {
+                    Ok(_) => Ok(true),
+                    Err(e) => {
+                        if let AdmitError::Refused(r) = &e {
+                            this.sessions
+                                .record("load_failed", &model.id, None, r.to_string());
+                        }
+                        Err(e.to_string())
+                    }
+                };
+                let mut inner = this.inner.lock().expect("scheduler lock");
+                if let Some(p) = inner.pinned.iter_mut().find(|(id, _)| *id == model.id) {
+                    p.1 = outcome;
+                }
+            });
+        }
+    }
+
+    /// The pinned models and their state: `ready`, `loading`, or why their
+    /// load failed. `/health` is `healthy` only when all are ready.
+    pub(crate) fn pinned(&self) -> Vec<(String, String)> {
+        let inner = self.inner.lock().expect("scheduler lock");
+        inner
+            .pinned
+            .iter()
+            .map(|(id, outcome)| {
+                let ready = self.sessions.of_model(id).is_some();
+                let state = match outcome {
+                    _ if ready => "ready".to_string(),
+                    Err(e) => format!("failed: {e}"),
+                    Ok(_) => "loading".to_string(),
+                };
+                (id.clone(), state)
+            })
+            .collect()
+    }
+
+    /// The scheduler's state for `/api/sessions`.
+    pub(crate) fn view(&self) -> SchedulerView {
+        let inner = self.inner.lock().expect("scheduler lock");
+        let m = &inner.machine;
+        let limits = m.limits();
+        let reading = m.reading();
+        let mut models: Vec<ModelView> = m
+            .models()
+            .map(|(id, s)| ModelView {
+                model: id.clone(),
+                state: s.residency.name(),
+                pin: s.policy.pin,
+                in_flight: s.in_flight,
+                queued: s.queued,
+                oldest_wait_ms: m.oldest_wait(Some(id)),
+                mean_wait_ms: (s.waited.0 > 0).then(|| s.waited.1 / s.waited.0),
+                need_bytes: s.policy.need,
+                held_bytes: s.held,
+            })
+            .collect();
+        models.sort_by(|a, b| a.model.cmp(&b.model));
+        SchedulerView {
+            in_flight: m.in_flight(),
+            queued: m.queued(),
+            oldest_wait_ms: m.oldest_wait(None),
+            max_concurrent_requests: limits.max_concurrent,
+            max_queued_requests: limits.max_queue,
+            max_loaded_models: limits.max_loaded,
+            memory: MemoryView {
+                guard: limits.guard.to_string(),
+                limit_bytes: limits.memory_limit,
+                ceiling_bytes: m.ceiling(),
+                used_bytes: m.used(),
+                total_bytes: reading.map(|r| r.total),
+                available_bytes: reading.map(|r| r.available),
+                device_free_bytes: reading.and_then(|r| r.device_free),
+                pressure: m.pressure().map(ToString::to_string),
+            },
+            models,
+        }
+    }
+
+    /// The background task: ticks timers when they are due, and every
+    /// [`SAMPLE`] reads memory and notices engines that went away.
+    pub(crate) async fn run(self: Arc<Self>) {
+        let mut next_sample = Instant::now();
+        loop {
+            if Instant::now() >= next_sample {
+                self.sample().await;
+                next_sample = Instant::now() + SAMPLE;
+            }
+            let due = {
+                let inner = self.inner.lock().expect("scheduler lock");
+                inner.machine.next_wake()
+            };
+            let until_sample = next_sample.saturating_duration_since(Instant::now());
+            let sleep = match due {
+                Some(at) => Duration::from_millis(at.saturating_sub(self.now())).min(until_sample),
+                None => until_sample,
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(sleep) => {}
+                _ = self.wake.notified() => {}
+            }
+            self.step(Event::Tick);
+        }
+    }
+
+    async fn sample(self: &Arc<Self>) {
+        let sessions = self.sessions.list();
+        let gpu = sessions.iter().any(|s| s.accelerator.starts_with("cuda"));
+        let measured = tokio::task::spawn_blocking(move || {
+            let held: Vec<(String, u64)> = sessions
+                .iter()
+                .filter_map(|s| Some((s.model.id.clone(), s.process()?.resident_bytes()?)))
+                .collect();
+            (readings::machine(gpu), held)
+        })
+        .await;
+        let Ok((reading, held)) = measured else {
+            return;
+        };
+        let mut inner = self.inner.lock().expect("scheduler lock");
+        // Ready models whose session is gone went away on their own.
+        let gone: Vec<String> = inner
+            .machine
+            .models()
+            .filter(|(_, m)| m.residency == Residency::Ready)
+            .map(|(id, _)| id.clone())
+            .filter(|id| self.sessions.of_model(id).is_none())
+            .collect();
+        for id in gone {
+            self.step_locked(&mut inner, Event::Ended(id));
+        }
+        for (id, bytes) in held {
+            self.step_locked(&mut inner, Event::Held(id, bytes));
+        }
+        if let Some(reading) = reading {
+            self.step_locked(&mut inner, Event::Memory(reading));
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! What an engine's process tree holds in memory: the resident set of the
+//! keeper and every process below it, read from Linux's `/proc`.
+
+use std::collections::HashMap;
+
+/// Resident bytes of `root` and all its descendants; `None` where `/proc`
+/// cannot be read (macOS) or `root` is gone.
+pub(crate) fn tree_rss(root: u32) -> Option<u64> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Some(ppid) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .as_deref()
+            .and_then(parent)
+        {
+            children.entry(ppid).or_default().push(pid);
+        }
+    }
+    let mut total = rss(root)?;
+    let mut stack = children.get(&root).cloned().unwrap_or_default();
+    while let Some(pid) = stack.pop() {
+        total += rss(pid).unwrap_or(0);
+        if let Some(more) = children.get(&pid) {
+            stack.extend(more);
+        }
+    }
+    Some(total)
+}
+
+/// The parent pid from a `/proc/PID/stat` line (the command name, in
+/// parentheses, may hold spaces and parentheses itself).
+fn parent(stat: &str) -> Option<u32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_parent_is_read_past_a_command_name_with_spaces_and_parentheses() {
+        assert_eq!(super::parent("42 (a b) c)) S 7 42 42 0"), Some(7));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn this_process_holds_some_memory() {
+        let own = super::tree_rss(std::process::id()).expect("/proc is readable here");
+        assert!(own > 1 << 20, "{own}");
+    }
+}
