@@ -249,13 +249,10 @@ impl Driver {
                     this.step(Event::Stopped(model));
                 });
             }
-            Decision::CancelLoad(model) => {
-                let (this, model) = (self.clone(), model.clone());
-                tokio::spawn(async move {
-                    this.sessions.unload(&model, "load cancelled").await;
-                });
-            }
-            Decision::Queue(_)
+            // Only an operator's unload cancels a load, and `unload` carries
+            // it out itself, so that it can answer once the load is gone.
+            Decision::CancelLoad(_)
+            | Decision::Queue(_)
             | Decision::RefuseLoad(..)
             | Decision::Drain(..)
             | Decision::NotLoaded(_) => {}
@@ -316,6 +313,7 @@ impl Driver {
             }
         }
         let session = self.sessions.ensure(model).await?;
+        self.step(Event::Loaded(model.id.clone()));
         let in_flight = session.begin_request().holding(Box::new(permit));
         Ok((session, in_flight))
     }
@@ -341,7 +339,11 @@ impl Driver {
                 }
             }
         }
-        Ok(self.sessions.ensure(model).await?)
+        let session = self.sessions.ensure(model).await?;
+        // Known as loaded before the caller hears of it (the load's own
+        // task may report it a moment later).
+        self.step(Event::Loaded(model.id.clone()));
+        Ok(session)
     }
 
     /// Unloads `model`: cancels its load, or drains its in-flight requests

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use crate::fixtures::{manifest, Scenario};
 use crate::serve::{alive, eventually, kill9, pid_of, Server};
 
-fn echo(s: &Scenario, isolation: Option<&str>) {
+pub fn echo(s: &Scenario, isolation: Option<&str>) {
     s.plugin(
         "echo",
         &manifest("echo", "engine_echo", &["mlx"], 50, "in_process = true\n"),

@@ -6,5 +6,6 @@ mod inprocess;
 mod package;
 mod plugin_cmd;
 mod registry;
+mod scheduler;
 mod serve;
 mod wasm;

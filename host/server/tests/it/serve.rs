@@ -47,16 +47,18 @@ impl Server {
     /// Serves one fake `mlx` model `tiny` with the plugins and config that
     /// `setup` writes.
     pub fn with(setup: impl FnOnce(&Scenario)) -> Server {
+        Server::with_args(setup, &[])
+    }
+
+    /// [`Server::with`], with more `hangar serve` arguments.
+    pub fn with_args(setup: impl FnOnce(&Scenario), args: &[&str]) -> Server {
         let s = Scenario::new();
         setup(&s);
-        let model = s.root.path().join("models/tiny");
-        std::fs::create_dir_all(&model).unwrap();
-        std::fs::write(model.join("config.json"), "{}").unwrap();
-        let mut weights = 2u64.to_le_bytes().to_vec();
-        weights.extend_from_slice(b"{}");
-        std::fs::write(model.join("model.safetensors"), weights).unwrap();
+        model(&s, "tiny", 0);
         let mut child = Command::new(env!("CARGO_BIN_EXE_hangar"))
-            .args(["serve", "--port", "0", "--model-dir"])
+            .args(["serve", "--port", "0"])
+            .args(args)
+            .arg("--model-dir")
             .arg(s.root.path().join("models"))
             .arg("--plugins-dir")
             .arg(s.plugins_dir())
@@ -126,6 +128,18 @@ impl Server {
             .filter(|e| e["kind"] == kind)
             .count()
     }
+}
+
+/// Writes a fake `mlx` model `name` into the scenario's model dir, with
+/// `padding` more bytes of weights.
+pub fn model(s: &Scenario, name: &str, padding: usize) {
+    let model = s.root.path().join("models").join(name);
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(model.join("config.json"), "{}").unwrap();
+    let header = format!("{{}}{}", " ".repeat(padding));
+    let mut weights = (header.len() as u64).to_le_bytes().to_vec();
+    weights.extend_from_slice(header.as_bytes());
+    std::fs::write(model.join("model.safetensors"), weights).unwrap();
 }
 
 /// Whether `pid` is a live process (a zombie counts as gone but is

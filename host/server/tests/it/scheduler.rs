@@ -1,0 +1,417 @@
+//! The scheduler through `hangar serve`: admission (429 with Retry-After,
+//! the queue, clients that leave it), residency (TTL, pins and `/health`,
+//! eviction at `--max-loaded-models`, an unload that cancels a load) and
+//! the memory guard's refusal.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::fixtures::{manifest, Scenario};
+use crate::inprocess::echo;
+use crate::serve::{alive, eventually, model, pid_of, Server};
+
+/// A chat request to `tiny` that the echo engine answers in about
+/// `tokens` milliseconds.
+fn chat(server: &Server, tokens: u32) -> reqwest::blocking::Response {
+    reqwest::blocking::Client::new()
+        .post(format!("{}/v1/chat/completions", server.url))
+        .json(&json!({
+            "model": "tiny", "max_tokens": tokens,
+            "messages": [{"role": "user", "content": "word"}],
+        }))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .unwrap()
+}
+
+/// The scheduler's part of `/api/sessions`.
+fn scheduler(server: &Server) -> Value {
+    server.get("/api/sessions").1["scheduler"].clone()
+}
+
+fn error(response: reqwest::blocking::Response) -> (u16, Option<String>, Value) {
+    let status = response.status().as_u16();
+    let retry = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    (status, retry, response.json().unwrap_or(Value::Null))
+}
+
+/// The `alpha` plugin with an engine that takes `delay` seconds to start
+/// (then serves `/health` from a folder with Python's http.server).
+fn slow_alpha(s: &Scenario, delay: u32) {
+    let program = s.root.path().join("bin/slow-engine");
+    std::fs::create_dir_all(program.parent().unwrap()).unwrap();
+    std::fs::write(
+        &program,
+        format!(
+            "#!/bin/sh\n\
+             [ \"$1\" = --model ] || {{ echo 'alpha 1.0.0'; exit 0; }}\n\
+             sleep {delay}\n\
+             mkdir -p www && echo ok > www/health && cd www\n\
+             exec python3 -m http.server \"$4\" --bind 127.0.0.1\n"
+        ),
+    )
+    .unwrap();
+    let status = std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&program)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let extra = format!(
+        "[aliases]\nsafetensors = \"mlx\"\n[probe]\nprogram = \"{}\"\n[capabilities]\nkv_cache_quantization = \">=1.0\"\npaged_attention = \">=2.0\"\n",
+        program.display()
+    );
+    s.plugin(
+        "alpha",
+        &manifest("alpha", "engine_alpha", &["mlx"], 20, &extra),
+        Some("engine_alpha"),
+    );
+    s.config("");
+}
+
+/// The `beta` plugin (Python's http.server as the engine), allowed to
+/// run `programs`.
+fn beta_with(s: &Scenario, programs: &str) {
+    let probe = s.engine_program("beta-engine", "beta 0.9.0");
+    let extra = format!(
+        "programs = {programs}\n[probe]\nprogram = \"{}\"\n",
+        probe.display()
+    );
+    s.plugin(
+        "beta",
+        &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
+        Some("engine_beta"),
+    );
+    s.config("");
+}
+
+fn beta(s: &Scenario) {
+    beta_with(s, "[\"python3\"]");
+}
+
+fn events(server: &Server, kind: &str) -> Vec<String> {
+    let (_, body) = server.get("/api/events");
+    body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == kind)
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e["model"].as_str().unwrap(),
+                e["message"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_full_queue_answers_429_with_retry_after_and_waiters_are_served_in_turn() {
+    let server = Server::with_args(
+        |s| echo(s, None),
+        &[
+            "--max-concurrent-requests",
+            "1",
+            "--max-queued-requests",
+            "1",
+            "--queue-timeout",
+            "30",
+        ],
+    );
+    server.load();
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| chat(&server, 2000).status().as_u16());
+        eventually("the first request runs", Duration::from_secs(10), || {
+            scheduler(&server)["in_flight"] == 1
+        });
+        let second = scope.spawn(|| chat(&server, 5).status().as_u16());
+        eventually("the second request waits", Duration::from_secs(10), || {
+            scheduler(&server)["queued"] == 1
+        });
+        let view = scheduler(&server);
+        let tiny = &view["models"][0];
+        assert_eq!(
+            (
+                tiny["model"].clone(),
+                tiny["in_flight"].clone(),
+                tiny["queued"].clone()
+            ),
+            (json!("tiny"), json!(1), json!(1)),
+            "{view}"
+        );
+        assert!(tiny["oldest_wait_ms"].is_u64(), "{view}");
+        let (status, retry, body) = error(chat(&server, 5));
+        assert_eq!((status, retry.as_deref()), (429, Some("30")), "{body}");
+        assert_eq!(body["error"]["code"], "queue_full");
+        assert_eq!(first.join().unwrap(), 200);
+        assert_eq!(second.join().unwrap(), 200);
+    });
+    let view = scheduler(&server);
+    assert_eq!(
+        (view["in_flight"].clone(), view["queued"].clone()),
+        (json!(0), json!(0))
+    );
+    assert!(
+        view["models"][0]["mean_wait_ms"].as_u64().unwrap() > 0,
+        "{view}"
+    );
+}
+
+#[test]
+fn a_request_that_waits_past_the_queue_timeout_gets_429() {
+    let server = Server::with_args(
+        |s| echo(s, None),
+        &["--max-concurrent-requests", "1", "--queue-timeout", "0.3"],
+    );
+    server.load();
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| chat(&server, 2000).status().as_u16());
+        eventually("the first request runs", Duration::from_secs(10), || {
+            scheduler(&server)["in_flight"] == 1
+        });
+        let (status, retry, body) = error(chat(&server, 5));
+        assert_eq!((status, retry.as_deref()), (429, Some("1")), "{body}");
+        assert_eq!(body["error"]["code"], "queue_timeout");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("--queue-timeout"),
+            "{body}"
+        );
+        assert_eq!(first.join().unwrap(), 200);
+    });
+}
+
+#[test]
+fn a_client_that_disconnects_while_queued_leaves_the_queue() {
+    let server = Server::with_args(
+        |s| echo(s, None),
+        &[
+            "--max-concurrent-requests",
+            "1",
+            "--max-queued-requests",
+            "1",
+        ],
+    );
+    server.load();
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| chat(&server, 2000).status().as_u16());
+        eventually("the first request runs", Duration::from_secs(10), || {
+            scheduler(&server)["in_flight"] == 1
+        });
+        let gave_up = reqwest::blocking::Client::new()
+            .post(format!("{}/v1/chat/completions", server.url))
+            .json(&json!({"model": "tiny", "messages": [{"role": "user", "content": "x"}]}))
+            .timeout(Duration::from_millis(300))
+            .send();
+        assert!(gave_up.is_err(), "the client timed out while queued");
+        eventually("the queue's emptying", Duration::from_secs(5), || {
+            scheduler(&server)["queued"] == 0
+        });
+        // Its place is free: the next request waits instead of a 429.
+        let next = scope.spawn(|| chat(&server, 5).status().as_u16());
+        assert_eq!(first.join().unwrap(), 200);
+        assert_eq!(next.join().unwrap(), 200);
+    });
+}
+
+#[test]
+fn an_idle_model_is_unloaded_after_its_ttl() {
+    let server = Server::with(|s| {
+        beta(s);
+        s.settings("[models.tiny]\nttl_seconds = 1\n");
+    });
+    let pid = pid_of(&server.load());
+    // The event is recorded once the engine's process group is gone.
+    eventually("the idle unload", Duration::from_secs(8), || {
+        !events(&server, "unloaded").is_empty()
+    });
+    assert!(!alive(pid));
+    assert_eq!(server.get("/api/sessions").1["sessions"], json!([]));
+    assert_eq!(
+        events(&server, "unloaded"),
+        ["tiny: unloaded after 1 s idle (ttl_seconds)"]
+    );
+}
+
+#[test]
+fn a_pinned_model_loads_at_start_and_health_is_503_until_it_is_ready() {
+    let server = Server::with(|s| {
+        slow_alpha(s, 2);
+        s.settings("[models.tiny]\npin = true\n");
+    });
+    let (status, health) = server.get("/health");
+    assert_eq!(
+        (status, health["status"].clone(), health["pinned"].clone()),
+        (503, json!("loading"), json!({"tiny": "loading"})),
+        "{health}"
+    );
+    eventually("the pinned model's load", Duration::from_secs(20), || {
+        server.get("/health").0 == 200
+    });
+    let (_, health) = server.get("/health");
+    assert_eq!(
+        (health["status"].clone(), health["pinned"].clone()),
+        (json!("healthy"), json!({"tiny": "ready"})),
+        "{health}"
+    );
+    assert_eq!(health["sessions"][0]["model"], "tiny");
+}
+
+#[test]
+fn a_pinned_model_that_cannot_load_keeps_health_at_503_saying_why() {
+    let server = Server::with(|s| {
+        beta_with(s, "[]");
+        s.settings("[models.tiny]\npin = true\n");
+    });
+    eventually("the pinned load's failure", Duration::from_secs(10), || {
+        server.get("/health").1["pinned"]["tiny"]
+            .as_str()
+            .unwrap()
+            .starts_with("failed: ")
+    });
+    let (status, health) = server.get("/health");
+    assert_eq!(status, 503, "{health}");
+    assert!(
+        health["pinned"]["tiny"]
+            .as_str()
+            .unwrap()
+            .contains("does not declare"),
+        "{health}"
+    );
+}
+
+#[test]
+fn at_max_loaded_models_the_least_recently_used_model_is_evicted() {
+    let server = Server::with_args(
+        |s| {
+            beta(s);
+            model(s, "other", 0);
+        },
+        &["--max-loaded-models", "1"],
+    );
+    let pid = pid_of(&server.load());
+    let (status, body) = server.post("/api/models/other/load", json!({}));
+    assert_eq!(status, 200, "{body}");
+    eventually("the eviction", Duration::from_secs(8), || {
+        !events(&server, "unloaded").is_empty()
+    });
+    assert!(!alive(pid));
+    let (_, sessions) = server.get("/api/sessions");
+    let models: Vec<&Value> = sessions["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["model"])
+        .collect();
+    assert_eq!(models, [&json!("other")]);
+    assert_eq!(
+        events(&server, "unloaded"),
+        ["tiny: evicted (least recently used) to make room for 'other'"]
+    );
+}
+
+#[test]
+fn an_unload_sent_while_the_model_loads_cancels_the_load() {
+    let server = Server::with(|s| slow_alpha(s, 30));
+    std::thread::scope(|scope| {
+        let load = scope.spawn(|| server.post("/api/models/tiny/load", json!({})));
+        eventually("the load's start", Duration::from_secs(10), || {
+            server.get("/health").1["loading"] == json!(["tiny"])
+        });
+        let (status, body) = server.post("/api/models/tiny/unload", json!({}));
+        assert_eq!(status, 200, "{body}");
+        let (status, body) = load.join().unwrap();
+        assert_eq!(
+            (status, body["error"]["code"].clone()),
+            (503, json!("load_cancelled")),
+            "{body}"
+        );
+    });
+    let (_, health) = server.get("/health");
+    assert_eq!(
+        (health["loading"].clone(), health["sessions"].clone()),
+        (json!([]), json!([])),
+        "{health}"
+    );
+    assert_eq!(events(&server, "loaded"), Vec::<String>::new());
+}
+
+#[test]
+fn a_model_that_does_not_fit_the_memory_limit_is_refused_with_503_naming_need_and_free() {
+    let server = Server::with_args(
+        |s| {
+            beta(s);
+            model(s, "big", 8192);
+        },
+        &["--memory-limit", "4K"],
+    );
+    let (status, body) = server.post(
+        "/v1/chat/completions",
+        json!({"model": "big", "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (503, json!("insufficient_memory")),
+        "{body}"
+    );
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("model 'big' needs 8.0 KiB but only 4.0 KiB is free under the memory ceiling of 4.0 KiB")
+            && message.contains("pinned: none"),
+        "{message}"
+    );
+    // A model that fits loads.
+    server.load();
+}
+
+#[test]
+fn an_unload_waits_for_in_flight_requests_to_finish() {
+    let server = Server::with(|s| {
+        echo(s, None);
+        s.settings("[models.tiny]\ndrain_seconds = 30\n");
+    });
+    server.load();
+    std::thread::scope(|scope| {
+        let running = scope.spawn(|| chat(&server, 1500).status().as_u16());
+        eventually("the request runs", Duration::from_secs(10), || {
+            scheduler(&server)["in_flight"] == 1
+        });
+        let (status, body) = server.post("/api/models/tiny/unload", json!({}));
+        assert_eq!(status, 200, "{body}");
+        // The request was answered, not cut off, and the engine stopped
+        // once it was done (not at the drain's deadline).
+        assert_eq!(running.join().unwrap(), 200);
+    });
+    assert_eq!(events(&server, "unloaded"), ["tiny: unloaded on request"]);
+}
+
+#[test]
+fn residency_settings_are_checked_by_type_and_range() {
+    let server = Server::with(beta);
+    let put = |body: Value| {
+        let r = reqwest::blocking::Client::new()
+            .put(format!("{}/api/models/tiny/settings", server.url))
+            .json(&body)
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().unwrap())
+    };
+    let (status, body) = put(json!({"pin": "yes", "ttl_seconds": 0}));
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(
+        body["error"]["message"],
+        "setting 'pin' must be true or false, not \"yes\"; setting 'ttl_seconds' must be between 1 and 31536000, not 0"
+    );
+    let (status, body) =
+        put(json!({"pin": true, "ttl_seconds": 600, "max_concurrent_requests": 2}));
+    assert_eq!(status, 200, "{body}");
+    // The host's settings never reach the engine.
+    assert_eq!(body["effective"], json!({}), "{body}");
+}
