@@ -16,6 +16,8 @@ scripts/native-mlx-prepare.sh
 rustup target add wasm32-unknown-unknown >&2
 
 cargo build --workspace --all-targets
+# The one-way structure: plugins' tests link no server; no import cycles.
+python3 scripts/check-architecture.py
 cargo test --workspace
 # native-mlx is a workspace of its own (it needs MLX; the host must not).
 (cd plugins/native-mlx && cargo test --release)
