@@ -6,7 +6,11 @@
 //!
 //! 1. [`api`] (axum) receives `POST /v1/chat/completions`, checks the API
 //!    key, and finds the model among the model dirs' models.
-//! 2. [`sessions`] returns the model's running session, or loads it: the
+//! 2. The [`scheduler`] admits the request (or queues it behind the host's
+//!    and the model's concurrency limits, or refuses it with 429 or 503),
+//!    makes room for the model if it must load (evicting least recently
+//!    used idle models within the memory guard), then [`sessions`] returns
+//!    the model's running session, or loads it: the
 //!    registry resolves the model's format to an engine, [`settings`] gives
 //!    the model's effective settings (refusing a gated one with a 422), and
 //!    the plugin either plans a launch, which the [`supervisor`] spawns

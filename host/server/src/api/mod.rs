@@ -3,7 +3,7 @@
 //!
 //! | route | what |
 //! |---|---|
-//! | `GET /health` | `healthy` or `loading`, with the sessions |
+//! | `GET /health` | `healthy` (200) or `loading` (503 until every pinned model is ready), with the sessions |
 //! | `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` | OpenAI-compatible |
 //! | `GET /api/plugins` | every plugin, as `hangar plugins --json` |
 //! | `GET /api/resolve?model=ID_OR_FORMAT` | the resolution trace |

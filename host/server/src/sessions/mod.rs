@@ -92,7 +92,8 @@ pub(crate) enum LoadError {
 pub(crate) struct Event {
     /// Seconds since the epoch.
     pub at: u64,
-    /// `loaded`, `load_failed`, `unloaded`, `crashed`.
+    /// `loaded`, `load_failed`, `unloaded` (on request, idle past its TTL,
+    /// or evicted: the message says which), `crashed`.
     pub kind: &'static str,
     /// Model id.
     pub model: String,
