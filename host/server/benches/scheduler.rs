@@ -103,7 +103,7 @@ fn bench(c: &mut Criterion) {
         });
         let mut ticket: Ticket = 0;
         let mut now = 0;
-        let mut cycle = |s: &mut Scheduler, out: &mut Vec<Decision>, ticket: Ticket, now: u64| {
+        let cycle = |s: &mut Scheduler, out: &mut Vec<Decision>, ticket: Ticket, now: u64| {
             let name = &names[ticket as usize % names.len()];
             out.clear();
             s.step(now, request(ticket, name), out);
