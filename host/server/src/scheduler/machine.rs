@@ -644,25 +644,30 @@ impl Scheduler {
         }
         let mut i = 0;
         while i < self.queue.len() {
+            if self.host_full() {
+                // Nobody can go before a slot frees; waiters that never
+                // could are refused when the next pump reaches them.
+                return;
+            }
             let ticket = self.queue[i];
+            let room = self.room(&self.tickets[&ticket].model, true);
+            if let Room::Wait = room {
+                i += 1;
+                continue;
+            }
+            // Now or never: either way the waiter leaves the queue.
+            self.queue.remove(i);
             let model = self.tickets[&ticket].model.clone();
-            match self.room(&model, true) {
-                Room::Now(evict) => {
-                    self.queue.remove(i);
-                    if let Some(m) = self.models.get_mut(&model) {
-                        m.queued -= 1;
-                    }
-                    self.admit(ticket, evict, out);
-                }
-                Room::Wait => i += 1,
+            if let Some(m) = self.models.get_mut(&model) {
+                m.queued -= 1;
+            }
+            match room {
+                Room::Now(evict) => self.admit(ticket, evict, out),
                 Room::Never(refusal) => {
-                    self.queue.remove(i);
                     self.tickets.remove(&ticket);
-                    if let Some(m) = self.models.get_mut(&model) {
-                        m.queued -= 1;
-                    }
                     out.push(Decision::Reject(ticket, refusal));
                 }
+                Room::Wait => unreachable!("skipped above"),
             }
         }
     }
@@ -845,15 +850,19 @@ impl Scheduler {
         pinned
     }
 
+    /// Whether every host-wide slot is taken.
+    fn host_full(&self) -> bool {
+        self.limits
+            .max_concurrent
+            .is_some_and(|max| self.in_flight >= max)
+    }
+
     /// Whether a request (`slot`: it takes a concurrency slot) or load for
     /// `model` can go now, and what must be evicted for it.
     fn room(&self, model: &str, slot: bool) -> Room {
         let m = &self.models[model];
         if slot {
-            let host_full = self
-                .limits
-                .max_concurrent
-                .is_some_and(|max| self.in_flight >= max);
+            let host_full = self.host_full();
             let model_full = m
                 .policy
                 .max_concurrent

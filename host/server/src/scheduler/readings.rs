@@ -25,16 +25,58 @@ pub fn machine(gpu: bool) -> Option<Reading> {
 fn linux() -> Option<Reading> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let read = |p: &str| std::fs::read_to_string(p).ok();
-    let cgroup = read("/sys/fs/cgroup/memory.max")
-        .zip(read("/sys/fs/cgroup/memory.current"))
-        .or_else(|| {
-            read("/sys/fs/cgroup/memory/memory.limit_in_bytes")
-                .zip(read("/sys/fs/cgroup/memory/memory.usage_in_bytes"))
-        });
+    // v2: the host's own cgroup (`0::/PATH` in /proc/self/cgroup), whose
+    // files a container sees at the mount's root.
+    let own = read("/proc/self/cgroup")
+        .as_deref()
+        .and_then(cgroup_v2_path)
+        .unwrap_or_default();
+    let v2 = |file: &str| {
+        read(&format!("/sys/fs/cgroup{own}/{file}"))
+            .or_else(|| read(&format!("/sys/fs/cgroup/{file}")))
+    };
+    let cgroup = v2("memory.max").zip(v2("memory.current")).or_else(|| {
+        // v1: the memory controller's hierarchy (`N:memory:/PATH`).
+        let own = read("/proc/self/cgroup")
+            .as_deref()
+            .and_then(cgroup_v1_memory_path)
+            .unwrap_or_default();
+        let v1 = |file: &str| {
+            read(&format!("/sys/fs/cgroup/memory{own}/{file}"))
+                .or_else(|| read(&format!("/sys/fs/cgroup/memory/{file}")))
+        };
+        v1("memory.limit_in_bytes").zip(v1("memory.usage_in_bytes"))
+    });
     parse_linux(
         &meminfo,
         cgroup.as_ref().map(|(l, c)| (l.as_str(), c.as_str())),
     )
+}
+
+/// The cgroup v2 path from `/proc/self/cgroup` (`0::/user.slice/…`).
+pub fn cgroup_v2_path(text: &str) -> Option<String> {
+    plain(text.lines().find_map(|l| l.strip_prefix("0::"))?.trim())
+}
+
+/// The cgroup v1 memory controller's path from `/proc/self/cgroup`
+/// (`4:memory:/docker/…`).
+pub fn cgroup_v1_memory_path(text: &str) -> Option<String> {
+    let path = text.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        controllers
+            .split(',')
+            .any(|c| c == "memory")
+            .then_some(path)
+    })?;
+    plain(path.trim())
+}
+
+/// `path` when it is a plain absolute path below the root: nothing may
+/// climb out of /sys/fs/cgroup.
+fn plain(path: &str) -> Option<String> {
+    let plain = path.starts_with('/') && !path.split('/').any(|c| c == "..");
+    (plain && path != "/").then(|| path.to_string())
 }
 
 /// The reading from `/proc/meminfo`'s text and the cgroup's (limit,
@@ -162,6 +204,21 @@ mod tests {
             ]],
         );
         check("garbage", None, expect![[r#"None"#]]);
+    }
+
+    #[test]
+    fn the_hosts_own_cgroup_is_found() {
+        assert_eq!(
+            super::cgroup_v2_path("12:cpu:/x\n0::/user.slice/app.scope\n"),
+            Some("/user.slice/app.scope".into())
+        );
+        assert_eq!(super::cgroup_v2_path("0::/\n"), None);
+        assert_eq!(super::cgroup_v2_path("0::/../etc\n"), None);
+        assert_eq!(super::cgroup_v2_path("4:memory:/docker/abc\n"), None);
+        assert_eq!(
+            super::cgroup_v1_memory_path("5:devices:/\n4:memory:/docker/abc\n0::/\n"),
+            Some("/docker/abc".into())
+        );
     }
 
     #[test]
