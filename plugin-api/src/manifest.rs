@@ -740,8 +740,16 @@ mod tests {
             ("*.gguf", "llama.gguf.part", false),
             ("config.json", "config.json", true),
             ("config.json", "xconfig.json", false),
-            ("model-?????-of-*.safetensors", "model-00001-of-00002.safetensors", true),
-            ("model-?????-of-*.safetensors", "model-1-of-2.safetensors", false),
+            (
+                "model-?????-of-*.safetensors",
+                "model-00001-of-00002.safetensors",
+                true,
+            ),
+            (
+                "model-?????-of-*.safetensors",
+                "model-1-of-2.safetensors",
+                false,
+            ),
             ("*.toy", ".toy", true),
             ("a*b*c", "abxbc", true),
             ("a*b*c", "acb", false),
