@@ -453,9 +453,12 @@ fn fixture_recognized(test: &PluginTest, report: &mut Report) {
             FIXTURE_RECOGNIZED,
             "no fixture declared (`[conformance] fixture` in plugin.toml, PluginTest::with_fixture, or `hangar plugin check --model`); plans are checked against a scratch model holding only config.json",
         ),
-        Some(Err(reason)) if reason.contains("does not exist") && !test.assembled() => report.skip(
+        Some(Err(_)) if test.fixture_left_out() => report.skip(
             FIXTURE_RECOGNIZED,
-            format!("{reason}: an installed plugin's package carries no fixture; check the plugin's crate, or pass --model"),
+            format!(
+                "plugin.toml's fixture {} is not in this folder: an installed plugin's package carries no fixture, so plans are checked against a scratch model; check the plugin's crate, or pass --model",
+                test.fixture().unwrap_or_default().display()
+            ),
         ),
         Some(Err(reason)) => report.fail(FIXTURE_RECOGNIZED, reason),
         Some(Ok(model)) => report.pass(
@@ -479,7 +482,7 @@ fn serves_fixture(
     request: &LoadRequest,
     report: &mut Report,
 ) {
-    if !matches!(test.fixture_model(), Some(Ok(_))) {
+    if test.fixture_left_out() || !matches!(test.fixture_model(), Some(Ok(_))) {
         return report.skip(
             SERVES_FIXTURE,
             "no fixture to serve (see fixture_recognized)",

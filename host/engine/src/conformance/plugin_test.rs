@@ -171,10 +171,10 @@ impl PluginTest {
                 return Err(format!(
                     "the fixture {} does not exist{}",
                     path.display(),
-                    if self.folder.assembled() {
-                        "; put the model there or fix `[conformance] fixture` in plugin.toml"
-                    } else {
-                        ""
+                    match self.fixture {
+                        Some(_) => "",
+                        None =>
+                            "; put the model there or fix `[conformance] fixture` in plugin.toml",
                     }
                 ));
             }
@@ -204,11 +204,13 @@ impl PluginTest {
         Some(recognized())
     }
 
-    /// Whether the plugin folder was assembled from a crate (so a missing
-    /// fixture is the author's to fix), rather than taken as it is (an
-    /// installed plugin, whose package carries no fixture).
-    pub fn assembled(&self) -> bool {
-        self.folder.assembled()
+    /// Whether the fixture is the manifest's, absent from a plugin folder
+    /// taken as it is: an installed plugin, whose package carries no
+    /// fixture (in a crate, a missing fixture is the author's to fix).
+    pub fn fixture_left_out(&self) -> bool {
+        self.fixture.is_none()
+            && !self.folder.assembled()
+            && self.fixture().is_some_and(|path| !path.exists())
     }
 
     /// Other time limits than [`Limits::default`].
@@ -297,7 +299,11 @@ impl PluginTest {
     /// operator's plugin settings, and loopback port 18080.
     pub fn load_request(&self, engine: ProbeReport) -> Result<LoadRequest, String> {
         let manifest = self.manifest()?;
-        let (model, model_files, format) = match self.fixture_model() {
+        let fixture = match self.fixture_left_out() {
+            true => None,
+            false => self.fixture_model(),
+        };
+        let (model, model_files, format) = match fixture {
             Some(Ok(model)) => (model.path, model.files, model.format),
             Some(Err(reason)) => return Err(reason),
             None => {
