@@ -11,10 +11,11 @@ check` (its fixture recognised and served), packs and installs, that
 """
 from __future__ import annotations
 
+import json
 import os
-import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import openai
@@ -47,7 +48,9 @@ def test_a_plugin_made_from_the_template_teaches_a_new_format_and_serves_it(tmp_
     home = tmp_path / "home"
     bin_dir = home / ".local" / "bin"
     bin_dir.mkdir(parents=True)
-    shutil.copy(REPO / "tests" / "stand-ins" / "toy_server.py", bin_dir / "toy-server")
+    # This interpreter, not `env python3`: HOME moves, and with it pyenv's.
+    script = (REPO / "tests" / "stand-ins" / "toy_server.py").read_text().split("\n", 1)[1]
+    (bin_dir / "toy-server").write_text(f"#!{sys.executable}\n{script}")
     (bin_dir / "toy-server").chmod(0o755)
     real_home = Path(os.environ["HOME"])
     env = {k: v for k, v in os.environ.items() if not k.startswith("HANGAR_")}
@@ -77,10 +80,16 @@ def test_a_plugin_made_from_the_template_teaches_a_new_format_and_serves_it(tmp_
     (crate / "fixtures").mkdir()
     (crate / "fixtures" / "hello.toy").write_text(f"TOY1\n{REPLY}\n")
 
-    code, out = hangar(["plugin", "check", str(crate), "--debug"], env)
+    code, out = hangar(["--json", "plugin", "check", str(crate), "--debug"], env)
     assert code == 0, out
-    assert re.search(r"fixture_recognized\s+pass\s+\S*hello.toy is the toy model 'hello' \(rule toy: \*.toy \(toy\)\)", out), out
-    assert re.search(r"serves_fixture\s+pass\s+`\S*toy-server` ready in \d+ ms; chat answered \"Hello from the toy engine,", out), out
+    checks = {c["name"]: c for c in json.loads(out[out.index("{"):])["checks"]}
+    fixture, served = checks["fixture_recognized"], checks["serves_fixture"]
+    assert fixture["outcome"] == "pass", fixture
+    assert "hello.toy is the toy model 'hello' (rule toy: *.toy (toy)); model_files [hello.toy]" in fixture["verdict"], fixture
+    assert served["outcome"] == "pass", served
+    assert 'chat answered "Hello from the toy engine, one word per" and streamed 10 chunks ending in [DONE]' in served["verdict"], served
+    plan = checks["launch_plan_declared_programs"]
+    assert plan["outcome"] == "pass" and "fixtures/hello.toy" in plan["verdict"], plan
 
     plugins = tmp_path / "plugins"
     package = tmp_path / "toy.tar.gz"

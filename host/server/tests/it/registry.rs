@@ -128,18 +128,31 @@ fn safetensors_resolves_to_mlx_and_model_folders_are_detected() {
     let model = s.root.path().join("models/tiny");
     std::fs::create_dir_all(&model).unwrap();
     std::fs::write(model.join("config.json"), "{}").unwrap();
+    // An empty weights file is no model: resolve inspects as serving does.
     std::fs::write(model.join("model.safetensors"), "").unwrap();
     let (code, out) = s.hangar(&["resolve", model.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(
+        out.contains("model.safetensors is 0 bytes, too short"),
+        "{out}"
+    );
+    let mut weights = 2u64.to_le_bytes().to_vec();
+    weights.extend(b"{}");
+    std::fs::write(model.join("model.safetensors"), weights).unwrap();
+    let (code, out) = s.hangar(&["resolve", model.to_str().unwrap()]);
     assert_eq!(code, 0);
-    assert!(out.starts_with("mlx → beta"), "{out}");
+    assert!(
+        out.starts_with("model: tiny ($ROOT/models/tiny, rule mlx: a folder of config.json + *.safetensors (built-in); files: config.json, model.safetensors)\nmlx → beta"),
+        "{out}"
+    );
     std::fs::remove_file(model.join("model.safetensors")).unwrap();
     check(
         &s,
         &["resolve", model.to_str().unwrap()],
         expect![[r#"
-        exit 1
-        error: $ROOT/models/tiny has config.json but no *.safetensors weights; the download may be incomplete
-    "#]],
+            exit 1
+            error: $ROOT/models/tiny has config.json but no *.safetensors, which the rule mlx: a folder of config.json + *.safetensors (built-in) needs; the download may be incomplete: download the model again or copy the missing files into the folder
+        "#]],
     );
 }
 
