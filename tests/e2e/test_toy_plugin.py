@@ -88,8 +88,7 @@ def test_a_plugin_made_from_the_template_teaches_a_new_format_and_serves_it(tmp_
     assert "hello.toy is the toy model 'hello' (rule toy: *.toy (toy)); model_files [hello.toy]" in fixture["verdict"], fixture
     assert served["outcome"] == "pass", served
     assert 'chat answered "Hello from the toy engine, one word per" and streamed 10 chunks ending in [DONE]' in served["verdict"], served
-    plan = checks["launch_plan_declared_programs"]
-    assert plan["outcome"] == "pass" and "fixtures/hello.toy" in plan["verdict"], plan
+    assert checks["launch_plan_declared_programs"]["outcome"] == "pass", checks
 
     plugins = tmp_path / "plugins"
     package = tmp_path / "toy.tar.gz"
