@@ -282,3 +282,86 @@ fn http(
     }
     Ok((status, body))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::net::TcpListener;
+
+    use super::*;
+
+    /// Answers one connection with `raw` and returns what `http` made of it.
+    fn exchange(raw: &'static str) -> Result<(u16, String), String> {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut request = [0u8; 1024];
+            let _ = stream.read(&mut request);
+            stream.write_all(raw.as_bytes()).unwrap();
+        });
+        let answer = http(
+            &address,
+            "POST",
+            "/v1/chat/completions",
+            Some("{}"),
+            Duration::from_secs(5),
+        );
+        server.join().unwrap();
+        answer.map(|(status, body)| (status, String::from_utf8(body).unwrap()))
+    }
+
+    #[test]
+    fn the_client_reads_plain_and_chunked_bodies() {
+        assert_eq!(
+            exchange("HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{\"a\":1}"),
+            Ok((200, "{\"a\":1}".into()))
+        );
+        assert_eq!(
+            exchange("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\ndata:\r\n9;ext=1\r\n [DONE]\n\n\r\n0\r\n\r\n"),
+            Ok((200, "data: [DONE]\n\n".into()))
+        );
+        assert_eq!(
+            exchange("HTTP/1.1 503 Busy\r\n\r\n"),
+            Ok((503, String::new()))
+        );
+        assert!(exchange("SSH-2.0-OpenSSH\r\n")
+            .unwrap_err()
+            .contains("is not an HTTP status line"));
+    }
+
+    #[test]
+    fn answers_must_be_openai_shaped() {
+        let completion = |body: &str| check_completion(200, body.as_bytes());
+        assert_eq!(
+            completion(
+                r#"{"object":"chat.completion","choices":[{"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}"#
+            ),
+            Ok("hi".into())
+        );
+        assert_eq!(
+            completion(r#"{"object":"text_completion","choices":[]}"#),
+            Err(r#"`object` is "text_completion", not "chat.completion""#.into())
+        );
+        assert!(completion("<html>")
+            .unwrap_err()
+            .starts_with("answered something that is not JSON"));
+        assert_eq!(
+            check_completion(500, b"boom"),
+            Err("answered 500: boom".into())
+        );
+        let chunk = r#"{"object":"chat.completion.chunk","choices":[{"delta":{"content":"hi"}}]}"#;
+        let stream = |text: String| check_stream(200, text.as_bytes());
+        assert_eq!(stream(format!("data: {chunk}\n\ndata: [DONE]\n\n")), Ok(1));
+        assert!(stream(format!("data: {chunk}\n\n"))
+            .unwrap_err()
+            .contains("does not end with `data: [DONE]`"));
+        assert_eq!(
+            stream("data: [DONE]\n\n".into()),
+            Err("the stream holds no chunk before [DONE]".into())
+        );
+        assert!(stream("data: {}\n\ndata: [DONE]\n\n".into())
+            .unwrap_err()
+            .starts_with("an event is not a chat.completion.chunk"));
+    }
+}
