@@ -535,9 +535,23 @@ impl Manifest {
         if let Some(bad) = self.allowed_programs().find(|p| p.trim().is_empty()) {
             return invalid("programs", format!("'{bad}' is an empty program name"));
         }
-        for rule in &self.recognize {
+        for (i, rule) in self.recognize.iter().enumerate() {
             rule.validate()
                 .or_else(|reason| invalid("recognize", reason))?;
+            if let Some(twin) = self.recognize[..i]
+                .iter()
+                .find(|r| r.signature() == rule.signature())
+            {
+                return invalid(
+                    "recognize",
+                    format!(
+                        "two rules recognise {} (as '{}' and '{}'); keep one",
+                        rule.describe(),
+                        twin.format,
+                        rule.format
+                    ),
+                );
+            }
             if !self.formats.contains(&rule.format) {
                 return invalid(
                     "recognize",
@@ -715,6 +729,7 @@ mod tests {
             rule("format = \"mlx\"\nfolder = [\"*\"]"),
             rule("format = \"mlx\"\nfolder = [\"*.[ch]\"]"),
             rule("format = \"mlx\"\nfile = \"*.toy\"\nchecks = { \"*.toy\" = \"crc\" }"),
+            rule("format = \"mlx\"\nfolder = [\"a.x\", \"*.y\"]\n[[recognize]]\nformat = \"mlx\"\nfolder = [\"*.y\", \"a.x\"]"),
             with("[conformance]\nfixture = \"../models/x.toy\""),
             with("[conformance]\nfixture = \"/models/x.toy\""),
         ];
@@ -727,6 +742,7 @@ mod tests {
             plugin.toml field 'recognize' is invalid: the rule for 'mlx' (a folder of *): '*' matches any name; name the extension or file ("*.gguf", "config.json")
             plugin.toml field 'recognize' is invalid: the rule for 'mlx' (a folder of *.[ch]): '*.[ch]' uses '['; patterns know only '*' and '?'
             plugin.toml is malformed: unknown variant `crc`, expected one of `json`, `safetensors`, `gguf` (at line 17, column 22)
+            plugin.toml field 'recognize' is invalid: two rules recognise a folder of *.y + a.x (as 'mlx' and 'mlx'); keep one
             plugin.toml field 'conformance.fixture' is invalid: '../models/x.toy' must be a path inside the plugin folder or crate (`fixtures/hello.toy`)
             plugin.toml field 'conformance.fixture' is invalid: '/models/x.toy' must be a path inside the plugin folder or crate (`fixtures/hello.toy`)
         "#]]
