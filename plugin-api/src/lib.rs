@@ -32,7 +32,7 @@ pub mod platform;
 pub mod settings;
 pub mod wire;
 
-pub use manifest::{Manifest, ManifestError, PluginKind};
+pub use manifest::{ContentCheck, Manifest, ManifestError, PluginKind, RecognitionRule};
 pub use platform::{Accelerator, Platform, PlatformSpec};
 
 /// The version of this contract, as the host and plugins were built with it.

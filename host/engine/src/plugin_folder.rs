@@ -20,7 +20,7 @@ use tempfile::TempDir;
 #[derive(Debug)]
 pub struct PluginFolder {
     path: PathBuf,
-    _scratch: Option<TempDir>,
+    scratch: Option<TempDir>,
 }
 
 /// Which cargo profile builds a plugin crate.
@@ -38,11 +38,16 @@ impl PluginFolder {
         &self.path
     }
 
+    /// Whether the folder was assembled from a crate's build.
+    pub fn assembled(&self) -> bool {
+        self.scratch.is_some()
+    }
+
     /// The plugin folder `dir`, as it is.
     pub fn existing(dir: &Path) -> PluginFolder {
         PluginFolder {
             path: dir.to_path_buf(),
-            _scratch: None,
+            scratch: None,
         }
     }
 
@@ -87,11 +92,36 @@ impl PluginFolder {
         std::fs::create_dir(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
         copy(&crate_dir.join(MANIFEST_FILE), MANIFEST_FILE)?;
         copy(&library, &wanted)?;
+        // The conformance fixture lives in the crate; the suite reports it
+        // when it is missing.
+        if let Some(fixture) = &manifest.conformance.fixture {
+            let from = crate_dir.join(fixture);
+            if from.exists() {
+                copy_tree(&from, &path.join(fixture))?;
+            }
+        }
         Ok(PluginFolder {
             path,
-            _scratch: Some(scratch),
+            scratch: Some(scratch),
         })
     }
+}
+
+/// Copies the file or folder `from` to `to`, making parent folders.
+fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
+    let fail = |e: std::io::Error| format!("cannot copy {}: {e}", from.display());
+    if let Some(parent) = to.parent() {
+        std::fs::create_dir_all(parent).map_err(fail)?;
+    }
+    if !from.is_dir() {
+        return std::fs::copy(from, to).map(drop).map_err(fail);
+    }
+    std::fs::create_dir_all(to).map_err(fail)?;
+    for entry in std::fs::read_dir(from).map_err(fail)? {
+        let entry = entry.map_err(fail)?;
+        copy_tree(&entry.path(), &to.join(entry.file_name()))?;
+    }
+    Ok(())
 }
 
 fn is_crate(dir: &Path) -> bool {

@@ -47,9 +47,10 @@ pub enum PluginCommand {
     Check {
         /// A plugin folder (plugin.toml and the artifact) or a plugin crate.
         dir: PathBuf,
-        /// A real model folder for the load request (in-process engines
-        /// need one to pass the generation checks).
-        #[arg(long)]
+        /// A real model (file or folder) as the suite's fixture, instead of
+        /// plugin.toml's `[conformance] fixture` (in-process engines need
+        /// one to pass the generation checks).
+        #[arg(long, visible_alias = "fixture")]
         model: Option<PathBuf>,
         /// Build a crate with cargo's dev profile instead of --release.
         #[arg(long)]
@@ -196,7 +197,7 @@ fn check(
         test = test.with_settings(settings);
     }
     if let Some(model) = model {
-        test = test.with_model(model);
+        test = test.with_fixture(model);
     }
     let report = conformance::run(&test);
     if json {

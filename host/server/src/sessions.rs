@@ -750,7 +750,7 @@ fn plan(
     let request = LoadRequest {
         model_id: model.id.clone(),
         model_path: model.path.display().to_string(),
-        model_files: hangar_engine::models::files(&model.path),
+        model_files: model.files.clone(),
         format: model.format.clone(),
         accelerator: entry
             .accelerator

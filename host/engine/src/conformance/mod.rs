@@ -15,15 +15,18 @@
 //! | `describe_matches_manifest` | `describe()` says what `plugin.toml` says |
 //! | `probe_terminates` | the manifest's probe program, run as the host runs it, and `probe()` answer in time |
 //! | `probe_without_engine` | with the probe program missing, failing to start or timing out, `probe()` answers without claiming a version |
-//! | `launch_plan_declared_programs` | for a representative model, the launch plan names a program `plugin.toml` declares (or the probe resolved), a health route, a start timeout, and work files inside the work dir |
+//! | `fixture_recognized` | the plugin's fixture (`[conformance] fixture`, or [`PluginTest::with_fixture`]) is a model the built-in and the plugin's rules recognise, of a format the plugin serves |
+//! | `launch_plan_declared_programs` | for the fixture (else a scratch model holding a `config.json`), the launch plan names a program `plugin.toml` declares (or the probe resolved), a health route, a start timeout, and work files inside the work dir |
 //! | `engine_loads` | an in-process plugin loads the representative model |
 //! | `generate_one_outcome` | a streamed generation of 8 tokens ends with one outcome: `stop` or `length`, at most 8 tokens |
 //! | `generate_stops_quickly` | a sink that answers `Stop` ends generation within [`Limits::stop`] with `cancelled`, no output after it, and the engine serves the next request |
 //! | `errors_stay_errors` | a malformed message to `probe`, `plan_launch`, `load_in_process` (native; and `generate`) comes back as an error, not a panic or a trap |
+//! | `serves_fixture` | with the engine installed (the probe found it), the planned process started for the fixture becomes ready within [`Limits::serve`] and answers one chat request with an OpenAI chat completion, and one streamed (`chat.completion.chunk` events, then `[DONE]`) |
 //!
 //! Checks that do not apply (launch plans of in-process plugins, the
-//! generation checks of plugins that plan engine processes) and checks
-//! that cannot run after an earlier failure are skipped, with the reason.
+//! generation checks of plugins that plan engine processes, serving without
+//! a fixture or without the engine) and checks that cannot run after an
+//! earlier failure are skipped, with the reason.
 //!
 //! What the suite cannot catch: a plugin that aborts the process (as a
 //! crashing engine library does) takes the test process with it, and a
@@ -31,6 +34,7 @@
 //! ends.
 
 mod plugin_test;
+mod serve;
 
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -59,11 +63,13 @@ pub const CHECKS: &[&str] = &[
     DESCRIBE_MATCHES_MANIFEST,
     PROBE_TERMINATES,
     PROBE_WITHOUT_ENGINE,
+    FIXTURE_RECOGNIZED,
     LAUNCH_PLAN_DECLARED_PROGRAMS,
     ENGINE_LOADS,
     GENERATE_ONE_OUTCOME,
     GENERATE_STOPS_QUICKLY,
     ERRORS_STAY_ERRORS,
+    SERVES_FIXTURE,
 ];
 
 /// `plugin.toml` parses and validates.
@@ -78,6 +84,10 @@ pub const DESCRIBE_MATCHES_MANIFEST: &str = "describe_matches_manifest";
 pub const PROBE_TERMINATES: &str = "probe_terminates";
 /// `probe()` without a usable engine claims no version.
 pub const PROBE_WITHOUT_ENGINE: &str = "probe_without_engine";
+/// The fixture is a model the plugin's rules recognise.
+pub const FIXTURE_RECOGNIZED: &str = "fixture_recognized";
+/// The engine, started as planned, serves the fixture.
+pub const SERVES_FIXTURE: &str = "serves_fixture";
 /// Launch plans name only programs the host may run.
 pub const LAUNCH_PLAN_DECLARED_PROGRAMS: &str = "launch_plan_declared_programs";
 /// An in-process plugin loads the representative model.
@@ -232,6 +242,8 @@ pub fn run(test: &PluginTest) -> Report {
     }
     let probed = probe_terminates(test, &mut report);
     probe_without_engine(test, &manifest, &mut report);
+    fixture_recognized(test, &mut report);
+    let engine_found = probed.as_ref().is_some_and(|p| p.available);
     let request = match test.load_request(representative_engine(probed)) {
         Ok(request) => request,
         Err(reason) => {
@@ -245,13 +257,22 @@ pub fn run(test: &PluginTest) -> Report {
         );
         in_process(test, &request, &mut report)
     } else {
-        launch_plan(test, &manifest, &request, &mut report);
+        let planned = launch_plan(test, &manifest, &request, &mut report);
         let why = "the plugin plans engine processes; it runs no in-process engine";
         for name in [ENGINE_LOADS, GENERATE_ONE_OUTCOME, GENERATE_STOPS_QUICKLY] {
             report.skip(name, why);
         }
+        if planned {
+            serves_fixture(test, engine_found, &request, &mut report);
+        }
         None
     };
+    if manifest.in_process {
+        report.skip(
+            SERVES_FIXTURE,
+            "an in-process engine is served by the generation checks above",
+        );
+    }
     errors_stay_errors(test, engine.as_ref(), &mut report);
     report.finish("needs the engine to load")
 }
@@ -425,31 +446,107 @@ fn representative_engine(probed: Option<ProbeReport>) -> ProbeReport {
     }
 }
 
-fn launch_plan(test: &PluginTest, manifest: &Manifest, request: &LoadRequest, report: &mut Report) {
+/// Records `fixture_recognized`.
+fn fixture_recognized(test: &PluginTest, report: &mut Report) {
+    match test.fixture_model() {
+        None => report.skip(
+            FIXTURE_RECOGNIZED,
+            "no fixture declared (`[conformance] fixture` in plugin.toml, PluginTest::with_fixture, or `hangar plugin check --model`); plans are checked against a scratch model holding only config.json",
+        ),
+        Some(Err(_)) if test.fixture_left_out() => report.skip(
+            FIXTURE_RECOGNIZED,
+            format!(
+                "plugin.toml's fixture {} is not in this folder: an installed plugin's package carries no fixture, so plans are checked against a scratch model; check the plugin's crate, or pass --model",
+                test.fixture().unwrap_or_default().display()
+            ),
+        ),
+        Some(Err(reason)) => report.fail(FIXTURE_RECOGNIZED, reason),
+        Some(Ok(model)) => report.pass(
+            FIXTURE_RECOGNIZED,
+            format!(
+                "{} is the {} model '{}' (rule {}); model_files [{}]",
+                model.path.display(),
+                model.format,
+                model.id,
+                model.rule,
+                model.files.join(", ")
+            ),
+        ),
+    }
+}
+
+/// Records `serves_fixture`: the plan for the fixture, on a free port, run.
+fn serves_fixture(
+    test: &PluginTest,
+    engine_found: bool,
+    request: &LoadRequest,
+    report: &mut Report,
+) {
+    if test.fixture_left_out() || !matches!(test.fixture_model(), Some(Ok(_))) {
+        return report.skip(
+            SERVES_FIXTURE,
+            "no fixture to serve (see fixture_recognized)",
+        );
+    }
+    if !engine_found {
+        return report.skip(
+            SERVES_FIXTURE,
+            "the engine is not installed here (the probe did not find it), so the fixture was not served",
+        );
+    }
+    let mut request = request.clone();
+    let served = serve::free_port().and_then(|port| {
+        request.port = port;
+        let plan = test.plan_launch(&request)?;
+        serve::serve(&request, &plan, test.limits().serve, test.limits().generate)
+    });
+    match served {
+        Ok(seen) => report.pass(SERVES_FIXTURE, seen),
+        Err(reason) => report.fail(
+            SERVES_FIXTURE,
+            format!("serving the fixture failed: {reason}"),
+        ),
+    }
+}
+
+/// Records `launch_plan_declared_programs`; returns whether it passed.
+fn launch_plan(
+    test: &PluginTest,
+    manifest: &Manifest,
+    request: &LoadRequest,
+    report: &mut Report,
+) -> bool {
     let plan = match test.plan_launch(request) {
         Ok(plan) => plan,
         Err(reason) => {
-            return report.fail(
+            report.fail(
                 LAUNCH_PLAN_DECLARED_PROGRAMS,
                 format!(
                     "planning model {} ({}) failed: {reason}",
                     request.model_path, request.format
                 ),
-            )
+            );
+            return false;
         }
     };
     match plan_problem(manifest, request, &plan) {
-        Some(problem) => report.fail(LAUNCH_PLAN_DECLARED_PROGRAMS, problem),
-        None => report.pass(
-            LAUNCH_PLAN_DECLARED_PROGRAMS,
-            format!(
-                "plans `{}`, ready when GET {} answers {} (start timeout {} s)",
-                shorten(&command_line(&plan), 100),
-                plan.readiness.health_path,
-                plan.readiness.ready_status,
-                plan.start_timeout_ms / 1000
-            ),
-        ),
+        Some(problem) => {
+            report.fail(LAUNCH_PLAN_DECLARED_PROGRAMS, problem);
+            false
+        }
+        None => {
+            report.pass(
+                LAUNCH_PLAN_DECLARED_PROGRAMS,
+                format!(
+                    "plans `{}`, ready when GET {} answers {} (start timeout {} s)",
+                    shorten(&command_line(&plan), 100),
+                    plan.readiness.health_path,
+                    plan.readiness.ready_status,
+                    plan.start_timeout_ms / 1000
+                ),
+            );
+            true
+        }
     }
 }
 
@@ -514,7 +611,7 @@ fn in_process(
             report.fail(
                 ENGINE_LOADS,
                 format!(
-                    "loading model {} failed: {reason} (give the suite a real model with PluginTest::with_model, or `hangar plugin check --model DIR`)",
+                    "loading model {} failed: {reason} (give the suite a real model: `[conformance] fixture` in plugin.toml, PluginTest::with_fixture, or `hangar plugin check --model DIR`)",
                     request.model_path
                 ),
             );

@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use crate::loader::native::InProcessEngine;
 use crate::loader::LoadedPlugin;
+use crate::models::{self, Model, Rule};
 use crate::plugin_folder::{PluginFolder, Profile};
 use crate::registry::{self, LoadFailure};
 
@@ -32,6 +33,10 @@ pub struct Limits {
     pub generate: Duration,
     /// From the sink answering `Stop` to `generate` returning. Default 2 s.
     pub stop: Duration,
+    /// From starting the planned engine for the fixture to its readiness
+    /// (`serves_fixture`; at most the plan's own start timeout). Default
+    /// 60 s.
+    pub serve: Duration,
 }
 
 impl Default for Limits {
@@ -40,6 +45,7 @@ impl Default for Limits {
             call: Duration::from_secs(10),
             generate: Duration::from_secs(60),
             stop: Duration::from_secs(2),
+            serve: Duration::from_secs(60),
         }
     }
 }
@@ -66,7 +72,7 @@ pub struct PluginTest {
     manifest: Result<Manifest, String>,
     plugin: Option<Result<LoadedPlugin, LoadFailure>>,
     settings: BTreeMap<String, Value>,
-    model: Option<PathBuf>,
+    fixture: Option<PathBuf>,
     limits: Limits,
     scratch: tempfile::TempDir,
 }
@@ -105,7 +111,7 @@ impl PluginTest {
             manifest,
             plugin,
             settings: BTreeMap::new(),
-            model: None,
+            fixture: None,
             limits: Limits::default(),
             scratch: tempfile::Builder::new()
                 .prefix("hangar-conformance-")
@@ -122,12 +128,89 @@ impl PluginTest {
         self
     }
 
-    /// A real model folder for the representative load request, instead of
-    /// a scratch folder holding only a `config.json`. In-process engines
-    /// need one to pass the generation checks.
-    pub fn with_model(mut self, dir: impl Into<PathBuf>) -> PluginTest {
-        self.model = Some(dir.into());
+    /// A representative model (a file or folder) for the suite, instead of
+    /// the one `plugin.toml` declares (`[conformance] fixture`). The suite
+    /// recognises it with the built-in and the plugin's rules, plans
+    /// against it with its real files as `model_files`, and serves it when
+    /// the engine is installed. In-process engines need one to pass the
+    /// generation checks.
+    pub fn with_fixture(mut self, path: impl Into<PathBuf>) -> PluginTest {
+        self.fixture = Some(path.into());
         self
+    }
+
+    /// The fixture: [`PluginTest::with_fixture`]'s, else the manifest's
+    /// `[conformance] fixture` in the plugin folder.
+    pub fn fixture(&self) -> Option<PathBuf> {
+        self.fixture.clone().or_else(|| {
+            let declared = self.manifest.as_ref().ok()?.conformance.fixture.as_ref()?;
+            Some(self.dir().join(declared))
+        })
+    }
+
+    /// The recognition rules the host would use with only this plugin
+    /// installed: the built-in ones and the plugin's, merged as the
+    /// registry merges them.
+    pub fn rules(&self) -> Result<Vec<Rule>, String> {
+        let manifest = self.manifest()?;
+        let (rules, conflicts) =
+            registry::merge_rules([(manifest.id.as_str(), manifest.recognize.as_slice())]);
+        match conflicts.first() {
+            Some(conflict) => Err(conflict.clone()),
+            None => Ok(rules),
+        }
+    }
+
+    /// The fixture as the host recognises it, or why it is not a model
+    /// this plugin serves; `None` without a fixture.
+    pub fn fixture_model(&self) -> Option<Result<Model, String>> {
+        let path = self.fixture()?;
+        let recognized = || -> Result<Model, String> {
+            let manifest = self.manifest()?;
+            if !path.exists() {
+                return Err(format!(
+                    "the fixture {} does not exist{}",
+                    path.display(),
+                    match self.fixture {
+                        Some(_) => "",
+                        None =>
+                            "; put the model there or fix `[conformance] fixture` in plugin.toml",
+                    }
+                ));
+            }
+            let model = models::recognize(&path, &self.rules()?)?;
+            let canonical = manifest
+                .aliases
+                .get(&model.format)
+                .map(String::as_str)
+                .or_else(|| {
+                    registry::BUILTIN_ALIASES
+                        .iter()
+                        .find(|(alias, _)| *alias == model.format)
+                        .map(|(_, target)| *target)
+                })
+                .unwrap_or(&model.format);
+            if !manifest.formats.iter().any(|f| f == canonical) {
+                return Err(format!(
+                    "the fixture {} is a '{}' model (rule {}), a format the plugin does not serve ([{}])",
+                    path.display(),
+                    model.format,
+                    model.rule,
+                    manifest.formats.join(", ")
+                ));
+            }
+            Ok(model)
+        };
+        Some(recognized())
+    }
+
+    /// Whether the fixture is the manifest's, absent from a plugin folder
+    /// taken as it is: an installed plugin, whose package carries no
+    /// fixture (in a crate, a missing fixture is the author's to fix).
+    pub fn fixture_left_out(&self) -> bool {
+        self.fixture.is_none()
+            && !self.folder.assembled()
+            && self.fixture().is_some_and(|path| !path.exists())
     }
 
     /// Other time limits than [`Limits::default`].
@@ -207,17 +290,34 @@ impl PluginTest {
         bounded("probe()", self.limits.call, move || plugin.probe(&input))?
     }
 
-    /// A load request like the host's for a model of the manifest's first
-    /// format: the model folder of [`PluginTest::with_model`] (or a
-    /// scratch folder with a small `config.json`), the accelerator this
+    /// A load request like the host's for the fixture (see
+    /// [`PluginTest::fixture_model`]: its path, format and the files its
+    /// rule names), or without one for a scratch model of the manifest's
+    /// first format (a folder with a small `config.json`), the accelerator this
     /// machine and the manifest agree on, `engine` as the probe's report,
     /// the capabilities its version turns on, no model settings, the
     /// operator's plugin settings, and loopback port 18080.
     pub fn load_request(&self, engine: ProbeReport) -> Result<LoadRequest, String> {
         let manifest = self.manifest()?;
-        let model = match &self.model {
-            Some(dir) => dir.clone(),
-            None => self.scratch_model(&manifest.formats[0])?,
+        let fixture = match self.fixture_left_out() {
+            true => None,
+            false => self.fixture_model(),
+        };
+        let (model, model_files, format) = match fixture {
+            Some(Ok(model)) => (model.path, model.files, model.format),
+            Some(Err(reason)) => return Err(reason),
+            None => {
+                let format = manifest.formats[0].clone();
+                let dir = self.scratch_model(&format)?;
+                let files = std::fs::read_dir(&dir)
+                    .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+                    .filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .into_iter()
+                    .collect();
+                (dir, files, format)
+            }
         };
         let work_dir = self.scratch.path().join("work");
         std::fs::create_dir_all(&work_dir)
@@ -242,8 +342,8 @@ impl PluginTest {
         Ok(LoadRequest {
             model_id: "conformance-model".into(),
             model_path: model.display().to_string(),
-            model_files: crate::models::files(&model),
-            format: manifest.formats[0].clone(),
+            model_files,
+            format,
             accelerator,
             engine,
             capabilities,
@@ -274,8 +374,6 @@ impl PluginTest {
         })?
     }
 
-    /// A model folder with only a `config.json` (a two-layer Llama's), for
-    /// plugins that plan without reading weights.
     /// A scratch model folder: a small `config.json`, and for `gguf` a
     /// `model.gguf` that holds only the format's magic (plugins plan, they
     /// do not read weights).

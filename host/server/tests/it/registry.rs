@@ -128,18 +128,31 @@ fn safetensors_resolves_to_mlx_and_model_folders_are_detected() {
     let model = s.root.path().join("models/tiny");
     std::fs::create_dir_all(&model).unwrap();
     std::fs::write(model.join("config.json"), "{}").unwrap();
+    // An empty weights file is no model: resolve inspects as serving does.
     std::fs::write(model.join("model.safetensors"), "").unwrap();
     let (code, out) = s.hangar(&["resolve", model.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(
+        out.contains("model.safetensors is 0 bytes, too short"),
+        "{out}"
+    );
+    let mut weights = 2u64.to_le_bytes().to_vec();
+    weights.extend(b"{}");
+    std::fs::write(model.join("model.safetensors"), weights).unwrap();
+    let (code, out) = s.hangar(&["resolve", model.to_str().unwrap()]);
     assert_eq!(code, 0);
-    assert!(out.starts_with("mlx → beta"), "{out}");
+    assert!(
+        out.starts_with("model: tiny ($ROOT/models/tiny, rule mlx: a folder of config.json + *.safetensors (built-in); files: config.json, model.safetensors)\nmlx → beta"),
+        "{out}"
+    );
     std::fs::remove_file(model.join("model.safetensors")).unwrap();
     check(
         &s,
         &["resolve", model.to_str().unwrap()],
         expect![[r#"
-        exit 1
-        error: $ROOT/models/tiny has config.json but no *.safetensors weights; the download may be incomplete
-    "#]],
+            exit 1
+            error: $ROOT/models/tiny has config.json but no *.safetensors, which the rule mlx: a folder of config.json + *.safetensors (built-in) needs; the download may be incomplete: download the model again or copy the missing files into the folder
+        "#]],
     );
 }
 
@@ -355,4 +368,65 @@ fn json_output_is_machine_readable() {
     let (_, out) = s.hangar(&["platform", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["os"], "linux");
+}
+
+#[test]
+fn conflicting_recognition_rules_are_reported_and_the_plugins_still_load() {
+    let s = Scenario::new();
+    let rule = |format: &str, file: &str| {
+        format!("[[recognize]]\nformat = \"{format}\"\nfile = \"{file}\"\n")
+    };
+    let alpha_rules = rule("mlx", "*.npz") + &rule("mlx", "*.mlxfile");
+    let beta_rules = rule("gguf", "*.npz") + &rule("gguf", "*.gguf");
+    for (id, library, formats, rules) in [
+        ("alpha", "engine_alpha", &["mlx"][..], alpha_rules),
+        ("beta", "engine_beta", &["mlx", "gguf"][..], beta_rules),
+    ] {
+        let program = s.engine_program(&format!("{id}-engine"), &format!("{id} 1.5.0"));
+        let extra = format!("{rules}[probe]\nprogram = \"{}\"\n", program.display());
+        let manifest = manifest(id, library, formats, 10, &extra);
+        let manifest = match id {
+            "alpha" => format!("{manifest}[aliases]\nsafetensors = \"mlx\"\n[capabilities]\nkv_cache_quantization = \">=1.0\"\npaged_attention = \">=2.0\"\n"),
+            _ => manifest,
+        };
+        s.plugin(id, &manifest, Some(library));
+    }
+    let models = s.root.path().join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    for (name, content) in [("a.npz", "x"), ("b.mlxfile", "x"), ("c.gguf", "GGUF")] {
+        std::fs::write(models.join(name), content).unwrap();
+    }
+    check(
+        &s,
+        &["plugins"],
+        expect![[r#"
+            exit 0
+            platform: linux/x86_64/cpu
+             PLUGIN  STATUS  FORMATS   PLATFORMS                PRIORITY  ENGINE  CAPABILITIES          
+             alpha   ready   mlx       linux/x86_64/cpu,cuda13  10        1.5.0   kv_cache_quantization 
+             beta    ready   mlx,gguf  linux/x86_64/cpu,cuda13  10        1.5.0                         
+            - alpha: off: plugin 'alpha' needs engine >=2.0 for paged_attention; found 1.5.0
+            - alpha: recognises mlx: *.npz; mlx: *.mlxfile
+            - beta: recognises gguf: *.npz; gguf: *.gguf
+            - recognition rule '*.npz' is declared for different formats (alpha → mlx; beta → gguf); the rule is ignored until the plugins agree
+        "#]],
+    );
+    let resolve = |name: &str| s.hangar(&["resolve", models.join(name).to_str().unwrap()]);
+    let mut out = String::new();
+    for name in ["a.npz", "b.mlxfile", "c.gguf"] {
+        let (code, text) = resolve(name);
+        out.push_str(&format!(
+            "exit {code}\n{}",
+            text.lines().next().unwrap_or_default()
+        ));
+        out.push('\n');
+    }
+    expect![[r#"
+        exit 1
+        error: $ROOT/models/a.npz is not a model: no rule recognises the file (tried gguf: *.gguf (built-in, beta); mlx: *.mlxfile (alpha))
+        exit 0
+        model: b ($ROOT/models/b.mlxfile, rule mlx: *.mlxfile (alpha); files: b.mlxfile)
+        exit 0
+        model: c ($ROOT/models/c.gguf, rule gguf: *.gguf (built-in, beta); files: c.gguf)
+    "#]].assert_eq(&out);
 }
