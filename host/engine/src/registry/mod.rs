@@ -24,7 +24,7 @@ pub use capabilities::{gate, CapabilityState};
 
 use crate::config::Config;
 use crate::loader::LoadedPlugin;
-use crate::models::{builtin_rules, Rule, BUILTIN};
+use crate::models::{merge_rules, Rule};
 
 /// Format aliases every host knows, before plugins add theirs.
 pub const BUILTIN_ALIASES: &[(&str, &str)] = &[("safetensors", "mlx")];
@@ -378,74 +378,6 @@ fn build_aliases(
         );
     }
     aliases
-}
-
-/// The built-in rules, then every plugin's, merged: rules with the same
-/// signature (the same file pattern, or the same set of folder patterns)
-/// and the same format become one rule declared by all of them. Rules with
-/// the same signature but different formats conflict: a built-in rule is
-/// kept over plugins', and between plugins the rule is dropped until they
-/// agree; either way a diagnostic says so, and the plugins still load.
-pub fn merge_rules<'a>(
-    declared: impl IntoIterator<Item = (&'a str, &'a [hangar_plugin_api::RecognitionRule])>,
-) -> (Vec<Rule>, Vec<String>) {
-    let mut rules: Vec<Rule> = builtin_rules();
-    for (plugin, specs) in declared {
-        for spec in specs {
-            match rules
-                .iter_mut()
-                .find(|r| r.spec.signature() == spec.signature() && r.spec.format == spec.format)
-            {
-                Some(same) if !same.declared_by.iter().any(|d| d == plugin) => {
-                    same.declared_by.push(plugin.to_string())
-                }
-                Some(_) => {}
-                None => rules.push(Rule {
-                    spec: spec.clone(),
-                    declared_by: vec![plugin.to_string()],
-                }),
-            }
-        }
-    }
-    let mut conflicts = Vec::new();
-    let mut kept: Vec<Rule> = Vec::new();
-    for rule in &rules {
-        let signature = rule.spec.signature();
-        let rivals: Vec<&Rule> = rules
-            .iter()
-            .filter(|r| r.spec.signature() == signature)
-            .collect();
-        if rivals.len() == 1 {
-            kept.push(rule.clone());
-            continue;
-        }
-        // Report each conflict once, at its first rule.
-        let first = std::ptr::eq(rivals[0], rule);
-        let builtin = rivals
-            .iter()
-            .find(|r| r.declared_by.iter().any(|d| d == BUILTIN));
-        if let Some(builtin) = builtin {
-            if std::ptr::eq(*builtin, rule) {
-                kept.push(rule.clone());
-            }
-        }
-        if first {
-            let declarers: Vec<String> = rivals
-                .iter()
-                .map(|r| format!("{} → {}", r.declared_by.join(", "), r.spec.format))
-                .collect();
-            let outcome = match builtin {
-                Some(_) => "the built-in rule is kept and the plugins' are ignored",
-                None => "the rule is ignored until the plugins agree",
-            };
-            conflicts.push(format!(
-                "recognition rule '{}' is declared for different formats ({}); {outcome}",
-                rule.spec.describe(),
-                declarers.join("; ")
-            ));
-        }
-    }
-    (kept, conflicts)
 }
 
 fn build_rules(plugins: &[PluginEntry], diagnostics: &mut Vec<Diagnostic>) -> Vec<Rule> {
