@@ -438,7 +438,7 @@ fn launch_plan(test: &PluginTest, manifest: &Manifest, request: &LoadRequest, re
             )
         }
     };
-    match plan_problem(manifest, request, &plan) {
+    match plan_problem(manifest, test.settings(), request, &plan) {
         Some(problem) => report.fail(LAUNCH_PLAN_DECLARED_PROGRAMS, problem),
         None => report.pass(
             LAUNCH_PLAN_DECLARED_PROGRAMS,
@@ -454,14 +454,20 @@ fn launch_plan(test: &PluginTest, manifest: &Manifest, request: &LoadRequest, re
 }
 
 /// What the host would refuse in `plan`, if anything. The program rule is
-/// the host's ([`crate::registry::undeclared_program`]): the probe's resolved program, or a
-/// program `plugin.toml` declares.
-fn plan_problem(manifest: &Manifest, request: &LoadRequest, plan: &LaunchPlan) -> Option<String> {
+/// the host's ([`crate::registry::programs::undeclared_program`]): the
+/// probe's resolved program, or a program `plugin.toml` declares, and a
+/// shell or interpreter only where the operator's `settings` allow it.
+fn plan_problem(
+    manifest: &Manifest,
+    settings: &std::collections::BTreeMap<String, serde_json::Value>,
+    request: &LoadRequest,
+    plan: &LaunchPlan,
+) -> Option<String> {
     let probed = request.engine.program.as_deref();
-    if let Some(why) = crate::registry::undeclared_program(manifest, probed, &plan.program) {
-        return Some(format!(
-            "the plan {why} and the probe did not resolve; the host would refuse to run it. Add it to `programs`, or plan the probe's program"
-        ));
+    if let Some(why) =
+        crate::registry::programs::undeclared_program(manifest, settings, probed, &plan.program)
+    {
+        return Some(format!("the host would refuse the plan: it {why}"));
     }
     if !plan.readiness.health_path.starts_with('/') {
         return Some(format!(

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use hangar_plugin_api::manifest::MANIFEST_FILE;
 use hangar_plugin_api::wire::{LaunchPlan, LoadRequest, ProbeInput, ProbeReport, ProbeRun};
 use hangar_plugin_api::{Accelerator, Manifest};
-use semver::Version;
 use serde_json::Value;
 
 use crate::loader::native::InProcessEngine;
@@ -177,8 +176,16 @@ impl PluginTest {
     /// found and run by the host's own code under the manifest's timeout,
     /// then the plugin's `probe()`, which must answer within
     /// [`Limits::call`].
+    /// A shell or interpreter the settings do not allow is not run: the
+    /// host's refusal comes back as the error.
     pub fn probe(&self) -> Result<ProbeReport, String> {
         let manifest = self.manifest()?.clone();
+        if let Some(refusal) = registry::programs::refused_interpreters(&manifest, &self.settings) {
+            return Err(format!(
+                "the host refuses plugin '{}': {refusal}",
+                manifest.id
+            ));
+        }
         let configured = self
             .settings
             .get("program")
@@ -233,7 +240,7 @@ impl PluginTest {
         let version = engine
             .version
             .as_deref()
-            .and_then(|v| Version::parse(v.trim().trim_start_matches('v')).ok());
+            .and_then(hangar_plugin_api::read_engine_version);
         let capabilities = registry::gate(&manifest.id, &manifest.capabilities, version.as_ref())
             .into_iter()
             .filter(|(_, state)| state.is_on())

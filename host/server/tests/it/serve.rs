@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::fixtures::{manifest, Scenario};
+use crate::fixtures::{allow_python, manifest, Scenario};
 
 /// A running `hangar serve`, killed when dropped.
 pub struct Server {
@@ -40,7 +40,7 @@ impl Server {
                 &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
                 Some("engine_beta"),
             );
-            s.config("");
+            s.config(&allow_python(&["beta"]));
         })
     }
 
