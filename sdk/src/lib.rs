@@ -115,7 +115,20 @@ pub trait Engine: Send + Sync + 'static {
 
 /// A [`Description`] for the plugin's package: id and version from the
 /// crate, plugin-api version from the SDK, and the given formats, aliases and
-/// capabilities.
+/// capabilities (both optional, in this order), as `plugin.toml` declares
+/// them:
+///
+/// ```
+/// let description = hangar_sdk::describe!(
+///     "my-engine",
+///     formats: ["gguf"],
+///     aliases: { "gguf-v3" => "gguf" },        // [aliases] gguf-v3 = "gguf"
+///     capabilities: ["prompt_cache"],         // [capabilities] prompt_cache = ">=1.1.0"
+/// );
+/// assert_eq!(description.aliases["gguf-v3"], "gguf");
+/// assert_eq!(description.capabilities, ["prompt_cache"]);
+/// assert_eq!(description.version, env!("CARGO_PKG_VERSION"));
+/// ```
 #[macro_export]
 macro_rules! describe {
     ($id:expr, formats: [$($format:expr),* $(,)?]
