@@ -42,7 +42,8 @@ pub struct Config {
     /// Overrides platform detection (`os/arch/acc,acc`).
     #[serde(default)]
     pub platform: Option<String>,
-    /// Plugin id → that plugin's settings.
+    /// Plugin id → that plugin's settings (`program`, `allow_programs`,
+    /// and whatever the plugin reads).
     #[serde(default)]
     pub plugins: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
     /// The WebAssembly runtime: limits of each call into a plugin, and where

@@ -426,3 +426,34 @@ fn shells_and_interpreters_run_only_where_the_operator_allows_them() {
     "#]],
     );
 }
+
+/// The guide says probes run with the host's environment: a probe program
+/// that reads a variable of the host's sees it.
+#[test]
+fn probes_inherit_the_hosts_environment() {
+    let s = Scenario::new();
+    let program = s.root.path().join("bin/alpha-engine");
+    std::fs::create_dir_all(program.parent().unwrap()).unwrap();
+    std::fs::write(
+        &program,
+        "#!/bin/sh\necho \"alpha $ALPHA_VERSION_FROM_ENV\"\n",
+    )
+    .unwrap();
+    crate::fixtures::make_executable(&program);
+    let extra = format!(
+        "[aliases]\nsafetensors = \"mlx\"\n[probe]\nprogram = \"{}\"\n[capabilities]\nkv_cache_quantization = \">=1.0\"\npaged_attention = \">=2.0\"\n",
+        program.display()
+    );
+    s.plugin(
+        "alpha",
+        &manifest("alpha", "engine_alpha", &["mlx"], 10, &extra),
+        Some("engine_alpha"),
+    );
+    let version = std::path::PathBuf::from("1.5");
+    let (code, out) = s.hangar_with(&["plugins"], &[("ALPHA_VERSION_FROM_ENV", version)]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("alpha   ready   mlx") && out.contains("1.5.0"),
+        "{out}"
+    );
+}
