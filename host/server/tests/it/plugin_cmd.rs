@@ -307,6 +307,20 @@ fn the_plugin_id_is_the_folders_name_or_id() {
         error: 'Demo!' is not a plugin id: use lowercase letters, digits and '-', starting with a letter (e.g. 'my-engine'); the id defaults to the folder's name, --id sets another
     "#]].assert_eq(&format!("exit {code}\n{out}"));
 
+    // --sdk-path must be a checkout's sdk/ folder.
+    let (code, out) = s.hangar(&[
+        "plugin",
+        "new",
+        root.join("demo").to_str().unwrap(),
+        "--sdk-path",
+        root.to_str().unwrap(),
+    ]);
+    expect![[r#"
+        exit 1
+        error: $ROOT is not a Hangar checkout's sdk/ folder (it has no testkit/Cargo.toml)
+    "#]]
+    .assert_eq(&format!("exit {code}\n{out}"));
+
     let dir = root.join("engines/some-dir");
     let (code, out) = s.hangar(&[
         "plugin",
