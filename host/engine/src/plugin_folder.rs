@@ -54,19 +54,43 @@ impl PluginFolder {
     /// `dir` as a plugin folder: `dir` itself when it holds its artifact;
     /// otherwise, when it is a crate (`Cargo.toml` beside `plugin.toml`),
     /// the crate built with `profile` and assembled into a scratch folder.
-    pub fn open(dir: &Path, profile: Profile) -> Result<PluginFolder, String> {
-        if is_crate(dir) && !artifact_present(dir) {
-            return PluginFolder::build(dir, profile);
+    ///
+    /// `kind` builds a crate as that kind of plugin whatever its
+    /// `plugin.toml` says (one source can be a native and a WebAssembly
+    /// plugin); the assembled `plugin.toml` then says `kind = "…"` too. A
+    /// built folder is one kind: asking it for the other is an error.
+    pub fn open(
+        dir: &Path,
+        profile: Profile,
+        kind: Option<PluginKind>,
+    ) -> Result<PluginFolder, String> {
+        let declared = Manifest::from_dir(dir).ok().map(|m| m.kind);
+        let other_kind = kind.is_some() && kind != declared;
+        if is_crate(dir) && (other_kind || !artifact_present(dir)) {
+            return PluginFolder::build(dir, profile, kind);
         }
-        Ok(PluginFolder::existing(dir))
+        match (kind, declared) {
+            (Some(kind), Some(declared)) if kind != declared => Err(format!(
+                "{} is a built {declared} plugin folder; to check or pack the {kind} plugin, give the crate's folder with --kind {kind}",
+                dir.display()
+            )),
+            _ => Ok(PluginFolder::existing(dir)),
+        }
     }
 
-    /// Builds the plugin crate in `crate_dir` with cargo and assembles its
-    /// plugin folder (the crate's `plugin.toml` and the library cargo
-    /// built) in a scratch folder.
-    pub fn build(crate_dir: &Path, profile: Profile) -> Result<PluginFolder, String> {
-        let manifest = Manifest::from_dir(crate_dir)
-            .map_err(|e| format!("{}: {e}", crate_dir.join(MANIFEST_FILE).display()))?;
+    /// Builds the plugin crate in `crate_dir` with cargo, as `kind` (default:
+    /// its `plugin.toml`'s), and assembles its plugin folder (the crate's
+    /// `plugin.toml` and the library cargo built) in a scratch folder.
+    pub fn build(
+        crate_dir: &Path,
+        profile: Profile,
+        kind: Option<PluginKind>,
+    ) -> Result<PluginFolder, String> {
+        let manifest_path = crate_dir.join(MANIFEST_FILE);
+        let mut manifest = Manifest::from_dir(crate_dir)
+            .map_err(|e| format!("{}: {e}", manifest_path.display()))?;
+        let declared = manifest.kind;
+        manifest.kind = kind.unwrap_or(declared);
         let library = cargo_build(crate_dir, manifest.kind, profile)?;
         let wanted = manifest.artifact_file_name();
         let built = library
@@ -90,7 +114,13 @@ impl PluginFolder {
                 .map_err(|e| format!("cannot copy {}: {e}", from.display()))
         };
         std::fs::create_dir(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-        copy(&crate_dir.join(MANIFEST_FILE), MANIFEST_FILE)?;
+        if manifest.kind == declared {
+            copy(&manifest_path, MANIFEST_FILE)?;
+        } else {
+            let text = with_kind(&manifest_path, manifest.kind)?;
+            let to = path.join(MANIFEST_FILE);
+            std::fs::write(&to, text).map_err(|e| format!("cannot write {}: {e}", to.display()))?;
+        }
         copy(&library, &wanted)?;
         // The conformance fixture lives in the crate; the suite reports it
         // when it is missing.
@@ -122,6 +152,15 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
         copy_tree(&entry.path(), &to.join(entry.file_name()))?;
     }
     Ok(())
+/// The text of the manifest at `path` with `kind` set, comments kept.
+fn with_kind(path: &Path, kind: PluginKind) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut doc: toml_edit::DocumentMut = text
+        .parse()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    doc["kind"] = toml_edit::value(kind.to_string());
+    Ok(doc.to_string())
 }
 
 fn is_crate(dir: &Path) -> bool {

@@ -26,7 +26,10 @@
 //! Checks that do not apply (launch plans of in-process plugins, the
 //! generation checks of plugins that plan engine processes, serving without
 //! a fixture or without the engine) and checks that cannot run after an
-//! earlier failure are skipped, with the reason.
+//! earlier failure are skipped, with the reason. When the engine is not
+//! installed here (or fails to run), `probe()` only sees the missing-engine
+//! cases: the report passes and says so in a note, since how the plugin
+//! reads a real version went untested.
 //!
 //! What the suite cannot catch: a plugin that aborts the process (as a
 //! crashing engine library does) takes the test process with it, and a
@@ -129,6 +132,9 @@ pub struct Report {
     pub plugin: String,
     /// Every check, in [`CHECKS`] order.
     pub checks: Vec<Check>,
+    /// What the checks could not cover here, in words (an engine that is
+    /// not installed leaves `probe()`'s version parsing untested).
+    pub notes: Vec<String>,
 }
 
 impl Report {
@@ -204,6 +210,9 @@ impl std::fmt::Display for Report {
         for check in self.failures() {
             write!(f, "\n- {}: {}", check.name, check.verdict)?;
         }
+        for note in &self.notes {
+            write!(f, "\nnote: {note}")?;
+        }
         Ok(())
     }
 }
@@ -217,6 +226,7 @@ pub fn run(test: &PluginTest) -> Report {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
         checks: Vec::new(),
+        notes: Vec::new(),
     };
     let manifest = match test.manifest() {
         Ok(m) => m.clone(),
@@ -240,7 +250,7 @@ pub fn run(test: &PluginTest) -> Report {
     if !loaded(test, &manifest, &mut report) {
         return report.finish("needs the plugin's code to load");
     }
-    let probed = probe_terminates(test, &mut report);
+    let probed = probe_terminates(test, &manifest, &mut report);
     probe_without_engine(test, &manifest, &mut report);
     fixture_recognized(test, &mut report);
     let engine_found = probed.as_ref().is_some_and(|p| p.available);
@@ -290,6 +300,10 @@ pub fn assert_conformant(test: &PluginTest) -> Report {
             names.join(", ")
         );
     }
+    // Shown by `cargo test -- --nocapture` (and with any failure).
+    for note in &report.notes {
+        eprintln!("conformance note: {note}");
+    }
     report
 }
 
@@ -333,10 +347,17 @@ fn loaded(test: &PluginTest, manifest: &Manifest, report: &mut Report) -> bool {
     true
 }
 
-fn probe_terminates(test: &PluginTest, report: &mut Report) -> Option<ProbeReport> {
+fn probe_terminates(
+    test: &PluginTest,
+    manifest: &Manifest,
+    report: &mut Report,
+) -> Option<ProbeReport> {
     let started = Instant::now();
-    match test.probe() {
-        Ok(probe) => {
+    match test.probe_traced() {
+        Ok((run, probe)) => {
+            if let Some(note) = untested_parser(manifest, run.as_ref()) {
+                report.notes.push(note);
+            }
             report.pass(
                 PROBE_TERMINATES,
                 format!(
@@ -352,6 +373,33 @@ fn probe_terminates(test: &PluginTest, report: &mut Report) -> Option<ProbeRepor
             None
         }
     }
+}
+
+/// Whether the probe program's output reached `probe()` here; if not, a
+/// note that says so plainly: the suite passed without testing how the
+/// plugin reads a version.
+fn untested_parser(manifest: &Manifest, run: Option<&ProbeRun>) -> Option<String> {
+    let what = match run? {
+        ProbeRun::NotFound { searched } => format!(
+            "the engine was not found (looked in {})",
+            searched.join(", ")
+        ),
+        ProbeRun::FailedToStart { program, error } => {
+            format!("the engine {program} could not be started ({error})")
+        }
+        ProbeRun::TimedOut { program, after_ms } => {
+            format!("the engine {program} printed no version within {after_ms} ms")
+        }
+        ProbeRun::Exited { code: Some(0), .. } => return None,
+        ProbeRun::Exited { program, code, .. } => format!(
+            "the engine {program} exited with {} while probing",
+            code.map_or("a signal".to_string(), |c| format!("code {c}"))
+        ),
+    };
+    Some(format!(
+        "{what}, so probe() never read its output: its version parsing was not exercised. Install the engine, or point it at one with `program = \"/path\"` under `[plugins.{}]` in config.toml (PluginTest::with_settings in tests), and run the suite again",
+        manifest.id
+    ))
 }
 
 fn describe_probe(probe: &ProbeReport) -> String {
@@ -529,7 +577,7 @@ fn launch_plan(
             return false;
         }
     };
-    match plan_problem(manifest, request, &plan) {
+    match plan_problem(manifest, test.settings(), request, &plan) {
         Some(problem) => {
             report.fail(LAUNCH_PLAN_DECLARED_PROGRAMS, problem);
             false
@@ -551,14 +599,20 @@ fn launch_plan(
 }
 
 /// What the host would refuse in `plan`, if anything. The program rule is
-/// the host's ([`crate::registry::undeclared_program`]): the probe's resolved program, or a
-/// program `plugin.toml` declares.
-fn plan_problem(manifest: &Manifest, request: &LoadRequest, plan: &LaunchPlan) -> Option<String> {
+/// the host's ([`crate::registry::programs::undeclared_program`]): the
+/// probe's resolved program, or a program `plugin.toml` declares, and a
+/// shell or interpreter only where the operator's `settings` allow it.
+fn plan_problem(
+    manifest: &Manifest,
+    settings: &std::collections::BTreeMap<String, serde_json::Value>,
+    request: &LoadRequest,
+    plan: &LaunchPlan,
+) -> Option<String> {
     let probed = request.engine.program.as_deref();
-    if let Some(why) = crate::registry::undeclared_program(manifest, probed, &plan.program) {
-        return Some(format!(
-            "the plan {why} and the probe did not resolve; the host would refuse to run it. Add it to `programs`, or plan the probe's program"
-        ));
+    if let Some(why) =
+        crate::registry::programs::undeclared_program(manifest, settings, probed, &plan.program)
+    {
+        return Some(format!("the host would refuse the plan: it {why}"));
     }
     if !plan.readiness.health_path.starts_with('/') {
         return Some(format!(

@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 
 use hangar_plugin_api::manifest::MANIFEST_FILE;
 use hangar_plugin_api::wire::{LaunchPlan, LoadRequest, ProbeInput, ProbeReport, ProbeRun};
-use hangar_plugin_api::{Accelerator, Manifest};
-use semver::Version;
+use hangar_plugin_api::{Accelerator, Manifest, PluginKind};
 use serde_json::Value;
 
 use crate::loader::native::InProcessEngine;
@@ -90,14 +89,26 @@ impl PluginTest {
     /// the build does; anything wrong with the plugin itself is reported by
     /// the conformance suite.
     pub fn build(crate_dir: impl AsRef<Path>) -> Result<PluginTest, String> {
-        PluginFolder::build(crate_dir.as_ref(), Profile::Dev).map(PluginTest::load)
+        PluginFolder::build(crate_dir.as_ref(), Profile::Dev, None).map(PluginTest::load)
+    }
+
+    /// [`PluginTest::build`] as `kind`, whatever `plugin.toml` says: a crate
+    /// that ships as a native and a WebAssembly plugin tests both
+    /// (`PluginKind::Wasm` needs the test kit's `wasm` feature and the
+    /// `wasm32-unknown-unknown` target).
+    pub fn build_as(crate_dir: impl AsRef<Path>, kind: PluginKind) -> Result<PluginTest, String> {
+        PluginFolder::build(crate_dir.as_ref(), Profile::Dev, Some(kind)).map(PluginTest::load)
     }
 
     /// Loads a plugin folder as [`PluginTest::new`] does, or a crate as
-    /// [`PluginTest::build`] does but with `profile` (what `hangar plugin
-    /// check` uses).
-    pub fn open(dir: &Path, profile: Profile) -> Result<PluginTest, String> {
-        PluginFolder::open(dir, profile).map(PluginTest::load)
+    /// [`PluginTest::build`] does but with `profile`, and as `kind` when
+    /// given (what `hangar plugin check` uses).
+    pub fn open(
+        dir: &Path,
+        profile: Profile,
+        kind: Option<PluginKind>,
+    ) -> Result<PluginTest, String> {
+        PluginFolder::open(dir, profile, kind).map(PluginTest::load)
     }
 
     fn load(folder: PluginFolder) -> PluginTest {
@@ -260,8 +271,21 @@ impl PluginTest {
     /// found and run by the host's own code under the manifest's timeout,
     /// then the plugin's `probe()`, which must answer within
     /// [`Limits::call`].
+    /// A shell or interpreter the settings do not allow is not run: the
+    /// host's refusal comes back as the error.
     pub fn probe(&self) -> Result<ProbeReport, String> {
+        self.probe_traced().map(|(_, report)| report)
+    }
+
+    /// [`PluginTest::probe`], with what running the probe program gave.
+    pub(super) fn probe_traced(&self) -> Result<(Option<ProbeRun>, ProbeReport), String> {
         let manifest = self.manifest()?.clone();
+        if let Some(refusal) = registry::programs::refused_interpreters(&manifest, &self.settings) {
+            return Err(format!(
+                "the host refuses plugin '{}': {refusal}",
+                manifest.id
+            ));
+        }
         let configured = self
             .settings
             .get("program")
@@ -270,13 +294,15 @@ impl PluginTest {
         let settings = self.settings.clone();
         let plugin = self.plugin()?;
         let limit = manifest.probe.timeout() + self.limits.call;
-        bounded("probe()", limit, move || {
+        let (run, report) = bounded("probe()", limit, move || {
             let input = ProbeInput {
                 run: registry::probe::run(&manifest.probe, configured.as_deref()),
                 settings,
             };
-            plugin.probe(&input)
-        })?
+            let report = plugin.probe(&input);
+            (input.run, report)
+        })?;
+        Ok((run, report?))
     }
 
     /// Calls the plugin's `probe()` with `run` as the probe program's
@@ -333,7 +359,7 @@ impl PluginTest {
         let version = engine
             .version
             .as_deref()
-            .and_then(|v| Version::parse(v.trim().trim_start_matches('v')).ok());
+            .and_then(hangar_plugin_api::read_engine_version);
         let capabilities = registry::gate(&manifest.id, &manifest.capabilities, version.as_ref())
             .into_iter()
             .filter(|(_, state)| state.is_on())

@@ -7,6 +7,7 @@
 
 mod capabilities;
 pub mod probe;
+pub mod programs;
 pub mod report;
 pub mod resolve;
 
@@ -259,29 +260,6 @@ impl Registry {
     }
 }
 
-/// The host's one rule for launch plans: it runs the program the probe
-/// resolved, or a program `plugin.toml` declares, and nothing else. Returns
-/// the refusal (`names program 'x', which plugin.toml does not declare
-/// (declared: …)`) for anything else.
-pub fn undeclared_program(
-    manifest: &Manifest,
-    probed: Option<&str>,
-    program: &str,
-) -> Option<String> {
-    if probed == Some(program) || manifest.allowed_programs().any(|p| p == program) {
-        return None;
-    }
-    let declared: Vec<&str> = manifest.allowed_programs().collect();
-    Some(format!(
-        "names program '{program}', which plugin.toml does not declare (declared: {})",
-        if declared.is_empty() {
-            "none".to_string()
-        } else {
-            declared.join(", ")
-        }
-    ))
-}
-
 fn read_plugin(folder: &Path, platform: &Platform) -> Result<PluginEntry, String> {
     if !folder.join(MANIFEST_FILE).exists() {
         return Err(format!(
@@ -453,6 +431,11 @@ fn load_and_probe(entry: &PluginEntry, config: &Config) -> EngineState {
         Err(failure) => return EngineState::Broken(failure.reason),
     };
     let settings = config.plugin_settings(&manifest.id);
+    // A shell or interpreter the operator did not allow is never run, not
+    // even to probe it.
+    if let Some(reason) = programs::refused_interpreters(manifest, &settings) {
+        return EngineState::Unavailable { plugin, reason };
+    }
     let configured = settings.get("program").and_then(|v| v.as_str());
     let input = ProbeInput {
         run: probe::run(&manifest.probe, configured),
@@ -472,7 +455,7 @@ fn load_and_probe(entry: &PluginEntry, config: &Config) -> EngineState {
     let version = report
         .version
         .as_deref()
-        .and_then(|v| Version::parse(v.trim().trim_start_matches('v')).ok());
+        .and_then(hangar_plugin_api::read_engine_version);
     let capabilities = gate(&manifest.id, &manifest.capabilities, version.as_ref());
     EngineState::Ready(Engine {
         plugin,

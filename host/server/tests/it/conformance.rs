@@ -7,14 +7,14 @@
 use std::path::Path;
 
 use expect_test::{expect, Expect};
-use hangar_engine::conformance::{self, Outcome, PluginTest};
+use hangar_engine::conformance::{self, Outcome};
 
-use crate::fixtures::{manifest, Scenario};
+use crate::fixtures::{allow_python, manifest, Scenario};
 
 /// Runs the suite on the plugin folder `dir`: each check's outcome, and
 /// each failure's verdict (passes say how long things took, which varies).
 fn check(s: &Scenario, dir: &Path, expected: Expect) {
-    check_test(s, &PluginTest::new(dir), expected)
+    check_test(s, &s.plugin_test(dir), expected)
 }
 
 /// [`check`] on a prepared [`PluginTest`].
@@ -47,8 +47,10 @@ fn alpha(s: &Scenario) -> std::path::PathBuf {
     )
 }
 
-/// beta: plans `python3 -m http.server`; `programs` as given.
+/// beta: plans `python3 -m http.server`; `programs` as given, and the
+/// operator allows it python3.
 fn beta(s: &Scenario, programs: &str) -> std::path::PathBuf {
+    s.config(&allow_python(&["beta"]));
     let program = s.engine_program("beta-engine", "beta 0.9.0");
     let extra = format!(
         "programs = {programs}\n[probe]\nprogram = \"{}\"\n",
@@ -249,7 +251,7 @@ fn broken_folders_fail_the_first_check_they_reach() {
 #[test]
 fn a_plan_naming_an_undeclared_program_fails() {
     let s = Scenario::new();
-    let report = conformance::run(&PluginTest::new(beta(&s, "[]")));
+    let report = conformance::run(&s.plugin_test(&beta(&s, "[]")));
     let failures: Vec<String> = report
         .failures()
         .map(|c| {
@@ -263,7 +265,26 @@ fn a_plan_naming_an_undeclared_program_fails() {
         .collect();
     expect![[r#"
         [
-            "launch_plan_declared_programs: the plan names program 'python3', which plugin.toml does not declare (declared: $ROOT/bin/beta-engine) and the probe did not resolve; the host would refuse to run it. Add it to `programs`, or plan the probe's program",
+            "launch_plan_declared_programs: the host would refuse the plan: it names program 'python3', which plugin.toml does not declare (declared: $ROOT/bin/beta-engine) and the probe did not resolve; declare it in `programs`, or plan the probe's program",
+        ]
+    "#]]
+    .assert_debug_eq(&failures);
+}
+
+#[test]
+fn an_interpreter_the_operator_did_not_allow_fails_with_the_line_to_add() {
+    let s = Scenario::new();
+    let dir = beta(&s, "[\"python3\"]");
+    s.config("");
+    let report = conformance::run(&s.plugin_test(&dir));
+    let failures: Vec<String> = report
+        .failures()
+        .map(|c| format!("{}: {}", c.name, c.verdict))
+        .collect();
+    expect![[r#"
+        [
+            "probe_terminates: the host refuses plugin 'beta': plugin.toml names 'python3' as a program to run, and a shell or interpreter runs whatever code the plugin hands it; the host runs it only where the operator allows it for this plugin: add `allow_programs = [\"python3\"]` under `[plugins.beta]` in config.toml",
+            "launch_plan_declared_programs: the host would refuse the plan: it names program 'python3', a shell or interpreter the operator has not allowed for plugin 'beta' (add `allow_programs = [\"python3\"]` under `[plugins.beta]` in config.toml)",
         ]
     "#]]
     .assert_debug_eq(&failures);
@@ -310,6 +331,7 @@ fn the_same_examples_built_for_webassembly_pass_and_fail_alike() {
         "programs = [\"python3\"]\n[probe]\nprogram = \"{}\"\n",
         program.display()
     );
+    s.config(&allow_python(&["beta"]));
     let beta = s.wasm_plugin(
         "beta",
         &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),

@@ -232,14 +232,14 @@ fn an_ambiguous_version_keeps_the_engine_with_gated_capabilities_off() {
         &s,
         &["plugins"],
         expect![[r#"
-        exit 0
-        platform: linux/x86_64/cpu
-         PLUGIN  STATUS  FORMATS  PLATFORMS                PRIORITY  ENGINE   CAPABILITIES 
-         alpha   ready   mlx      linux/x86_64/cpu,cuda13  20        unknown               
-        - alpha ($ROOT/plugins/alpha): version 'nightly-2026-11' is not semver; gated capabilities off
-        - alpha: off: plugin 'alpha' needs engine >=1.0 for kv_cache_quantization; the engine's version is unknown
-        - alpha: off: plugin 'alpha' needs engine >=2.0 for paged_attention; the engine's version is unknown
-    "#]],
+            exit 0
+            platform: linux/x86_64/cpu
+             PLUGIN  STATUS  FORMATS  PLATFORMS                PRIORITY  ENGINE   CAPABILITIES 
+             alpha   ready   mlx      linux/x86_64/cpu,cuda13  20        unknown               
+            - alpha ($ROOT/plugins/alpha): version 'nightly-2026-11' is not MAJOR[.MINOR[.PATCH]][-PRE]; version unknown, gated capabilities off
+            - alpha: off: plugin 'alpha' needs engine >=1.0 for kv_cache_quantization; the engine's version is unknown
+            - alpha: off: plugin 'alpha' needs engine >=2.0 for paged_attention; the engine's version is unknown
+        "#]],
     );
     let (code, out) = s.hangar(&["resolve", "mlx"]);
     assert_eq!(code, 0);
@@ -429,4 +429,74 @@ fn conflicting_recognition_rules_are_reported_and_the_plugins_still_load() {
         exit 0
         model: c ($ROOT/models/c.gguf, rule gguf: *.gguf (built-in, beta); files: c.gguf)
     "#]].assert_eq(&out);
+}
+
+/// Issue 10: a sandboxed WebAssembly plugin that names `/bin/sh` as a
+/// program got the host to run `/bin/sh -c <anything>`. Shells and
+/// interpreters now run only where the operator allows them, native or
+/// wasm, and the refusal names the line to add.
+#[test]
+fn shells_and_interpreters_run_only_where_the_operator_allows_them() {
+    // The beta example, native or wasm, declaring `programs`.
+    let beta = |wasm: bool, programs: &str| {
+        let s = Scenario::new();
+        let program = s.engine_program("beta-engine", "beta 0.9.0");
+        let extra = format!(
+            "programs = {programs}\n[probe]\nprogram = \"{}\"\n",
+            program.display()
+        );
+        let manifest = manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra);
+        match wasm {
+            true => s.wasm_plugin("beta", &manifest, "engine_beta"),
+            false => s.plugin("beta", &manifest, Some("engine_beta")),
+        };
+        s
+    };
+    let s = beta(true, "[\"/bin/sh\"]");
+    check(
+        &s,
+        &["plugins"],
+        expect![[r#"
+        exit 0
+        platform: linux/x86_64/cpu
+         PLUGIN  STATUS       FORMATS   PLATFORMS                PRIORITY  ENGINE  CAPABILITIES 
+         beta    unavailable  mlx,gguf  linux/x86_64/cpu,cuda13  10                             
+        - beta ($ROOT/plugins/beta): plugin.toml names '/bin/sh' as a program to run, and a shell or interpreter runs whatever code the plugin hands it; the host runs it only where the operator allows it for this plugin: add `allow_programs = ["/bin/sh"]` under `[plugins.beta]` in config.toml
+    "#]],
+    );
+    check(
+        &s,
+        &["resolve", "gguf"],
+        expect![[r#"
+        exit 2
+        gguf → no engine (no installed plugin can serve gguf on this machine)
+         PLUGIN  PRIORITY  ENGINE  VERDICT                                                                                                                                                                                                                                                                                        
+         beta    10                rejected: engine unavailable: plugin.toml names '/bin/sh' as a program to run, and a shell or interpreter runs whatever code the plugin hands it; the host runs it only where the operator allows it for this plugin: add `allow_programs = ["/bin/sh"]` under `[plugins.beta]` in config.toml 
+    "#]],
+    );
+    s.config("[plugins.beta]\nallow_programs = [\"sh\"]\n");
+    check(
+        &s,
+        &["plugins"],
+        expect![[r#"
+        exit 0
+        platform: linux/x86_64/cpu
+         PLUGIN  STATUS  FORMATS   PLATFORMS                PRIORITY  ENGINE  CAPABILITIES 
+         beta    ready   mlx,gguf  linux/x86_64/cpu,cuda13  10        0.9.0                
+    "#]],
+    );
+
+    let s = beta(false, "[\"python3\", \"bash\"]");
+    s.config("[plugins.beta]\nallow_programs = [\"python3\"]\n");
+    check(
+        &s,
+        &["plugins"],
+        expect![[r#"
+        exit 0
+        platform: linux/x86_64/cpu
+         PLUGIN  STATUS       FORMATS   PLATFORMS                PRIORITY  ENGINE  CAPABILITIES 
+         beta    unavailable  mlx,gguf  linux/x86_64/cpu,cuda13  10                             
+        - beta ($ROOT/plugins/beta): plugin.toml names 'bash' as a program to run, and a shell or interpreter runs whatever code the plugin hands it; the host runs it only where the operator allows it for this plugin: add `allow_programs = ["python3", "bash"]` under `[plugins.beta]` in config.toml
+    "#]],
+    );
 }
