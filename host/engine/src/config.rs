@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::registry::programs::ALLOW_PROGRAMS;
+pub const ALLOW_PROGRAMS: &str = "allow_programs";
 
 /// The environment variable naming the config file.
 pub const CONFIG_ENV: &str = "HANGAR_CONFIG";

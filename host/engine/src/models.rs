@@ -759,9 +759,8 @@ mod tests {
                 (*id, rules)
             })
             .collect();
-        let (rules, conflicts) = merge_rules(
-            declared.iter().map(|(id, rules)| (*id, rules.as_slice())),
-        );
+        let (rules, conflicts) =
+            merge_rules(declared.iter().map(|(id, rules)| (*id, rules.as_slice())));
         let temp = tempfile::tempdir().unwrap();
         let root = temp.path();
         build(root, tree);

@@ -152,6 +152,8 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
         copy_tree(&entry.path(), &to.join(entry.file_name()))?;
     }
     Ok(())
+}
+
 /// The text of the manifest at `path` with `kind` set, comments kept.
 fn with_kind(path: &Path, kind: PluginKind) -> Result<String, String> {
     let text = std::fs::read_to_string(path)

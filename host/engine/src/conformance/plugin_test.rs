@@ -165,7 +165,7 @@ impl PluginTest {
     pub fn rules(&self) -> Result<Vec<Rule>, String> {
         let manifest = self.manifest()?;
         let (rules, conflicts) =
-            registry::merge_rules([(manifest.id.as_str(), manifest.recognize.as_slice())]);
+            crate::models::merge_rules([(manifest.id.as_str(), manifest.recognize.as_slice())]);
         match conflicts.first() {
             Some(conflict) => Err(conflict.clone()),
             None => Ok(rules),

@@ -25,9 +25,7 @@ use std::collections::BTreeMap;
 use hangar_plugin_api::Manifest;
 use serde_json::Value;
 
-/// The key under `[plugins.<id>]` in `config.toml` that lists the shells
-/// and interpreters the operator lets that plugin run.
-pub const ALLOW_PROGRAMS: &str = "allow_programs";
+pub use crate::config::ALLOW_PROGRAMS;
 
 /// Programs that run whatever code or command they are handed: shells,
 /// language interpreters, and launchers that run another program named in

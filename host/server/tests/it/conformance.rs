@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use expect_test::{expect, Expect};
-use hangar_engine::conformance::{self, Outcome};
+use hangar_engine::conformance::{self, Outcome, PluginTest};
 
 use crate::fixtures::{allow_python, manifest, Scenario};
 
