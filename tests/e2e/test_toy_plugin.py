@@ -68,7 +68,7 @@ def test_a_plugin_made_from_the_template_teaches_a_new_format_and_serves_it(tmp_
     # The author's part: the template, told about the format.
     work = tmp_path / "work"
     work.mkdir()
-    code, out = hangar(["plugin", "new", "--kind", "native", "toy", "--dir", str(work)], env)
+    code, out = hangar(["plugin", "new", "--kind", "native", "--sdk-path", str(REPO / "sdk"), str(work / "toy")], env)
     assert code == 0, out
     crate = work / "toy"
     shutil.copy(REPO / "Cargo.lock", crate / "Cargo.lock")
@@ -94,7 +94,7 @@ def test_a_plugin_made_from_the_template_teaches_a_new_format_and_serves_it(tmp_
     package = tmp_path / "toy.tar.gz"
     code, out = hangar(["plugin", "pack", str(crate), "--debug", "-o", str(package)], env)
     assert code == 0, out
-    code, out = hangar(["--plugins-dir", str(plugins), "plugin", "install", str(package)], env)
+    code, out = hangar(["--plugins-dir", str(plugins), "plugin", "install", "--yes", str(package)], env)
     assert code == 0, out
     code, out = hangar(["--plugins-dir", str(plugins), "plugins"], env)
     assert code == 0 and "toy: recognises toy: *.toy; toy: a folder of *.toy" in out, out
