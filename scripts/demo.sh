@@ -16,9 +16,10 @@ mkdir -p models target/demo
 [ -f models/tiny-gguf.gguf ] || "$PY" scripts/make_tiny_gguf.py models/tiny-gguf.gguf
 cat > target/demo/config.toml <<TOML
 # Written by scripts/demo.sh: point the mlx-lm and llama-server plugins at
-# the project's venv.
+# the project's venv, and let mlx-lm run the Python interpreter it names.
 [plugins.mlx-lm]
 program = "$PY"
+allow_programs = ["python3"]
 
 [plugins.llama-server]
 program = "$(dirname "$PY")/llama-server"

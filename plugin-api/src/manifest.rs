@@ -26,6 +26,14 @@
 //!
 //! [capabilities]
 //! kv_cache_quantization = ">=0.20.0"
+//!
+//! # how a model of a format looks on disk (see [`RecognitionRule`])
+//! [[recognize]]
+//! format = "mlx"
+//! folder = ["config.json", "*.safetensors"]
+//!
+//! [conformance]
+//! fixture = "fixtures/tiny-llama"      # a representative model, for the suite
 //! ```
 
 use std::collections::BTreeMap;
@@ -117,6 +125,205 @@ pub struct Manifest {
     /// off is refused.
     #[serde(default)]
     pub request_fields: BTreeMap<String, String>,
+    /// How models of the plugin's formats are recognised on disk, beside
+    /// the host's built-in rules (`mlx`, `gguf`). Added in 1.0 with a
+    /// default: a manifest without rules serves formats the host already
+    /// recognises.
+    #[serde(default)]
+    pub recognize: Vec<RecognitionRule>,
+    /// What the conformance suite tests the plugin with.
+    #[serde(default)]
+    pub conformance: ConformanceSpec,
+}
+
+/// One way a model of `format` looks on disk: a single file whose name
+/// matches `file`, or a folder that holds, for every pattern of `folder`,
+/// at least one entry matching it.
+///
+/// Patterns match file names (never paths) with `*` (any run of
+/// characters) and `?` (one character); see [`name_matches`].
+///
+/// ```toml
+/// [[recognize]]                  # hello.toy is the model `hello`
+/// format = "toy"
+/// file = "*.toy"
+///
+/// [[recognize]]                  # a folder holding *.toy is a model named after the folder
+/// format = "toy"
+/// folder = ["*.toy"]
+/// files = ["*.toy", "tokenizer.json"]   # what LoadRequest.model_files lists (default: every file)
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecognitionRule {
+    /// The format a match has; one of the manifest's `formats`.
+    pub format: String,
+    /// A single file is a model when its name matches; its id is the
+    /// file's stem (`hello.toy` → `hello`).
+    #[serde(default)]
+    pub file: Option<String>,
+    /// A folder is a model when each pattern matches one of its entries;
+    /// its id is the folder's name.
+    #[serde(default)]
+    pub folder: Vec<String>,
+    /// The files of a folder model the engine needs, listed to the plugin
+    /// as `LoadRequest.model_files` (default: every file of the folder).
+    #[serde(default)]
+    pub files: Vec<String>,
+    /// The files whose sizes make the model's weight size (default: the
+    /// files `file` or `folder` matched).
+    #[serde(default)]
+    pub weights: Vec<String>,
+    /// Content checks the host runs on the files a pattern matches before
+    /// calling something a model, so that a truncated download is reported
+    /// at discovery rather than by a failing engine.
+    #[serde(default)]
+    pub checks: BTreeMap<String, ContentCheck>,
+}
+
+/// A content check the host knows how to run on a model file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ContentCheck {
+    /// The file is valid JSON.
+    Json,
+    /// The file's 8-byte header length fits the file (catches truncated
+    /// downloads and Git LFS pointers).
+    Safetensors,
+    /// The file starts with the GGUF magic `GGUF`.
+    Gguf,
+}
+
+impl std::fmt::Display for ContentCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ContentCheck::Json => "json",
+            ContentCheck::Safetensors => "safetensors",
+            ContentCheck::Gguf => "gguf",
+        })
+    }
+}
+
+impl RecognitionRule {
+    /// What the rule matches, in words: `*.gguf` or `a folder of
+    /// config.json + *.safetensors`.
+    pub fn describe(&self) -> String {
+        match &self.file {
+            Some(file) => file.clone(),
+            None => format!("a folder of {}", self.folder.join(" + ")),
+        }
+    }
+
+    /// The rule's identity for conflicts: two rules with the same
+    /// signature recognise the same things.
+    pub fn signature(&self) -> String {
+        match &self.file {
+            Some(file) => format!("file {file}"),
+            None => {
+                let mut patterns = self.folder.clone();
+                patterns.sort();
+                patterns.dedup();
+                format!("folder {}", patterns.join(" + "))
+            }
+        }
+    }
+
+    /// Checks the rule on its own (not whether the manifest serves its
+    /// format): exactly one of `file` and `folder`, and valid patterns.
+    pub fn validate(&self) -> Result<(), String> {
+        let what = self.describe();
+        match (&self.file, self.folder.is_empty()) {
+            (Some(_), false) => {
+                return Err(format!(
+                    "the rule for '{}' sets both `file` and `folder`; a rule recognises single files or folders, write two rules for both",
+                    self.format
+                ))
+            }
+            (None, true) => {
+                return Err(format!(
+                    "the rule for '{}' sets neither `file` (a pattern such as \"*.gguf\") nor `folder` (patterns a model folder holds)",
+                    self.format
+                ))
+            }
+            _ => {}
+        }
+        let patterns = self
+            .file
+            .iter()
+            .chain(&self.folder)
+            .chain(&self.files)
+            .chain(&self.weights)
+            .chain(self.checks.keys());
+        for pattern in patterns {
+            check_pattern(pattern)
+                .map_err(|why| format!("the rule for '{}' ({what}): {why}", self.format))?;
+        }
+        Ok(())
+    }
+}
+
+/// What the conformance suite tests the plugin with.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConformanceSpec {
+    /// A representative model (a file or folder), relative to the plugin
+    /// folder or crate: the suite recognises it with the plugin's rules,
+    /// plans launches for it and, when the engine is installed, serves it.
+    #[serde(default)]
+    pub fixture: Option<String>,
+}
+
+/// Whether the file name `name` matches `pattern`: `*` matches any run of
+/// characters (none included), `?` one character, anything else itself.
+pub fn name_matches(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    // The classic two-pointer match with one backtrack point per `*`.
+    let (mut pi, mut ni) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ni));
+            pi += 1;
+        } else if let Some((sp, sn)) = star {
+            pi = sp + 1;
+            ni = sn + 1;
+            star = Some((sp, sn + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+/// Why `pattern` is not a file-name pattern the host matches, if it is not.
+fn check_pattern(pattern: &str) -> Result<(), String> {
+    if pattern.is_empty() {
+        return Err("a pattern is empty".into());
+    }
+    if pattern.contains(['/', '\\']) {
+        return Err(format!(
+            "'{pattern}' is a path; patterns match file names inside a model dir or folder"
+        ));
+    }
+    if let Some(c) = pattern.chars().find(|c| matches!(c, '[' | ']' | '{' | '}')) {
+        return Err(format!(
+            "'{pattern}' uses '{c}'; patterns know only '*' and '?'"
+        ));
+    }
+    if pattern.chars().all(|c| c == '*' || c == '?') {
+        return Err(format!(
+            "'{pattern}' matches any name; name the extension or file (\"*.gguf\", \"config.json\")"
+        ));
+    }
+    if pattern.starts_with('.') {
+        return Err(format!(
+            "'{pattern}' matches hidden files, which model dirs skip"
+        ));
+    }
+    Ok(())
 }
 
 /// How the host finds the engine and reads its version.
@@ -328,6 +535,48 @@ impl Manifest {
         if let Some(bad) = self.allowed_programs().find(|p| p.trim().is_empty()) {
             return invalid("programs", format!("'{bad}' is an empty program name"));
         }
+        for (i, rule) in self.recognize.iter().enumerate() {
+            rule.validate()
+                .or_else(|reason| invalid("recognize", reason))?;
+            if let Some(twin) = self.recognize[..i]
+                .iter()
+                .find(|r| r.signature() == rule.signature())
+            {
+                return invalid(
+                    "recognize",
+                    format!(
+                        "two rules recognise {} (as '{}' and '{}'); keep one",
+                        rule.describe(),
+                        twin.format,
+                        rule.format
+                    ),
+                );
+            }
+            if !self.formats.contains(&rule.format) {
+                return invalid(
+                    "recognize",
+                    format!(
+                        "the rule {} recognises format '{}', which `formats` does not list ([{}])",
+                        rule.describe(),
+                        rule.format,
+                        self.formats.join(", ")
+                    ),
+                );
+            }
+        }
+        if let Some(fixture) = &self.conformance.fixture {
+            let path = Path::new(fixture);
+            let inside = !fixture.is_empty()
+                && path
+                    .components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !inside {
+                return invalid(
+                    "conformance.fixture",
+                    format!("'{fixture}' must be a path inside the plugin folder or crate (`fixtures/hello.toy`)"),
+                );
+            }
+        }
         Ok(())
     }
 }
@@ -464,5 +713,65 @@ mod tests {
         assert!(error_of(&GOOD.replace("\"demo\"\n", "\"Demo!\"\n")).contains("field 'id'"));
         assert!(error_of(&format!("{GOOD}\npriorty = 3")).contains("unknown field `priorty`"));
         assert!(error_of(&GOOD.replace("[\"mlx\"]", "[]")).contains("at least one format"));
+    }
+
+    #[test]
+    fn recognition_rules_and_fixtures_are_validated() {
+        let with = |extra: &str| format!("{GOOD}\n{extra}");
+        let rule = |body: &str| with(&format!("[[recognize]]\n{body}"));
+        let m = Manifest::parse(&rule("format = \"mlx\"\nfile = \"*.toy\"")).unwrap();
+        assert_eq!(m.recognize[0].describe(), "*.toy");
+        let errors = [
+            rule("format = \"toy\"\nfile = \"*.toy\""),
+            rule("format = \"mlx\""),
+            rule("format = \"mlx\"\nfile = \"*.toy\"\nfolder = [\"*.toy\"]"),
+            rule("format = \"mlx\"\nfile = \"models/*.toy\""),
+            rule("format = \"mlx\"\nfolder = [\"*\"]"),
+            rule("format = \"mlx\"\nfolder = [\"*.[ch]\"]"),
+            rule("format = \"mlx\"\nfile = \"*.toy\"\nchecks = { \"*.toy\" = \"crc\" }"),
+            rule("format = \"mlx\"\nfolder = [\"a.x\", \"*.y\"]\n[[recognize]]\nformat = \"mlx\"\nfolder = [\"*.y\", \"a.x\"]"),
+            with("[conformance]\nfixture = \"../models/x.toy\""),
+            with("[conformance]\nfixture = \"/models/x.toy\""),
+        ];
+        let errors: Vec<String> = errors.iter().map(|t| error_of(t)).collect();
+        expect_test::expect![[r#"
+            plugin.toml field 'recognize' is invalid: the rule *.toy recognises format 'toy', which `formats` does not list ([mlx])
+            plugin.toml field 'recognize' is invalid: the rule for 'mlx' sets neither `file` (a pattern such as "*.gguf") nor `folder` (patterns a model folder holds)
+            plugin.toml field 'recognize' is invalid: the rule for 'mlx' sets both `file` and `folder`; a rule recognises single files or folders, write two rules for both
+            plugin.toml field 'recognize' is invalid: the rule for 'mlx' (models/*.toy): 'models/*.toy' is a path; patterns match file names inside a model dir or folder
+            plugin.toml field 'recognize' is invalid: the rule for 'mlx' (a folder of *): '*' matches any name; name the extension or file ("*.gguf", "config.json")
+            plugin.toml field 'recognize' is invalid: the rule for 'mlx' (a folder of *.[ch]): '*.[ch]' uses '['; patterns know only '*' and '?'
+            plugin.toml is malformed: unknown variant `crc`, expected one of `json`, `safetensors`, `gguf` (at line 17, column 22)
+            plugin.toml field 'recognize' is invalid: two rules recognise a folder of *.y + a.x (as 'mlx' and 'mlx'); keep one
+            plugin.toml field 'conformance.fixture' is invalid: '../models/x.toy' must be a path inside the plugin folder or crate (`fixtures/hello.toy`)
+            plugin.toml field 'conformance.fixture' is invalid: '/models/x.toy' must be a path inside the plugin folder or crate (`fixtures/hello.toy`)
+        "#]]
+        .assert_eq(&(errors.join("\n") + "\n"));
+    }
+
+    #[test]
+    fn patterns_match_names_with_star_and_question_mark() {
+        let cases = [
+            ("*.gguf", "llama.Q4_K_M.gguf", true),
+            ("*.gguf", "llama.gguf.part", false),
+            ("config.json", "config.json", true),
+            ("config.json", "xconfig.json", false),
+            (
+                "model-?????-of-*.safetensors",
+                "model-00001-of-00002.safetensors",
+                true,
+            ),
+            (
+                "model-?????-of-*.safetensors",
+                "model-1-of-2.safetensors",
+                false,
+            ),
+            ("*.toy", ".toy", true),
+            ("a*b*c", "abxbc", true),
+            ("a*b*c", "acb", false),
+        ];
+        for (pattern, name, expected) in cases {
+            assert_eq!(name_matches(pattern, name), expected, "{pattern} vs {name}");
+        }
     }
 }

@@ -40,6 +40,7 @@ extern crate self as hangar_sdk;
 #[cfg(not(target_family = "wasm"))]
 pub use abi_stable;
 pub use hangar_plugin_api as api;
+pub use hangar_plugin_api::read_engine_version;
 pub use hangar_plugin_api::wire;
 pub use serde_json;
 
@@ -114,7 +115,20 @@ pub trait Engine: Send + Sync + 'static {
 
 /// A [`Description`] for the plugin's package: id and version from the
 /// crate, plugin-api version from the SDK, and the given formats, aliases and
-/// capabilities.
+/// capabilities (both optional, in this order), as `plugin.toml` declares
+/// them:
+///
+/// ```
+/// let description = hangar_sdk::describe!(
+///     "my-engine",
+///     formats: ["gguf"],
+///     aliases: { "gguf-v3" => "gguf" },        // [aliases] gguf-v3 = "gguf"
+///     capabilities: ["prompt_cache"],         // [capabilities] prompt_cache = ">=1.1.0"
+/// );
+/// assert_eq!(description.aliases["gguf-v3"], "gguf");
+/// assert_eq!(description.capabilities, ["prompt_cache"]);
+/// assert_eq!(description.version, env!("CARGO_PKG_VERSION"));
+/// ```
 #[macro_export]
 macro_rules! describe {
     ($id:expr, formats: [$($format:expr),* $(,)?]
@@ -137,6 +151,12 @@ macro_rules! describe {
 /// program was missing, failed or timed out; available with the version
 /// `parse` finds in its standard output (then standard error) otherwise,
 /// or available with an unknown version when `parse` finds none.
+///
+/// `parse` picks the text that holds the version; the version itself is
+/// read by [`read_engine_version`], the host's rule: the first word, a
+/// leading `v` dropped, a missing minor or patch taken as 0. So `parse`
+/// may return `1.5`, `v2` or `2.3.1-beta (build x)` as they are, and the
+/// report says 1.5.0, 2.0.0 and 2.3.1-beta.
 pub fn version_from_output(
     input: &ProbeInput,
     parse: impl Fn(&str) -> Option<&str>,
@@ -175,22 +195,21 @@ pub fn version_from_output(
                     code.map_or("a signal".to_string(), |c| format!("code {c}"))
                 ));
             }
-            let version = parse(stdout).or_else(|| parse(stderr));
-            let detail = match version {
-                Some(v) if semver::Version::parse(v).is_ok() => None,
-                Some(v) => Some(format!(
-                    "version '{v}' is not semver; gated capabilities off"
+            let found = parse(stdout).or_else(|| parse(stderr));
+            let version = found.and_then(read_engine_version);
+            let detail = match (found, &version) {
+                (_, Some(_)) => None,
+                (Some(text), None) => Some(format!(
+                    "version '{text}' is not MAJOR[.MINOR[.PATCH]][-PRE]; version unknown, gated capabilities off"
                 )),
-                None => Some(format!(
+                (None, None) => Some(format!(
                     "could not read a version from {program}'s output ({:?}); gated capabilities off",
                     stdout.trim().chars().take(80).collect::<String>()
                 )),
             };
             ProbeReport {
                 available: true,
-                version: version
-                    .filter(|v| semver::Version::parse(v).is_ok())
-                    .map(str::to_string),
+                version: version.map(|v| v.to_string()),
                 program: Some(program.clone()),
                 device: None,
                 detail,
@@ -223,3 +242,59 @@ pub use native::__private;
 
 #[cfg(target_family = "wasm")]
 pub mod wasm;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `version_from_output` reports for a probe program that printed
+    /// each of `outputs` and exited with 0, when `parse` takes the text
+    /// after the program's name.
+    fn check(outputs: &[&str], expect: expect_test::Expect) {
+        let reports: Vec<String> = outputs
+            .iter()
+            .map(|stdout| {
+                let input = ProbeInput {
+                    run: Some(ProbeRun::Exited {
+                        program: "/bin/engine".into(),
+                        code: Some(0),
+                        stdout: stdout.to_string(),
+                        stderr: String::new(),
+                    }),
+                    settings: Default::default(),
+                };
+                let report = version_from_output(&input, |out| {
+                    out.trim().strip_prefix("engine ").map(str::trim)
+                });
+                let shown = format!(
+                    "{stdout:?} → {} {}",
+                    report.version.as_deref().unwrap_or("unknown"),
+                    report.detail.as_deref().unwrap_or("")
+                );
+                shown.trim_end().to_string()
+            })
+            .collect();
+        expect.assert_eq(&reports.join("\n"));
+    }
+
+    #[test]
+    fn versions_are_read_by_the_host_rule() {
+        check(
+            &[
+                "engine 1.5\n",
+                "engine v2",
+                "engine 2.3.1-beta (build x)",
+                "engine 1.2.3",
+                "engine nightly-2024",
+                "something else",
+            ],
+            expect_test::expect![[r#"
+                "engine 1.5\n" → 1.5.0
+                "engine v2" → 2.0.0
+                "engine 2.3.1-beta (build x)" → 2.3.1-beta
+                "engine 1.2.3" → 1.2.3
+                "engine nightly-2024" → unknown version 'nightly-2024' is not MAJOR[.MINOR[.PATCH]][-PRE]; version unknown, gated capabilities off
+                "something else" → unknown could not read a version from /bin/engine's output ("something else"); gated capabilities off"#]],
+        );
+    }
+}

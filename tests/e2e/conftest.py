@@ -291,7 +291,8 @@ def env(tmp_path_factory):
     config = root / "config.toml"
     llama_server = os.path.join(os.path.dirname(python), "llama-server")
     config.write_text(
-        f'[plugins.mlx-lm]\nprogram = "{python}"\n[plugins.llama-server]\nprogram = "{llama_server}"\n'
+        f'[plugins.mlx-lm]\nprogram = "{python}"\nallow_programs = ["python3"]\n'
+        f'[plugins.llama-server]\nprogram = "{llama_server}"\n'
         f'[wasm]\ncache_dir = "{root / "wasm-cache"}"\n'
     )
     # This suite is about mlx-lm; native-mlx (which outranks it) has its own.

@@ -36,6 +36,7 @@ class Host:
         config = tmp / "config.toml"
         config.write_text(
             f'[plugins.mlxcel]\nprogram = "{wrapper}"\n[plugins.mlx-lm]\nprogram = "{env["python"]}"\n'
+            'allow_programs = ["python3"]\n'
         )
         proc_env = dict(env["proc_env"], HANGAR_PLATFORM=platform)
         args = [a for a in env["base_args"]]

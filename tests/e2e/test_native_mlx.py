@@ -26,7 +26,7 @@ def native(env, tmp_path_factory):
         pytest.fail("target/plugins/native-mlx was not built: run scripts/build-plugins.sh")
     tmp = tmp_path_factory.mktemp("native")
     config = tmp / "config.toml"
-    config.write_text(f'[plugins.mlx-lm]\nprogram = "{env["python"]}"\n')
+    config.write_text(f'[plugins.mlx-lm]\nprogram = "{env["python"]}"\nallow_programs = ["python3"]\n')
     args = list(env["base_args"])
     args[args.index("--config") + 1] = str(config)
     args[args.index("--state-dir") + 1] = str(tmp / "state")

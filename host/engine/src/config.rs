@@ -7,6 +7,7 @@
 //!
 //! [plugins.mlx-lm]                         # settings handed to one plugin
 //! program = "/opt/venv/bin/python3"        # where its probe program lives
+//! allow_programs = ["python3"]             # shells and interpreters it may run
 //!
 //! [wasm]                                   # WebAssembly plugins
 //! call_timeout_ms = 2000                   # each call's deadline
@@ -21,6 +22,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+pub const ALLOW_PROGRAMS: &str = "allow_programs";
 
 /// The environment variable naming the config file.
 pub const CONFIG_ENV: &str = "HANGAR_CONFIG";
@@ -39,7 +42,8 @@ pub struct Config {
     /// Overrides platform detection (`os/arch/acc,acc`).
     #[serde(default)]
     pub platform: Option<String>,
-    /// Plugin id → that plugin's settings.
+    /// Plugin id → that plugin's settings (`program`, `allow_programs`,
+    /// and whatever the plugin reads).
     #[serde(default)]
     pub plugins: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
     /// The WebAssembly runtime: limits of each call into a plugin, and where
@@ -116,7 +120,18 @@ impl Config {
 
     /// Parses config text.
     pub fn parse(text: &str) -> Result<Config, String> {
-        toml::from_str(text).map_err(|e| e.message().to_string())
+        let config: Config = toml::from_str(text).map_err(|e| e.message().to_string())?;
+        for (id, settings) in &config.plugins {
+            let allow = settings.get(ALLOW_PROGRAMS);
+            let list = allow.map(|v| v.as_array().filter(|l| l.iter().all(|p| p.is_string())));
+            if let Some(None) = list {
+                return Err(format!(
+                    "[plugins.{id}] {ALLOW_PROGRAMS} must be a list of program names, e.g. {ALLOW_PROGRAMS} = [\"python3\"] (found {})",
+                    allow.expect("present")
+                ));
+            }
+        }
+        Ok(config)
     }
 
     /// The settings the operator gave plugin `id`.
@@ -156,5 +171,27 @@ pub fn expand_home(path: &str) -> PathBuf {
     match (path.strip_prefix("~/"), dirs::home_dir()) {
         (Some(rest), Some(home)) => home.join(rest),
         _ => PathBuf::from(path),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allow_programs_must_be_a_list_of_names() {
+        let parsed = |text: &str| match Config::parse(text) {
+            Ok(config) => format!("{:?}", config.plugins),
+            Err(e) => format!("error: {e}"),
+        };
+        expect_test::expect![[r#"
+            {"mlx-lm": {"allow_programs": Array [String("python3")]}}
+            error: [plugins.mlx-lm] allow_programs must be a list of program names, e.g. allow_programs = ["python3"] (found "python3")
+            error: [plugins.mlx-lm] allow_programs must be a list of program names, e.g. allow_programs = ["python3"] (found [1])"#]].assert_eq(&[
+            parsed("[plugins.mlx-lm]\nallow_programs = [\"python3\"]"),
+            parsed("[plugins.mlx-lm]\nallow_programs = \"python3\""),
+            parsed("[plugins.mlx-lm]\nallow_programs = [1]"),
+        ]
+        .join("\n"));
     }
 }

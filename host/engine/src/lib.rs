@@ -6,7 +6,11 @@
 //! `abi_stable`; WebAssembly components in a wasmtime sandbox, behind the
 //! `wasm` feature), probes their engines, and resolves a model's format to
 //! the highest-priority engine that can serve it on this [`platform`].
-//! [`models`] recognises model folders and files on disk.
+//! [`registry::programs`] is the one rule for what a plugin may have the
+//! host run (declared programs; shells and interpreters only where the
+//! operator allows them). [`models`] recognises model folders and files on
+//! disk by the recognition rules the registry merges (the built-in `mlx`
+//! and `gguf` rules and plugins' `[[recognize]]`).
 //!
 //! For plugin authors, the [`conformance`] suite runs a built
 //! [`plugin_folder`] through the host's own loading code; `hangar plugin

@@ -1,11 +1,21 @@
 //! Model discovery: every model in the configured model dirs, with its id,
 //! format and weight size, and a reason for everything that is not a model.
 //!
+//! What a model looks like on disk is declared, never hard-coded: a
+//! [`Rule`] (a manifest's [`RecognitionRule`]) says that a single file
+//! whose name matches a pattern is a model (`*.gguf`, `*.toy`), or that a
+//! folder holding files for a set of patterns is one (`config.json` +
+//! `*.safetensors`). The host's own rules ([`BUILTIN_RECOGNITION`]: `mlx`
+//! and `gguf`) are declarations of the same kind as plugins'; the registry
+//! merges them ([`crate::registry::Registry::rules`]) and [`discover`]
+//! takes the result. The first rule that matches wins, built-in rules
+//! first, then plugins' in scan order.
+//!
 //! Two layouts are read, and one model dir may mix them:
 //!
 //! - **folders** (the oMLX layout): every subfolder of a model dir is a
-//!   model named after the folder, and a `.gguf` file directly in a model dir
-//!   is a model named after the file's stem;
+//!   model named after the folder, and a file directly in a model dir that
+//!   a file rule matches is a model named after the file's stem;
 //! - **the Hugging Face cache**: a folder `models--ORG--NAME` is the model
 //!   `ORG/NAME`, and its files live in `snapshots/REVISION/` (usually as
 //!   symlinks into `blobs/`). The revision `refs/main` names is taken, else the
@@ -13,9 +23,10 @@
 //!   Face home (`~/.cache/huggingface`) and only its `hub/` is read.
 //!
 //! Like the registry, discovery never fails as a whole: whatever is wrong
-//! with one folder becomes a [`NotAModel`] saying what to do, and the other
-//! models are still found. Hidden entries, `datasets--*` and `spaces--*`
-//! folders, and files that are not `.gguf` are skipped silently.
+//! with one folder becomes a [`NotAModel`] saying what to do (and which
+//! rules were tried), and the other models are still found. Hidden entries,
+//! `datasets--*` and `spaces--*` folders, and files no file rule matches
+//! are skipped silently.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -23,38 +34,110 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use serde::Serialize;
+use hangar_plugin_api::manifest::{name_matches, ContentCheck, RecognitionRule};
+use serde::{Deserialize, Serialize};
 
 /// The largest header a safetensors file may declare; the reference
 /// implementation refuses anything bigger, so a bigger one means the file
 /// is not safetensors at all.
 const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
 
+/// The host's own recognition rules, declared as a plugin declares its
+/// own (`[[recognize]]` in `plugin.toml`). A folder holding a `.gguf` file
+/// is `gguf` even when it also holds safetensors, as the gguf rules come
+/// first.
+pub const BUILTIN_RECOGNITION: &str = r#"
+[[recognize]]
+format = "gguf"
+file = "*.gguf"
+checks = { "*.gguf" = "gguf" }
+
+[[recognize]]
+format = "gguf"
+folder = ["*.gguf"]
+weights = ["*.gguf"]
+checks = { "*.gguf" = "gguf" }
+
+[[recognize]]
+format = "mlx"
+folder = ["config.json", "*.safetensors"]
+weights = ["*.safetensors"]
+checks = { "config.json" = "json", "*.safetensors" = "safetensors" }
+"#;
+
+/// The name rules of [`BUILTIN_RECOGNITION`] are declared by.
+pub const BUILTIN: &str = "built-in";
+
+/// A recognition rule and who declared it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Rule {
+    /// The declaration.
+    #[serde(flatten)]
+    pub spec: RecognitionRule,
+    /// `built-in` or the ids of the plugins that declare it.
+    pub declared_by: Vec<String>,
+}
+
+impl Rule {
+    /// `toy: *.toy (toy-plugin)`, for reasons and tables.
+    pub fn describe(&self) -> String {
+        format!(
+            "{}: {} ({})",
+            self.spec.format,
+            self.spec.describe(),
+            self.declared_by.join(", ")
+        )
+    }
+}
+
+/// The host's own rules ([`BUILTIN_RECOGNITION`]).
+pub fn builtin_rules() -> Vec<Rule> {
+    #[derive(Deserialize)]
+    struct Declared {
+        recognize: Vec<RecognitionRule>,
+    }
+    let declared: Declared =
+        toml::from_str(BUILTIN_RECOGNITION).expect("the built-in recognition rules parse");
+    declared
+        .recognize
+        .into_iter()
+        .map(|spec| Rule {
+            spec,
+            declared_by: vec![BUILTIN.into()],
+        })
+        .collect()
+}
+
 /// A model found in a model dir.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Model {
-    /// What clients call the model: the folder name, the `.gguf` file's
-    /// stem, or `ORG/NAME` for the Hugging Face cache.
+    /// What clients call the model: the folder name, a model file's stem,
+    /// or `ORG/NAME` for the Hugging Face cache.
     pub id: String,
     /// The model folder (for the Hugging Face cache, the snapshot folder) or
-    /// the `.gguf` file.
+    /// the model file.
     pub path: PathBuf,
-    /// The format detected from the files, before alias resolution
+    /// The format the matching rule gives, before alias resolution
     /// (`mlx`, `gguf`).
     pub format: String,
     /// Which layout the model was found in.
     pub source: ModelSource,
-    /// The weights on disk: the summed sizes of the model's `*.safetensors`
-    /// and `*.gguf` files, following symlinks (the Hugging Face cache links
-    /// into `blobs/`).
+    /// The weights on disk: the summed sizes of the files the rule counts
+    /// as weights (`*.safetensors`, `*.gguf`), following symlinks (the
+    /// Hugging Face cache links into `blobs/`).
     pub size_bytes: u64,
+    /// The files the engine needs, as the plugin's `LoadRequest.model_files`:
+    /// names inside the folder, or the file's own name.
+    pub files: Vec<String>,
+    /// The rule that recognised it: `toy: *.toy (toy-plugin)`.
+    pub rule: String,
 }
 
 /// Which layout a [`Model`] was found in.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ModelSource {
-    /// A subfolder or `.gguf` file of a model dir.
+    /// A subfolder or model file of a model dir.
     Folder,
     /// A snapshot in the Hugging Face cache.
     HfCache {
@@ -94,13 +177,14 @@ impl Discovery {
     }
 }
 
-/// Finds the models in `model_dirs`.
+/// Finds the models in `model_dirs` with `rules` (the registry's
+/// [`crate::registry::Registry::rules`]: built-in and plugins').
 ///
 /// The dirs are searched in order, and each dir's entries in name order;
 /// when two models share an id, the first one found wins and the later ones
 /// are rejected with a reason naming the winner. A dir listed twice is read
 /// once.
-pub fn discover(model_dirs: &[PathBuf]) -> Discovery {
+pub fn discover(model_dirs: &[PathBuf], rules: &[Rule]) -> Discovery {
     let mut claimed: BTreeMap<String, Model> = BTreeMap::new();
     let mut rejected = Vec::new();
     let mut seen = Vec::new();
@@ -111,7 +195,7 @@ pub fn discover(model_dirs: &[PathBuf]) -> Discovery {
             continue;
         }
         seen.push(identity);
-        for found in scan(&dir) {
+        for found in scan(&dir, rules) {
             match found {
                 Ok(model) => match claimed.get(&model.id) {
                     Some(winner) => rejected.push(NotAModel {
@@ -139,47 +223,53 @@ pub fn discover(model_dirs: &[PathBuf]) -> Discovery {
     }
 }
 
-/// The format of a model folder or file, from the files it holds:
-/// `config.json` with `*.safetensors` is `mlx`; a `.gguf` file (or a folder
-/// holding one) is `gguf`. Only names are looked at; [`discover`] also
-/// checks the files' contents.
-pub fn detect_format(path: &Path) -> Result<String, String> {
-    if path.is_file() {
-        return match path.extension().and_then(|e| e.to_str()) {
-            Some("gguf") => Ok("gguf".into()),
-            _ => Err(format!(
-                "{} is not a model: a model is a folder (config.json + *.safetensors) or a .gguf file",
-                path.display()
-            )),
+/// Recognises one path as [`discover`] would in a model dir: a model file,
+/// a model folder, or a Hugging Face cache folder (`models--ORG--NAME`).
+/// The error says why it is not a model and which rules were tried.
+pub fn recognize(path: &Path, rules: &[Rule]) -> Result<Model, String> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| format!("{} has no file name that can be a model id", path.display()))?;
+    let meta = fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if meta.is_dir() {
+        return match name.strip_prefix("models--") {
+            Some(repo) => hf_model(path, repo, rules),
+            None => inspect(path, rules)
+                .map(|found| found.into_model(name.into(), path, ModelSource::Folder)),
         };
     }
-    let names: Vec<String> = fs::read_dir(path)
-        .map_err(|e| format!("cannot read model folder {}: {e}", path.display()))?
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    let has = |ext: &str| names.iter().any(|n| n.ends_with(ext));
-    if has(".gguf") {
-        return Ok("gguf".into());
+    let Some(rule) = file_rule(name, rules) else {
+        return Err(format!(
+            "{} is not a model: no rule recognises the file (tried {})",
+            path.display(),
+            tried(rules.iter().filter(|r| r.spec.file.is_some()))
+        ));
+    };
+    let id = path
+        .file_stem()
+        .map_or(name, |s| s.to_str().unwrap_or(name));
+    inspect_file(path, rule).map(|found| found.into_model(id.into(), path, ModelSource::Folder))
+}
+
+/// The rules, in words, for a reason: `gguf: *.gguf (built-in); mlx: …`.
+fn tried<'a>(rules: impl Iterator<Item = &'a Rule>) -> String {
+    let tried: Vec<String> = rules.map(Rule::describe).collect();
+    if tried.is_empty() {
+        "no rules: none declared".into()
+    } else {
+        tried.join("; ")
     }
-    match (
-        names.iter().any(|n| n == "config.json"),
-        has(".safetensors"),
-    ) {
-        (true, true) => Ok("mlx".into()),
-        (false, true) => Err(format!(
-            "{} has *.safetensors but no config.json; copy the model's config.json into the folder",
-            path.display()
-        )),
-        (true, false) => Err(format!(
-            "{} has config.json but no *.safetensors weights; the download may be incomplete",
-            path.display()
-        )),
-        (false, false) => Err(format!(
-            "{} holds no model files (expected config.json + *.safetensors, or a .gguf file)",
-            path.display()
-        )),
-    }
+}
+
+/// The first file rule whose pattern matches the file name `name`.
+fn file_rule<'a>(name: &str, rules: &'a [Rule]) -> Option<&'a Rule> {
+    rules.iter().find(|r| {
+        r.spec
+            .file
+            .as_deref()
+            .is_some_and(|p| name_matches(p, name))
+    })
 }
 
 /// The folder to read for model dir `dir`: its `hub/` when it is a Hugging
@@ -194,7 +284,7 @@ fn hub_of(dir: &Path) -> PathBuf {
 }
 
 /// Every candidate in one model dir, in name order.
-fn scan(dir: &Path) -> Vec<Result<Model, NotAModel>> {
+fn scan(dir: &Path, rules: &[Rule]) -> Vec<Result<Model, NotAModel>> {
     let reject = |path: &Path, reason: String| {
         Err(NotAModel {
             path: path.to_path_buf(),
@@ -261,24 +351,14 @@ fn scan(dir: &Path) -> Vec<Result<Model, NotAModel>> {
         };
         let result = if meta.is_dir() {
             match name.strip_prefix("models--") {
-                Some(repo) => hf_model(&path, repo),
-                None => inspect(&path).map(|(format, size_bytes)| Model {
-                    id: name,
-                    path: path.clone(),
-                    format,
-                    source: ModelSource::Folder,
-                    size_bytes,
-                }),
+                Some(repo) => hf_model(&path, repo, rules),
+                None => inspect(&path, rules)
+                    .map(|found| found.into_model(name, &path, ModelSource::Folder)),
             }
-        } else if path.extension().is_some_and(|e| e == "gguf") {
+        } else if let Some(rule) = file_rule(&name, rules) {
             let id = path.file_stem().map(|s| s.to_string_lossy().into_owned());
-            inspect(&path).map(|(format, size_bytes)| Model {
-                id: id.unwrap_or(name),
-                path: path.clone(),
-                format,
-                source: ModelSource::Folder,
-                size_bytes,
-            })
+            inspect_file(&path, rule)
+                .map(|found| found.into_model(id.unwrap_or(name), &path, ModelSource::Folder))
         } else {
             continue;
         };
@@ -288,7 +368,7 @@ fn scan(dir: &Path) -> Vec<Result<Model, NotAModel>> {
 }
 
 /// The model in Hugging Face cache folder `folder` (`models--{repo}`).
-fn hf_model(folder: &Path, repo: &str) -> Result<Model, String> {
+fn hf_model(folder: &Path, repo: &str, rules: &[Rule]) -> Result<Model, String> {
     if repo.is_empty() {
         return Err(format!(
             "{} is not a Hugging Face cache folder (models--ORG--NAME); rename or remove it",
@@ -331,14 +411,8 @@ fn hf_model(folder: &Path, repo: &str) -> Result<Model, String> {
         }
     };
     let path = snapshots.join(&revision);
-    let (format, size_bytes) = inspect(&path)?;
-    Ok(Model {
-        id: repo.clone(),
-        path,
-        format,
-        source: ModelSource::HfCache { repo, revision },
-        size_bytes,
-    })
+    let found = inspect(&path, rules)?;
+    Ok(found.into_model(repo.clone(), &path, ModelSource::HfCache { repo, revision }))
 }
 
 /// The most recently modified snapshot in `snapshots` (by name on a tie,
@@ -368,44 +442,166 @@ fn newest_snapshot(snapshots: &Path, again: &str) -> Result<String, String> {
         })
 }
 
-/// The format and weight size of a model folder or `.gguf` file, after
-/// checking the files an engine would otherwise fail on at load time.
-fn inspect(path: &Path) -> Result<(String, u64), String> {
-    let format = detect_format(path)?;
-    let weights = if path.is_file() {
-        vec![path.to_path_buf()]
-    } else {
-        let mut weights: Vec<PathBuf> = fs::read_dir(path)
-            .map_err(|e| format!("cannot read model folder {}: {e}", path.display()))?
-            .filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .filter(|p| {
-                p.extension()
-                    .is_some_and(|e| e == "safetensors" || e == "gguf")
-            })
-            .collect();
-        weights.sort();
-        weights
+/// What a rule recognised, before it has an id.
+struct Found {
+    format: String,
+    size_bytes: u64,
+    files: Vec<String>,
+    rule: String,
+}
+
+impl Found {
+    fn into_model(self, id: String, path: &Path, source: ModelSource) -> Model {
+        Model {
+            id,
+            path: path.to_path_buf(),
+            format: self.format,
+            source,
+            size_bytes: self.size_bytes,
+            files: self.files,
+            rule: self.rule,
+        }
+    }
+}
+
+/// A model file that `rule` matched, after its checks.
+fn inspect_file(path: &Path, rule: &Rule) -> Result<Found, String> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let names = [name];
+    let size_bytes = checked_size(path.parent().unwrap_or(Path::new("")), &names, &names, rule)?;
+    Ok(Found {
+        format: rule.spec.format.clone(),
+        size_bytes,
+        files: names.to_vec(),
+        rule: rule.describe(),
+    })
+}
+
+/// The model folder `path` as the first folder rule that matches it sees
+/// it, after the rule's checks; or why no rule matches, naming what an
+/// almost-matching rule misses (an incomplete download) or every rule
+/// tried.
+fn inspect(path: &Path, rules: &[Rule]) -> Result<Found, String> {
+    let mut names: Vec<String> = fs::read_dir(path)
+        .map_err(|e| format!("cannot read model folder {}: {e}", path.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    names.sort();
+    let holds = |pattern: &String| names.iter().any(|n| name_matches(pattern, n));
+    let folder_rules = || rules.iter().filter(|r| !r.spec.folder.is_empty());
+    let Some(rule) = folder_rules().find(|r| r.spec.folder.iter().all(holds)) else {
+        if let Some(rule) = folder_rules().find(|r| r.spec.folder.iter().any(holds)) {
+            let (has, lacks): (Vec<&String>, Vec<&String>) =
+                rule.spec.folder.iter().partition(|p| holds(p));
+            let list =
+                |v: Vec<&String>| v.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(" + ");
+            return Err(format!(
+                "{} has {} but no {}, which the rule {} needs; the download may be incomplete: \
+                 download the model again or copy the missing files into the folder",
+                path.display(),
+                list(has),
+                list(lacks),
+                rule.describe()
+            ));
+        }
+        return Err(format!(
+            "{} holds no model files (tried {})",
+            path.display(),
+            tried(folder_rules())
+        ));
     };
-    if format == "mlx" {
-        check_config(&path.join("config.json"))?;
+    let matched = |patterns: &[String]| -> Vec<String> {
+        names
+            .iter()
+            .filter(|n| patterns.iter().any(|p| name_matches(p, n)))
+            .cloned()
+            .collect()
+    };
+    let weights = match rule.spec.weights.as_slice() {
+        [] => matched(&rule.spec.folder),
+        patterns => matched(patterns),
+    };
+    let size_bytes = checked_size(path, &names, &weights, rule)?;
+    // Subfolders are not files an engine is handed.
+    let files = match rule.spec.files.as_slice() {
+        [] => names.clone(),
+        patterns => matched(patterns),
+    };
+    let files = files
+        .into_iter()
+        .filter(|n| !path.join(n).is_dir())
+        .collect();
+    Ok(Found {
+        format: rule.spec.format.clone(),
+        size_bytes,
+        files,
+        rule: rule.describe(),
+    })
+}
+
+/// Runs `rule`'s content checks on the files `names` of folder `dir`, in
+/// name order, and returns the summed size of `weights`.
+fn checked_size(
+    dir: &Path,
+    names: &[String],
+    weights: &[String],
+    rule: &Rule,
+) -> Result<u64, String> {
+    for name in names {
+        for (pattern, check) in &rule.spec.checks {
+            if name_matches(pattern, name) {
+                run_check(*check, &dir.join(name))?;
+            }
+        }
     }
     let mut size = 0;
-    for file in &weights {
-        size += if file.extension().is_some_and(|e| e == "safetensors") {
-            check_safetensors(file)?
-        } else {
-            fs::metadata(file)
-                .map_err(|e| {
-                    format!(
-                        "cannot read {}: {e}; the download may be incomplete, download the model again",
-                        file.display()
-                    )
-                })?
-                .len()
-        };
+    for name in weights {
+        let file = dir.join(name);
+        size += fs::metadata(&file)
+            .map_err(|e| {
+                format!(
+                    "cannot read {}: {e}; the download may be incomplete, download the model again",
+                    file.display()
+                )
+            })?
+            .len();
     }
-    Ok((format, size))
+    Ok(size)
+}
+
+/// Runs one content check the engine library knows.
+fn run_check(check: ContentCheck, file: &Path) -> Result<(), String> {
+    match check {
+        ContentCheck::Json => check_config(file),
+        ContentCheck::Safetensors => check_safetensors(file).map(drop),
+        ContentCheck::Gguf => check_gguf(file),
+    }
+}
+
+/// Checks that a GGUF file starts with the format's magic.
+fn check_gguf(file: &Path) -> Result<(), String> {
+    let mut magic = [0u8; 4];
+    let read = fs::File::open(file).and_then(|mut f| f.read_exact(&mut magic));
+    match read {
+        Ok(()) if &magic == b"GGUF" => Ok(()),
+        Ok(()) => Err(format!(
+            "{} does not start with GGUF's magic 'GGUF'; it is not a GGUF file (a Git LFS pointer?), download the model again",
+            file.display()
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(format!(
+            "{} is shorter than GGUF's 4-byte magic; the download may be incomplete, download the model again",
+            file.display()
+        )),
+        Err(e) => Err(format!(
+            "cannot read {}: {e}; the download may be incomplete, download the model again",
+            file.display()
+        )),
+    }
 }
 
 /// Checks that `config.json` is JSON.
@@ -462,25 +658,72 @@ fn check_safetensors(file: &Path) -> Result<u64, String> {
     Ok(len)
 }
 
-/// The names of a model's files, sorted: the entries of its folder that
-/// are files (following symlinks, as the Hugging Face cache needs), or the
-/// file's own name. Unreadable folders give none.
-pub fn files(path: &Path) -> Vec<String> {
-    if path.is_file() {
-        return path
-            .file_name()
-            .map(|n| vec![n.to_string_lossy().into_owned()])
-            .unwrap_or_default();
+/// The built-in rules, then every plugin's, merged: rules with the same
+/// signature (the same file pattern, or the same set of folder patterns)
+/// and the same format become one rule declared by all of them. Rules with
+/// the same signature but different formats conflict: a built-in rule is
+/// kept over plugins', and between plugins the rule is dropped until they
+/// agree; either way a diagnostic says so, and the plugins still load.
+pub fn merge_rules<'a>(
+    declared: impl IntoIterator<Item = (&'a str, &'a [hangar_plugin_api::RecognitionRule])>,
+) -> (Vec<Rule>, Vec<String>) {
+    let mut rules: Vec<Rule> = builtin_rules();
+    for (plugin, specs) in declared {
+        for spec in specs {
+            match rules
+                .iter_mut()
+                .find(|r| r.spec.signature() == spec.signature() && r.spec.format == spec.format)
+            {
+                Some(same) if !same.declared_by.iter().any(|d| d == plugin) => {
+                    same.declared_by.push(plugin.to_string())
+                }
+                Some(_) => {}
+                None => rules.push(Rule {
+                    spec: spec.clone(),
+                    declared_by: vec![plugin.to_string()],
+                }),
+            }
+        }
     }
-    let mut names: Vec<String> = fs::read_dir(path)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.path().is_file())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
+    let mut conflicts = Vec::new();
+    let mut kept: Vec<Rule> = Vec::new();
+    for rule in &rules {
+        let signature = rule.spec.signature();
+        let rivals: Vec<&Rule> = rules
+            .iter()
+            .filter(|r| r.spec.signature() == signature)
+            .collect();
+        if rivals.len() == 1 {
+            kept.push(rule.clone());
+            continue;
+        }
+        // Report each conflict once, at its first rule.
+        let first = std::ptr::eq(rivals[0], rule);
+        let builtin = rivals
+            .iter()
+            .find(|r| r.declared_by.iter().any(|d| d == BUILTIN));
+        if let Some(builtin) = builtin {
+            if std::ptr::eq(*builtin, rule) {
+                kept.push(rule.clone());
+            }
+        }
+        if first {
+            let declarers: Vec<String> = rivals
+                .iter()
+                .map(|r| format!("{} → {}", r.declared_by.join(", "), r.spec.format))
+                .collect();
+            let outcome = match builtin {
+                Some(_) => "the built-in rule is kept and the plugins' are ignored",
+                None => "the rule is ignored until the plugins agree",
+            };
+            conflicts.push(format!(
+                "recognition rule '{}' is declared for different formats ({}); {outcome}",
+                rule.spec.describe(),
+                declarers.join("; ")
+            ));
+        }
+    }
+    (kept, conflicts)
 }
 
 #[cfg(test)]
@@ -493,19 +736,46 @@ mod tests {
     use super::*;
 
     /// Builds `tree` in a temporary folder, discovers the models in `dirs`
-    /// (relative to it), and compares a compact rendering with `expected`.
+    /// (relative to it) with the built-in rules and `plugins`' (plugin id,
+    /// `[[recognize]]` TOML), merged as the registry merges them, and
+    /// compares a compact rendering (conflicts first) with `expected`.
     ///
     /// One line of `tree` per entry, parent folders made as needed:
     /// `PATH/` is a folder, `PATH -> TARGET` a symlink, `PATH = TEXT` a file
     /// holding TEXT, `PATH = safetensors N` a valid N-byte safetensors file,
     /// and `mtime PATH SECONDS` sets a modification time.
-    fn check(dirs: &[&str], tree: &str, expected: Expect) {
+    fn check_with(plugins: &[(&str, &str)], dirs: &[&str], tree: &str, expected: Expect) {
+        #[derive(serde::Deserialize)]
+        struct Declared {
+            recognize: Vec<RecognitionRule>,
+        }
+        let declared: Vec<(&str, Vec<RecognitionRule>)> = plugins
+            .iter()
+            .map(|(id, text)| {
+                let rules = toml::from_str::<Declared>(text).unwrap().recognize;
+                for rule in &rules {
+                    rule.validate().unwrap();
+                }
+                (*id, rules)
+            })
+            .collect();
+        let (rules, conflicts) =
+            merge_rules(declared.iter().map(|(id, rules)| (*id, rules.as_slice())));
         let temp = tempfile::tempdir().unwrap();
         let root = temp.path();
         build(root, tree);
         let dirs: Vec<PathBuf> = dirs.iter().map(|d| root.join(d)).collect();
-        let discovery = discover(&dirs);
-        expected.assert_eq(&render(&discovery, root));
+        let discovery = discover(&dirs, &rules);
+        let conflicts: String = conflicts
+            .iter()
+            .map(|c| format!("conflict: {c}\n"))
+            .collect();
+        expected.assert_eq(&(conflicts + &render(&discovery, root)));
+    }
+
+    /// [`check_with`] the built-in rules alone.
+    fn check(dirs: &[&str], tree: &str, expected: Expect) {
+        check_with(&[], dirs, tree, expected)
     }
 
     fn build(root: &Path, tree: &str) {
@@ -553,6 +823,7 @@ mod tests {
             };
             let (id, format, size, path) = (&m.id, &m.format, m.size_bytes, m.path.display());
             writeln!(out, "{id}  {format}  {size} B  {source}  {path}").unwrap();
+            writeln!(out, "  files [{}] by {}", m.files.join(", "), m.rule).unwrap();
         }
         for r in &discovery.rejected {
             writeln!(out, "rejected {}\n  {}", r.path.display(), r.reason).unwrap();
@@ -582,8 +853,11 @@ mod tests {
             ",
             expect![[r#"
                 Qwen3-4B-4bit  mlx  150 B  folder  models/Qwen3-4B-4bit
+                  files [config.json, model-00001-of-00002.safetensors, model-00002-of-00002.safetensors, tokenizer.json] by mlx: a folder of config.json + *.safetensors (built-in)
                 llama-gguf  gguf  8 B  folder  models/llama-gguf
+                  files [llama.Q4_K_M.gguf] by gguf: a folder of *.gguf (built-in)
                 tiny  gguf  4 B  folder  models/tiny.gguf
+                  files [tiny.gguf] by gguf: *.gguf (built-in)
             "#]],
         );
     }
@@ -599,6 +873,7 @@ mod tests {
             ",
             expect![[r#"
                 phi  mlx  20 B  folder  models/phi
+                  files [config.json, model.safetensors] by mlx: a folder of config.json + *.safetensors (built-in)
             "#]],
         );
     }
@@ -630,7 +905,9 @@ mod tests {
             ",
             expect![[r#"
                 gpt2  gguf  12 B  hf gpt2@9  huggingface/hub/models--gpt2/snapshots/9
+                  files [gpt2.gguf] by gguf: a folder of *.gguf (built-in)
                 mlx-community/Qwen3-4B  mlx  64 B  hf mlx-community/Qwen3-4B@1111  huggingface/hub/models--mlx-community--Qwen3-4B/snapshots/1111
+                  files [config.json, model.safetensors] by mlx: a folder of config.json + *.safetensors (built-in)
             "#]],
         );
     }
@@ -650,6 +927,7 @@ mod tests {
             &tree.replace("AAAA", "2000").replace("BBBB", "1000"),
             expect![[r#"
                 org/m  mlx  10 B  hf org/m@aaaa  hub/models--org--m/snapshots/aaaa
+                  files [config.json, model.safetensors] by mlx: a folder of config.json + *.safetensors (built-in)
             "#]],
         );
         check(
@@ -657,6 +935,7 @@ mod tests {
             &tree.replace("AAAA", "1000").replace("BBBB", "2000"),
             expect![[r#"
                 org/m  mlx  20 B  hf org/m@bbbb  hub/models--org--m/snapshots/bbbb
+                  files [config.json, model.safetensors] by mlx: a folder of config.json + *.safetensors (built-in)
             "#]],
         );
     }
@@ -707,14 +986,15 @@ mod tests {
             ",
             expect![[r#"
                 good  mlx  16 B  folder  models/good
+                  files [config.json, model.safetensors] by mlx: a folder of config.json + *.safetensors (built-in)
                 rejected models/empty
-                  models/empty holds no model files (expected config.json + *.safetensors, or a .gguf file)
+                  models/empty holds no model files (tried gguf: a folder of *.gguf (built-in); mlx: a folder of config.json + *.safetensors (built-in))
                 rejected models/no-config
-                  models/no-config has *.safetensors but no config.json; copy the model's config.json into the folder
+                  models/no-config has *.safetensors but no config.json, which the rule mlx: a folder of config.json + *.safetensors (built-in) needs; the download may be incomplete: download the model again or copy the missing files into the folder
                 rejected models/no-weights
-                  models/no-weights has config.json but no *.safetensors weights; the download may be incomplete
+                  models/no-weights has config.json but no *.safetensors, which the rule mlx: a folder of config.json + *.safetensors (built-in) needs; the download may be incomplete: download the model again or copy the missing files into the folder
                 rejected models/notes.txt.gguf
-                  models/notes.txt.gguf holds no model files (expected config.json + *.safetensors, or a .gguf file)
+                  models/notes.txt.gguf holds no model files (tried gguf: a folder of *.gguf (built-in); mlx: a folder of config.json + *.safetensors (built-in))
             "#]],
         );
     }
@@ -782,6 +1062,7 @@ mod tests {
             ",
             expect![[r#"
                 ok  gguf  4 B  folder  models/ok.gguf
+                  files [ok.gguf] by gguf: *.gguf (built-in)
                 rejected missing
                   cannot read model dir missing: No such file or directory; fix the path or remove it from model_dirs in config.toml
                 rejected models/dangling
@@ -810,10 +1091,13 @@ mod tests {
             ",
             expect![[r#"
                 broken  gguf  4 B  folder  second/broken.gguf
+                  files [broken.gguf] by gguf: *.gguf (built-in)
                 llama  gguf  4 B  folder  first/llama
+                  files [model.gguf] by gguf: a folder of *.gguf (built-in)
                 qwen  mlx  10 B  folder  first/qwen
+                  files [config.json, model.safetensors] by mlx: a folder of config.json + *.safetensors (built-in)
                 rejected first/broken
-                  first/broken holds no model files (expected config.json + *.safetensors, or a .gguf file)
+                  first/broken holds no model files (tried gguf: a folder of *.gguf (built-in); mlx: a folder of config.json + *.safetensors (built-in))
                 rejected first/llama.gguf
                   first/llama.gguf is also called 'llama', and first/llama was found first (model dirs are searched in order, each in name order); rename or remove one of them
                 rejected hf/hub/models--qwen/snapshots/1
@@ -835,11 +1119,143 @@ mod tests {
             hub/models--org--c/snapshots/1/c.gguf = GGUF
             ",
         );
-        let discovery = discover(&[temp.path().join("models"), temp.path().join("hub")]);
+        let dirs = [temp.path().join("models"), temp.path().join("hub")];
+        let discovery = discover(&dirs, &builtin_rules());
         let found = |id| discovery.find(id).map(|m| m.id.as_str());
         assert_eq!(found("a"), Some("a"));
         assert_eq!(found("org/c"), Some("org/c"));
         assert_eq!(found("c"), None);
         assert_eq!(found("z"), None);
+    }
+
+    #[test]
+    fn the_builtin_rules_are_valid_declarations() {
+        for rule in builtin_rules() {
+            rule.spec.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn gguf_files_must_start_with_the_magic() {
+        check(
+            &["models"],
+            "
+            models/good.gguf = GGUF weights
+            models/pointer.gguf = version https://git-lfs.github.com/spec/v1
+            models/short.gguf = GG
+            models/folder/model.gguf = ggml
+            ",
+            expect![[r#"
+                good  gguf  12 B  folder  models/good.gguf
+                  files [good.gguf] by gguf: *.gguf (built-in)
+                rejected models/folder
+                  models/folder/model.gguf does not start with GGUF's magic 'GGUF'; it is not a GGUF file (a Git LFS pointer?), download the model again
+                rejected models/pointer.gguf
+                  models/pointer.gguf does not start with GGUF's magic 'GGUF'; it is not a GGUF file (a Git LFS pointer?), download the model again
+                rejected models/short.gguf
+                  models/short.gguf is shorter than GGUF's 4-byte magic; the download may be incomplete, download the model again
+            "#]],
+        );
+    }
+
+    const TOY: &str = r#"
+        [[recognize]]
+        format = "toy"
+        file = "*.toy"
+
+        [[recognize]]
+        format = "toy"
+        folder = ["*.toy", "vocab.txt"]
+        files = ["*.toy", "vocab.txt"]
+        checks = { "vocab.txt" = "json" }
+    "#;
+
+    #[test]
+    fn plugins_teach_formats_by_file_pattern_and_folder_signature() {
+        check_with(
+            &[("toy-plugin", TOY)],
+            &["models"],
+            "
+            models/hello.toy = TOY1 hello
+            models/shelf/a.toy = TOY1 a
+            models/shelf/vocab.txt = [\"a\"]
+            models/shelf/notes.md = not needed by the engine
+            models/shelf/sub/
+            models/half/a.toy = TOY1 a
+            models/bad-vocab/b.toy = TOY1 b
+            models/bad-vocab/vocab.txt = not json
+            models/notes.txt = not a model, skipped
+            models/empty/
+            ",
+            expect![[r#"
+                hello  toy  10 B  folder  models/hello.toy
+                  files [hello.toy] by toy: *.toy (toy-plugin)
+                shelf  toy  11 B  folder  models/shelf
+                  files [a.toy, vocab.txt] by toy: a folder of *.toy + vocab.txt (toy-plugin)
+                rejected models/bad-vocab
+                  models/bad-vocab/vocab.txt is not valid JSON (expected ident at line 1 column 2); fix the file or download the model again
+                rejected models/empty
+                  models/empty holds no model files (tried gguf: a folder of *.gguf (built-in); mlx: a folder of config.json + *.safetensors (built-in); toy: a folder of *.toy + vocab.txt (toy-plugin))
+                rejected models/half
+                  models/half has *.toy but no vocab.txt, which the rule toy: a folder of *.toy + vocab.txt (toy-plugin) needs; the download may be incomplete: download the model again or copy the missing files into the folder
+            "#]],
+        );
+    }
+
+    #[test]
+    fn conflicting_rules_are_reported_and_the_rest_still_recognise() {
+        let same_as_builtin = r#"
+            [[recognize]]
+            format = "gguf"
+            file = "*.gguf"
+        "#;
+        let steals_gguf = r#"
+            [[recognize]]
+            format = "ggml"
+            file = "*.gguf"
+        "#;
+        let other_toy = r#"
+            [[recognize]]
+            format = "toy2"
+            folder = ["vocab.txt", "*.toy"]
+        "#;
+        check_with(
+            &[
+                ("llama", same_as_builtin),
+                ("thief", steals_gguf),
+                ("toy-plugin", TOY),
+                ("toy-two", other_toy),
+            ],
+            &["models"],
+            "
+            models/tiny.gguf = GGUF
+            models/hello.toy = TOY1 hello
+            models/shelf/a.toy = TOY1 a
+            models/shelf/vocab.txt = []
+            ",
+            expect![[r#"
+                conflict: recognition rule '*.gguf' is declared for different formats (built-in, llama → gguf; thief → ggml); the built-in rule is kept and the plugins' are ignored
+                conflict: recognition rule 'a folder of *.toy + vocab.txt' is declared for different formats (toy-plugin → toy; toy-two → toy2); the rule is ignored until the plugins agree
+                hello  toy  10 B  folder  models/hello.toy
+                  files [hello.toy] by toy: *.toy (toy-plugin)
+                tiny  gguf  4 B  folder  models/tiny.gguf
+                  files [tiny.gguf] by gguf: *.gguf (built-in, llama)
+                rejected models/shelf
+                  models/shelf holds no model files (tried gguf: a folder of *.gguf (built-in); mlx: a folder of config.json + *.safetensors (built-in))
+            "#]],
+        );
+    }
+
+    #[test]
+    fn recognize_says_which_rules_were_tried() {
+        let temp = tempfile::tempdir().unwrap();
+        build(temp.path(), "notes.txt = hi\nhello.toy = TOY1\n");
+        let rules = builtin_rules();
+        let error = recognize(&temp.path().join("notes.txt"), &rules).unwrap_err();
+        let error = error.replace(&temp.path().display().to_string(), "$TMP");
+        expect!["$TMP/notes.txt is not a model: no rule recognises the file (tried gguf: *.gguf (built-in))"].assert_eq(&error);
+        let error = recognize(temp.path(), &rules).unwrap_err();
+        let error = error.replace(&temp.path().display().to_string(), "$TMP");
+        expect!["$TMP holds no model files (tried gguf: a folder of *.gguf (built-in); mlx: a folder of config.json + *.safetensors (built-in))"].assert_eq(&error);
     }
 }

@@ -20,7 +20,7 @@ use tempfile::TempDir;
 #[derive(Debug)]
 pub struct PluginFolder {
     path: PathBuf,
-    _scratch: Option<TempDir>,
+    scratch: Option<TempDir>,
 }
 
 /// Which cargo profile builds a plugin crate.
@@ -38,30 +38,59 @@ impl PluginFolder {
         &self.path
     }
 
+    /// Whether the folder was assembled from a crate's build.
+    pub fn assembled(&self) -> bool {
+        self.scratch.is_some()
+    }
+
     /// The plugin folder `dir`, as it is.
     pub fn existing(dir: &Path) -> PluginFolder {
         PluginFolder {
             path: dir.to_path_buf(),
-            _scratch: None,
+            scratch: None,
         }
     }
 
     /// `dir` as a plugin folder: `dir` itself when it holds its artifact;
     /// otherwise, when it is a crate (`Cargo.toml` beside `plugin.toml`),
     /// the crate built with `profile` and assembled into a scratch folder.
-    pub fn open(dir: &Path, profile: Profile) -> Result<PluginFolder, String> {
-        if is_crate(dir) && !artifact_present(dir) {
-            return PluginFolder::build(dir, profile);
+    ///
+    /// `kind` builds a crate as that kind of plugin whatever its
+    /// `plugin.toml` says (one source can be a native and a WebAssembly
+    /// plugin); the assembled `plugin.toml` then says `kind = "…"` too. A
+    /// built folder is one kind: asking it for the other is an error.
+    pub fn open(
+        dir: &Path,
+        profile: Profile,
+        kind: Option<PluginKind>,
+    ) -> Result<PluginFolder, String> {
+        let declared = Manifest::from_dir(dir).ok().map(|m| m.kind);
+        let other_kind = kind.is_some() && kind != declared;
+        if is_crate(dir) && (other_kind || !artifact_present(dir)) {
+            return PluginFolder::build(dir, profile, kind);
         }
-        Ok(PluginFolder::existing(dir))
+        match (kind, declared) {
+            (Some(kind), Some(declared)) if kind != declared => Err(format!(
+                "{} is a built {declared} plugin folder; to check or pack the {kind} plugin, give the crate's folder with --kind {kind}",
+                dir.display()
+            )),
+            _ => Ok(PluginFolder::existing(dir)),
+        }
     }
 
-    /// Builds the plugin crate in `crate_dir` with cargo and assembles its
-    /// plugin folder (the crate's `plugin.toml` and the library cargo
-    /// built) in a scratch folder.
-    pub fn build(crate_dir: &Path, profile: Profile) -> Result<PluginFolder, String> {
-        let manifest = Manifest::from_dir(crate_dir)
-            .map_err(|e| format!("{}: {e}", crate_dir.join(MANIFEST_FILE).display()))?;
+    /// Builds the plugin crate in `crate_dir` with cargo, as `kind` (default:
+    /// its `plugin.toml`'s), and assembles its plugin folder (the crate's
+    /// `plugin.toml` and the library cargo built) in a scratch folder.
+    pub fn build(
+        crate_dir: &Path,
+        profile: Profile,
+        kind: Option<PluginKind>,
+    ) -> Result<PluginFolder, String> {
+        let manifest_path = crate_dir.join(MANIFEST_FILE);
+        let mut manifest = Manifest::from_dir(crate_dir)
+            .map_err(|e| format!("{}: {e}", manifest_path.display()))?;
+        let declared = manifest.kind;
+        manifest.kind = kind.unwrap_or(declared);
         let library = cargo_build(crate_dir, manifest.kind, profile)?;
         let wanted = manifest.artifact_file_name();
         let built = library
@@ -85,13 +114,55 @@ impl PluginFolder {
                 .map_err(|e| format!("cannot copy {}: {e}", from.display()))
         };
         std::fs::create_dir(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-        copy(&crate_dir.join(MANIFEST_FILE), MANIFEST_FILE)?;
+        if manifest.kind == declared {
+            copy(&manifest_path, MANIFEST_FILE)?;
+        } else {
+            let text = with_kind(&manifest_path, manifest.kind)?;
+            let to = path.join(MANIFEST_FILE);
+            std::fs::write(&to, text).map_err(|e| format!("cannot write {}: {e}", to.display()))?;
+        }
         copy(&library, &wanted)?;
+        // The conformance fixture lives in the crate; the suite reports it
+        // when it is missing.
+        if let Some(fixture) = &manifest.conformance.fixture {
+            let from = crate_dir.join(fixture);
+            if from.exists() {
+                copy_tree(&from, &path.join(fixture))?;
+            }
+        }
         Ok(PluginFolder {
             path,
-            _scratch: Some(scratch),
+            scratch: Some(scratch),
         })
     }
+}
+
+/// Copies the file or folder `from` to `to`, making parent folders.
+fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
+    let fail = |e: std::io::Error| format!("cannot copy {}: {e}", from.display());
+    if let Some(parent) = to.parent() {
+        std::fs::create_dir_all(parent).map_err(fail)?;
+    }
+    if !from.is_dir() {
+        return std::fs::copy(from, to).map(drop).map_err(fail);
+    }
+    std::fs::create_dir_all(to).map_err(fail)?;
+    for entry in std::fs::read_dir(from).map_err(fail)? {
+        let entry = entry.map_err(fail)?;
+        copy_tree(&entry.path(), &to.join(entry.file_name()))?;
+    }
+    Ok(())
+}
+
+/// The text of the manifest at `path` with `kind` set, comments kept.
+fn with_kind(path: &Path, kind: PluginKind) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut doc: toml_edit::DocumentMut = text
+        .parse()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    doc["kind"] = toml_edit::value(kind.to_string());
+    Ok(doc.to_string())
 }
 
 fn is_crate(dir: &Path) -> bool {

@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::settings::SettingsStore;
 use hangar_engine::config::{self, Config};
+use hangar_engine::models::{self, Model};
 use hangar_engine::platform;
 use hangar_engine::registry::report::{plugins_report, PluginsReport};
 use hangar_engine::registry::resolve::{Resolution, Verdict};
@@ -266,14 +267,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Resolve { model } => {
-            let format = format_of(&model)?;
+            let recognized = recognized(&model, &registry)?;
+            let format = recognized.as_ref().map_or(model, |m| m.format.clone());
             let settings =
                 SettingsStore::open(config::settings_path(cli.global.config.as_deref()))?;
             let resolution = registry.resolve(&format, &settings.get().default_engines);
-            print(cli.global.json, &resolution, || {
-                resolution_table(&resolution)
-            });
-            Ok(if resolution.chosen.is_some() {
+            let answer = ResolveAnswer {
+                model: recognized,
+                resolution,
+            };
+            print(cli.global.json, &answer, || resolution_table(&answer));
+            Ok(if answer.resolution.chosen.is_some() {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(2)
@@ -288,16 +292,29 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// A model folder's format, or the argument itself when it names a format.
-fn format_of(model: &str) -> anyhow::Result<String> {
+/// `hangar resolve`'s answer: the model a path is (with the rule that
+/// recognised it), and the resolution of its format.
+#[derive(Serialize)]
+struct ResolveAnswer {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<Model>,
+    #[serde(flatten)]
+    resolution: Resolution,
+}
+
+/// The model at path `model` as the registry's rules recognise it, `None`
+/// when the argument names a format, or why the path is not a model.
+fn recognized(model: &str, registry: &Registry) -> anyhow::Result<Option<Model>> {
     let path = std::path::Path::new(model);
     if path.exists() {
-        return hangar_engine::models::detect_format(path).map_err(anyhow::Error::msg);
+        return models::recognize(path, registry.rules())
+            .map(Some)
+            .map_err(anyhow::Error::msg);
     }
     if model.contains(['/', '\\']) {
-        anyhow::bail!("model folder {model} does not exist");
+        anyhow::bail!("model {model} does not exist");
     }
-    Ok(model.to_string())
+    Ok(None)
 }
 
 fn print<T: Serialize>(json: bool, value: &T, human: impl FnOnce() -> String) {
@@ -338,6 +355,13 @@ fn plugins_table(report: &PluginsReport) -> String {
         for off in &row.capabilities_off {
             notes.push(format!("{}: off: {off}", row.id));
         }
+        if !row.recognizes.is_empty() {
+            notes.push(format!(
+                "{}: recognises {}",
+                row.id,
+                row.recognizes.join("; ")
+            ));
+        }
     }
     let mut out = format!("platform: {}\n{t}", report.platform);
     for note in notes.iter().chain(&report.registry_errors) {
@@ -346,8 +370,18 @@ fn plugins_table(report: &PluginsReport) -> String {
     out
 }
 
-fn resolution_table(r: &Resolution) -> String {
+fn resolution_table(answer: &ResolveAnswer) -> String {
+    let r = &answer.resolution;
     let mut out = String::new();
+    if let Some(m) = &answer.model {
+        out.push_str(&format!(
+            "model: {} ({}, rule {}; files: {})\n",
+            m.id,
+            m.path.display(),
+            m.rule,
+            m.files.join(", ")
+        ));
+    }
     if let Some(alias) = &r.alias {
         out.push_str(&format!("alias: {alias}\n"));
     }

@@ -161,7 +161,15 @@ pub struct Installed {
 }
 
 /// Checks the package `file` and unpacks it into `plugins_dir/ID`.
-pub fn install(file: &Path, plugins_dir: &Path, force: bool) -> Result<Installed, PackageError> {
+/// `approve` sees the checked manifest before anything is written (the
+/// command line lists the programs the plugin may run and asks); its error
+/// cancels the installation.
+pub fn install(
+    file: &Path,
+    plugins_dir: &Path,
+    force: bool,
+    approve: impl FnOnce(&Manifest) -> Result<(), String>,
+) -> Result<Installed, PackageError> {
     let (id, files) = read_package(file)?;
     let refused = |reason: String| PackageError::Refused(format!("{}: {reason}", file.display()));
     let sums = files
@@ -190,6 +198,7 @@ pub fn install(file: &Path, plugins_dir: &Path, force: bool) -> Result<Installed
             "plugin.toml names the artifact {artifact}, which the package lacks (it was packed on another platform?)"
         )));
     }
+    approve(&manifest).map_err(PackageError::Refused)?;
 
     std::fs::create_dir_all(plugins_dir).map_err(io("cannot create", plugins_dir))?;
     let target = plugins_dir.join(&id);

@@ -140,7 +140,7 @@ fn probe_with_an_unreadable_version_keeps_the_engine_with_capabilities_off() {
             version: None
             program: Some("/venv/bin/python")
             device: Some("cpu")
-            detail: version '0.33.0.dev20261101' is not semver; gated capabilities off
+            detail: version '0.33.0.dev20261101' is not MAJOR[.MINOR[.PATCH]][-PRE]; version unknown, gated capabilities off
         "#]],
     );
     check_probe(

@@ -28,6 +28,14 @@
 //! in [`CHECKS`]; `hangar plugin check DIR` runs the same suite from the
 //! command line.
 //!
+//! The suite tests the plugin with its fixture: a small real model the
+//! manifest names (`[conformance] fixture = "fixtures/hello.toy"`, relative
+//! to the crate) or [`PluginTest::with_fixture`] gives. It must be a model
+//! the host's and the plugin's recognition rules (`[[recognize]]`)
+//! recognise; plans are checked against its real files, and when the
+//! engine is installed the suite serves it and sends one chat request,
+//! streamed and not (`serves_fixture`).
+//!
 //! Beyond the suite, [`PluginTest`] calls the plugin through the ABI as the
 //! host would ([`PluginTest::probe`], [`PluginTest::load_request`],
 //! [`PluginTest::plan_launch`], [`PluginTest::load_in_process`]), for a

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 
 use hangar_plugin_api::manifest::MANIFEST_FILE;
 use hangar_plugin_api::wire::{LaunchPlan, LoadRequest, ProbeInput, ProbeReport, ProbeRun};
-use hangar_plugin_api::{Accelerator, Manifest};
-use semver::Version;
+use hangar_plugin_api::{Accelerator, Manifest, PluginKind};
 use serde_json::Value;
 
 use crate::loader::native::InProcessEngine;
 use crate::loader::LoadedPlugin;
+use crate::models::{self, Model, Rule};
 use crate::plugin_folder::{PluginFolder, Profile};
 use crate::registry::{self, LoadFailure};
 
@@ -32,6 +32,10 @@ pub struct Limits {
     pub generate: Duration,
     /// From the sink answering `Stop` to `generate` returning. Default 2 s.
     pub stop: Duration,
+    /// From starting the planned engine for the fixture to its readiness
+    /// (`serves_fixture`; at most the plan's own start timeout). Default
+    /// 60 s.
+    pub serve: Duration,
 }
 
 impl Default for Limits {
@@ -40,6 +44,7 @@ impl Default for Limits {
             call: Duration::from_secs(10),
             generate: Duration::from_secs(60),
             stop: Duration::from_secs(2),
+            serve: Duration::from_secs(60),
         }
     }
 }
@@ -66,7 +71,7 @@ pub struct PluginTest {
     manifest: Result<Manifest, String>,
     plugin: Option<Result<LoadedPlugin, LoadFailure>>,
     settings: BTreeMap<String, Value>,
-    model: Option<PathBuf>,
+    fixture: Option<PathBuf>,
     limits: Limits,
     scratch: tempfile::TempDir,
 }
@@ -84,14 +89,26 @@ impl PluginTest {
     /// the build does; anything wrong with the plugin itself is reported by
     /// the conformance suite.
     pub fn build(crate_dir: impl AsRef<Path>) -> Result<PluginTest, String> {
-        PluginFolder::build(crate_dir.as_ref(), Profile::Dev).map(PluginTest::load)
+        PluginFolder::build(crate_dir.as_ref(), Profile::Dev, None).map(PluginTest::load)
+    }
+
+    /// [`PluginTest::build`] as `kind`, whatever `plugin.toml` says: a crate
+    /// that ships as a native and a WebAssembly plugin tests both
+    /// (`PluginKind::Wasm` needs the test kit's `wasm` feature and the
+    /// `wasm32-unknown-unknown` target).
+    pub fn build_as(crate_dir: impl AsRef<Path>, kind: PluginKind) -> Result<PluginTest, String> {
+        PluginFolder::build(crate_dir.as_ref(), Profile::Dev, Some(kind)).map(PluginTest::load)
     }
 
     /// Loads a plugin folder as [`PluginTest::new`] does, or a crate as
-    /// [`PluginTest::build`] does but with `profile` (what `hangar plugin
-    /// check` uses).
-    pub fn open(dir: &Path, profile: Profile) -> Result<PluginTest, String> {
-        PluginFolder::open(dir, profile).map(PluginTest::load)
+    /// [`PluginTest::build`] does but with `profile`, and as `kind` when
+    /// given (what `hangar plugin check` uses).
+    pub fn open(
+        dir: &Path,
+        profile: Profile,
+        kind: Option<PluginKind>,
+    ) -> Result<PluginTest, String> {
+        PluginFolder::open(dir, profile, kind).map(PluginTest::load)
     }
 
     fn load(folder: PluginFolder) -> PluginTest {
@@ -105,7 +122,7 @@ impl PluginTest {
             manifest,
             plugin,
             settings: BTreeMap::new(),
-            model: None,
+            fixture: None,
             limits: Limits::default(),
             scratch: tempfile::Builder::new()
                 .prefix("hangar-conformance-")
@@ -122,12 +139,89 @@ impl PluginTest {
         self
     }
 
-    /// A real model folder for the representative load request, instead of
-    /// a scratch folder holding only a `config.json`. In-process engines
-    /// need one to pass the generation checks.
-    pub fn with_model(mut self, dir: impl Into<PathBuf>) -> PluginTest {
-        self.model = Some(dir.into());
+    /// A representative model (a file or folder) for the suite, instead of
+    /// the one `plugin.toml` declares (`[conformance] fixture`). The suite
+    /// recognises it with the built-in and the plugin's rules, plans
+    /// against it with its real files as `model_files`, and serves it when
+    /// the engine is installed. In-process engines need one to pass the
+    /// generation checks.
+    pub fn with_fixture(mut self, path: impl Into<PathBuf>) -> PluginTest {
+        self.fixture = Some(path.into());
         self
+    }
+
+    /// The fixture: [`PluginTest::with_fixture`]'s, else the manifest's
+    /// `[conformance] fixture` in the plugin folder.
+    pub fn fixture(&self) -> Option<PathBuf> {
+        self.fixture.clone().or_else(|| {
+            let declared = self.manifest.as_ref().ok()?.conformance.fixture.as_ref()?;
+            Some(self.dir().join(declared))
+        })
+    }
+
+    /// The recognition rules the host would use with only this plugin
+    /// installed: the built-in ones and the plugin's, merged as the
+    /// registry merges them.
+    pub fn rules(&self) -> Result<Vec<Rule>, String> {
+        let manifest = self.manifest()?;
+        let (rules, conflicts) =
+            crate::models::merge_rules([(manifest.id.as_str(), manifest.recognize.as_slice())]);
+        match conflicts.first() {
+            Some(conflict) => Err(conflict.clone()),
+            None => Ok(rules),
+        }
+    }
+
+    /// The fixture as the host recognises it, or why it is not a model
+    /// this plugin serves; `None` without a fixture.
+    pub fn fixture_model(&self) -> Option<Result<Model, String>> {
+        let path = self.fixture()?;
+        let recognized = || -> Result<Model, String> {
+            let manifest = self.manifest()?;
+            if !path.exists() {
+                return Err(format!(
+                    "the fixture {} does not exist{}",
+                    path.display(),
+                    match self.fixture {
+                        Some(_) => "",
+                        None =>
+                            "; put the model there or fix `[conformance] fixture` in plugin.toml",
+                    }
+                ));
+            }
+            let model = models::recognize(&path, &self.rules()?)?;
+            let canonical = manifest
+                .aliases
+                .get(&model.format)
+                .map(String::as_str)
+                .or_else(|| {
+                    registry::BUILTIN_ALIASES
+                        .iter()
+                        .find(|(alias, _)| *alias == model.format)
+                        .map(|(_, target)| *target)
+                })
+                .unwrap_or(&model.format);
+            if !manifest.formats.iter().any(|f| f == canonical) {
+                return Err(format!(
+                    "the fixture {} is a '{}' model (rule {}), a format the plugin does not serve ([{}])",
+                    path.display(),
+                    model.format,
+                    model.rule,
+                    manifest.formats.join(", ")
+                ));
+            }
+            Ok(model)
+        };
+        Some(recognized())
+    }
+
+    /// Whether the fixture is the manifest's, absent from a plugin folder
+    /// taken as it is: an installed plugin, whose package carries no
+    /// fixture (in a crate, a missing fixture is the author's to fix).
+    pub fn fixture_left_out(&self) -> bool {
+        self.fixture.is_none()
+            && !self.folder.assembled()
+            && self.fixture().is_some_and(|path| !path.exists())
     }
 
     /// Other time limits than [`Limits::default`].
@@ -177,8 +271,21 @@ impl PluginTest {
     /// found and run by the host's own code under the manifest's timeout,
     /// then the plugin's `probe()`, which must answer within
     /// [`Limits::call`].
+    /// A shell or interpreter the settings do not allow is not run: the
+    /// host's refusal comes back as the error.
     pub fn probe(&self) -> Result<ProbeReport, String> {
+        self.probe_traced().map(|(_, report)| report)
+    }
+
+    /// [`PluginTest::probe`], with what running the probe program gave.
+    pub(super) fn probe_traced(&self) -> Result<(Option<ProbeRun>, ProbeReport), String> {
         let manifest = self.manifest()?.clone();
+        if let Some(refusal) = registry::programs::refused_interpreters(&manifest, &self.settings) {
+            return Err(format!(
+                "the host refuses plugin '{}': {refusal}",
+                manifest.id
+            ));
+        }
         let configured = self
             .settings
             .get("program")
@@ -187,13 +294,15 @@ impl PluginTest {
         let settings = self.settings.clone();
         let plugin = self.plugin()?;
         let limit = manifest.probe.timeout() + self.limits.call;
-        bounded("probe()", limit, move || {
+        let (run, report) = bounded("probe()", limit, move || {
             let input = ProbeInput {
                 run: registry::probe::run(&manifest.probe, configured.as_deref()),
                 settings,
             };
-            plugin.probe(&input)
-        })?
+            let report = plugin.probe(&input);
+            (input.run, report)
+        })?;
+        Ok((run, report?))
     }
 
     /// Calls the plugin's `probe()` with `run` as the probe program's
@@ -207,17 +316,34 @@ impl PluginTest {
         bounded("probe()", self.limits.call, move || plugin.probe(&input))?
     }
 
-    /// A load request like the host's for a model of the manifest's first
-    /// format: the model folder of [`PluginTest::with_model`] (or a
-    /// scratch folder with a small `config.json`), the accelerator this
+    /// A load request like the host's for the fixture (see
+    /// [`PluginTest::fixture_model`]: its path, format and the files its
+    /// rule names), or without one for a scratch model of the manifest's
+    /// first format (a folder with a small `config.json`), the accelerator this
     /// machine and the manifest agree on, `engine` as the probe's report,
     /// the capabilities its version turns on, no model settings, the
     /// operator's plugin settings, and loopback port 18080.
     pub fn load_request(&self, engine: ProbeReport) -> Result<LoadRequest, String> {
         let manifest = self.manifest()?;
-        let model = match &self.model {
-            Some(dir) => dir.clone(),
-            None => self.scratch_model(&manifest.formats[0])?,
+        let fixture = match self.fixture_left_out() {
+            true => None,
+            false => self.fixture_model(),
+        };
+        let (model, model_files, format) = match fixture {
+            Some(Ok(model)) => (model.path, model.files, model.format),
+            Some(Err(reason)) => return Err(reason),
+            None => {
+                let format = manifest.formats[0].clone();
+                let dir = self.scratch_model(&format)?;
+                let files = std::fs::read_dir(&dir)
+                    .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+                    .filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .into_iter()
+                    .collect();
+                (dir, files, format)
+            }
         };
         let work_dir = self.scratch.path().join("work");
         std::fs::create_dir_all(&work_dir)
@@ -233,7 +359,7 @@ impl PluginTest {
         let version = engine
             .version
             .as_deref()
-            .and_then(|v| Version::parse(v.trim().trim_start_matches('v')).ok());
+            .and_then(hangar_plugin_api::read_engine_version);
         let capabilities = registry::gate(&manifest.id, &manifest.capabilities, version.as_ref())
             .into_iter()
             .filter(|(_, state)| state.is_on())
@@ -242,8 +368,8 @@ impl PluginTest {
         Ok(LoadRequest {
             model_id: "conformance-model".into(),
             model_path: model.display().to_string(),
-            model_files: crate::models::files(&model),
-            format: manifest.formats[0].clone(),
+            model_files,
+            format,
             accelerator,
             engine,
             capabilities,
@@ -274,8 +400,6 @@ impl PluginTest {
         })?
     }
 
-    /// A model folder with only a `config.json` (a two-layer Llama's), for
-    /// plugins that plan without reading weights.
     /// A scratch model folder: a small `config.json`, and for `gguf` a
     /// `model.gguf` that holds only the format's magic (plugins plan, they
     /// do not read weights).

@@ -7,6 +7,7 @@
 
 mod capabilities;
 pub mod probe;
+pub mod programs;
 pub mod report;
 pub mod resolve;
 
@@ -24,6 +25,7 @@ pub use capabilities::{gate, CapabilityState};
 
 use crate::config::Config;
 use crate::loader::LoadedPlugin;
+use crate::models::{merge_rules, Rule};
 
 /// Format aliases every host knows, before plugins add theirs.
 pub const BUILTIN_ALIASES: &[(&str, &str)] = &[("safetensors", "mlx")];
@@ -98,6 +100,7 @@ pub struct Registry {
     plugins: Vec<PluginEntry>,
     diagnostics: Vec<Diagnostic>,
     aliases: BTreeMap<String, Alias>,
+    rules: Vec<Rule>,
 }
 
 impl Registry {
@@ -160,12 +163,14 @@ impl Registry {
             }
         }
         let aliases = build_aliases(&plugins, &mut diagnostics);
+        let rules = build_rules(&plugins, &mut diagnostics);
         Registry {
             platform,
             config,
             plugins,
             diagnostics,
             aliases,
+            rules,
         }
     }
 
@@ -197,6 +202,13 @@ impl Registry {
     /// The alias table: alias → canonical format.
     pub fn aliases(&self) -> &BTreeMap<String, Alias> {
         &self.aliases
+    }
+
+    /// The recognition rules models are found with: the built-in ones,
+    /// then plugins' in scan order, conflicts left out (see
+    /// [`crate::models`]).
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
     }
 
     /// The canonical name of `format`.
@@ -246,29 +258,6 @@ impl Registry {
         }
         Err(reason)
     }
-}
-
-/// The host's one rule for launch plans: it runs the program the probe
-/// resolved, or a program `plugin.toml` declares, and nothing else. Returns
-/// the refusal (`names program 'x', which plugin.toml does not declare
-/// (declared: …)`) for anything else.
-pub fn undeclared_program(
-    manifest: &Manifest,
-    probed: Option<&str>,
-    program: &str,
-) -> Option<String> {
-    if probed == Some(program) || manifest.allowed_programs().any(|p| p == program) {
-        return None;
-    }
-    let declared: Vec<&str> = manifest.allowed_programs().collect();
-    Some(format!(
-        "names program '{program}', which plugin.toml does not declare (declared: {})",
-        if declared.is_empty() {
-            "none".to_string()
-        } else {
-            declared.join(", ")
-        }
-    ))
 }
 
 fn read_plugin(folder: &Path, platform: &Platform) -> Result<PluginEntry, String> {
@@ -369,6 +358,20 @@ fn build_aliases(
     aliases
 }
 
+fn build_rules(plugins: &[PluginEntry], diagnostics: &mut Vec<Diagnostic>) -> Vec<Rule> {
+    let (rules, conflicts) = merge_rules(
+        plugins
+            .iter()
+            .map(|p| (p.manifest.id.as_str(), p.manifest.recognize.as_slice())),
+    );
+    diagnostics.extend(conflicts.into_iter().map(|reason| Diagnostic {
+        location: PathBuf::from("<registry>"),
+        plugin: None,
+        reason,
+    }));
+    rules
+}
+
 /// The step at which loading a plugin's code failed (see [`load_plugin`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -428,6 +431,11 @@ fn load_and_probe(entry: &PluginEntry, config: &Config) -> EngineState {
         Err(failure) => return EngineState::Broken(failure.reason),
     };
     let settings = config.plugin_settings(&manifest.id);
+    // A shell or interpreter the operator did not allow is never run, not
+    // even to probe it.
+    if let Some(reason) = programs::refused_interpreters(manifest, &settings) {
+        return EngineState::Unavailable { plugin, reason };
+    }
     let configured = settings.get("program").and_then(|v| v.as_str());
     let input = ProbeInput {
         run: probe::run(&manifest.probe, configured),
@@ -447,7 +455,7 @@ fn load_and_probe(entry: &PluginEntry, config: &Config) -> EngineState {
     let version = report
         .version
         .as_deref()
-        .and_then(|v| Version::parse(v.trim().trim_start_matches('v')).ok());
+        .and_then(hangar_plugin_api::read_engine_version);
     let capabilities = gate(&manifest.id, &manifest.capabilities, version.as_ref());
     EngineState::Ready(Engine {
         plugin,

@@ -31,6 +31,8 @@ pub struct PluginRow {
     pub capabilities_off: Vec<String>,
     /// Why the plugin is not ready, or a note from its probe.
     pub detail: Option<String>,
+    /// The recognition rules the manifest declares (`toy: *.toy`).
+    pub recognizes: Vec<String>,
 }
 
 /// `hangar plugins`, as data.
@@ -62,6 +64,11 @@ pub fn plugins_report(registry: &Registry) -> PluginsReport {
                 capabilities_on: Vec::new(),
                 capabilities_off: Vec::new(),
                 detail: None,
+                recognizes: m
+                    .recognize
+                    .iter()
+                    .map(|r| format!("{}: {}", r.format, r.describe()))
+                    .collect(),
             };
             if entry.accelerator.is_none() {
                 row.status = "unsupported-platform";
@@ -119,6 +126,7 @@ pub fn plugins_report(registry: &Registry) -> PluginsReport {
             capabilities_on: Vec::new(),
             capabilities_off: Vec::new(),
             detail: Some(d.reason.clone()),
+            recognizes: Vec::new(),
         });
     }
     PluginsReport {

@@ -63,8 +63,20 @@ pub(super) async fn resolve(
     let model = discovery.find(&q.model).cloned();
     let format = match &model {
         Some(m) => m.format.clone(),
-        None if q.model.contains('/') => return Err(ApiError::model_not_found(&q.model, &[])),
-        None => q.model.clone(),
+        None => {
+            // A folder or file of that name that is not a model: say why
+            // (which rules were tried).
+            if let Some(reason) = super::not_a_model(&discovery, &q.model) {
+                return Err(ApiError::not_found(format!(
+                    "model '{}' cannot be served: {reason}",
+                    q.model
+                )));
+            }
+            if q.model.contains('/') {
+                return Err(ApiError::model_not_found(&q.model, &[]));
+            }
+            q.model.clone()
+        }
     };
     let registry = app.sessions.registry().clone();
     let defaults = app.sessions.settings().get().default_engines;
@@ -93,7 +105,11 @@ pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
             json!({ "model": m, "state": state, "session": session })
         })
         .collect();
-    Json(json!({ "models": models, "not_models": discovery.rejected }))
+    Json(json!({
+        "models": models,
+        "not_models": discovery.rejected,
+        "rules": app.sessions.registry().rules(),
+    }))
 }
 
 /// `POST /api/models/{id}/load`.

@@ -53,10 +53,11 @@ pub(crate) struct App {
 }
 
 impl App {
-    /// Scans the model dirs.
+    /// Scans the model dirs with the registry's recognition rules.
     pub(crate) async fn discover(&self) -> Discovery {
         let dirs = self.model_dirs.clone();
-        tokio::task::spawn_blocking(move || discover(&dirs))
+        let registry = self.sessions.registry().clone();
+        tokio::task::spawn_blocking(move || discover(&dirs, registry.rules()))
             .await
             .unwrap_or_default()
     }
@@ -68,18 +69,27 @@ impl App {
         if let Some(model) = discovery.find(id) {
             return Ok(model.clone());
         }
-        if let Some(bad) = discovery.rejected.iter().find(|r| {
-            r.path.file_name().and_then(|n| n.to_str()) == Some(id)
-                || r.path.file_stem().and_then(|n| n.to_str()) == Some(id)
-        }) {
+        if let Some(reason) = not_a_model(&discovery, id) {
             return Err(ApiError::not_found(format!(
-                "model '{id}' cannot be served: {}",
-                bad.reason
+                "model '{id}' cannot be served: {reason}"
             )));
         }
         let ids: Vec<String> = discovery.models.iter().map(|m| m.id.clone()).collect();
         Err(ApiError::model_not_found(id, &ids))
     }
+}
+
+/// Why the folder or file a client called `id` is not a model, if one of
+/// that name was rejected.
+pub(crate) fn not_a_model<'a>(discovery: &'a Discovery, id: &str) -> Option<&'a str> {
+    discovery
+        .rejected
+        .iter()
+        .find(|r| {
+            r.path.file_name().and_then(|n| n.to_str()) == Some(id)
+                || r.path.file_stem().and_then(|n| n.to_str()) == Some(id)
+        })
+        .map(|r| r.reason.as_str())
 }
 
 /// The router over `app`.

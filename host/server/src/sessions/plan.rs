@@ -72,7 +72,7 @@ pub(super) fn plan(
     let request = LoadRequest {
         model_id: model.id.clone(),
         model_path: model.path.display().to_string(),
-        model_files: hangar_engine::models::files(&model.path),
+        model_files: model.files.clone(),
         format: model.format.clone(),
         accelerator: entry
             .accelerator
@@ -155,10 +155,14 @@ pub(super) fn plan(
     // The host runs only programs the manifest declares: the probe's
     // resolved program, or a declared name found the same way.
     let probed = engine.report.program.as_deref();
-    if let Some(why) = hangar_engine::registry::undeclared_program(manifest, probed, &plan.program)
-    {
+    if let Some(why) = hangar_engine::registry::programs::undeclared_program(
+        manifest,
+        &plugin_settings,
+        probed,
+        &plan.program,
+    ) {
         return Err(plan_err(format!(
-            "the launch plan {why}; the host refuses to run it"
+            "the host refuses the launch plan: it {why}"
         )));
     }
     let program = if probed == Some(plan.program.as_str()) {

@@ -9,12 +9,17 @@ use std::path::Path;
 use expect_test::{expect, Expect};
 use hangar_engine::conformance::{self, Outcome, PluginTest};
 
-use crate::fixtures::{manifest, Scenario};
+use crate::fixtures::{allow_python, manifest, Scenario};
 
 /// Runs the suite on the plugin folder `dir`: each check's outcome, and
 /// each failure's verdict (passes say how long things took, which varies).
 fn check(s: &Scenario, dir: &Path, expected: Expect) {
-    let report = conformance::run(&PluginTest::new(dir));
+    check_test(s, &s.plugin_test(dir), expected)
+}
+
+/// [`check`] on a prepared [`PluginTest`].
+fn check_test(s: &Scenario, test: &PluginTest, expected: Expect) {
+    let report = conformance::run(test);
     let root = s.root.path().display().to_string();
     let mut out = format!("plugin {}\n", report.plugin);
     for c in &report.checks {
@@ -42,8 +47,10 @@ fn alpha(s: &Scenario) -> std::path::PathBuf {
     )
 }
 
-/// beta: plans `python3 -m http.server`; `programs` as given.
+/// beta: plans `python3 -m http.server`; `programs` as given, and the
+/// operator allows it python3.
 fn beta(s: &Scenario, programs: &str) -> std::path::PathBuf {
+    s.config(&allow_python(&["beta"]));
     let program = s.engine_program("beta-engine", "beta 0.9.0");
     let extra = format!(
         "programs = {programs}\n[probe]\nprogram = \"{}\"\n",
@@ -70,11 +77,13 @@ fn the_honest_examples_pass() {
             pass describe_matches_manifest
             pass probe_terminates
             pass probe_without_engine
+            skip fixture_recognized
             pass launch_plan_declared_programs
             skip engine_loads
             skip generate_one_outcome
             skip generate_stops_quickly
             pass errors_stay_errors
+            skip serves_fixture
         "#]],
     );
     check(
@@ -88,11 +97,13 @@ fn the_honest_examples_pass() {
             pass describe_matches_manifest
             pass probe_terminates
             pass probe_without_engine
+            skip fixture_recognized
             pass launch_plan_declared_programs
             skip engine_loads
             skip generate_one_outcome
             skip generate_stops_quickly
             pass errors_stay_errors
+            skip serves_fixture
         "#]],
     );
     let echo = s.plugin(
@@ -111,11 +122,13 @@ fn the_honest_examples_pass() {
             pass describe_matches_manifest
             pass probe_terminates
             skip probe_without_engine
+            skip fixture_recognized
             skip launch_plan_declared_programs
             pass engine_loads
             pass generate_one_outcome
             pass generate_stops_quickly
             pass errors_stay_errors
+            skip serves_fixture
         "#]],
     );
 }
@@ -139,11 +152,13 @@ fn a_panicking_plugin_fails_describe_answers() {
             skip describe_matches_manifest
             skip probe_terminates
             skip probe_without_engine
+            skip fixture_recognized
             skip launch_plan_declared_programs
             skip engine_loads
             skip generate_one_outcome
             skip generate_stops_quickly
             skip errors_stay_errors
+            skip serves_fixture
         "#]],
     );
 }
@@ -167,11 +182,13 @@ fn a_plugin_that_lies_fails_describe_matches_manifest() {
             FAIL describe_matches_manifest: the plugin's code disagrees with its plugin.toml (code vs manifest: formats [gguf] vs [mlx]); the plugin is refused
             skip probe_terminates
             skip probe_without_engine
+            skip fixture_recognized
             skip launch_plan_declared_programs
             skip engine_loads
             skip generate_one_outcome
             skip generate_stops_quickly
             skip errors_stay_errors
+            skip serves_fixture
         "#]],
     );
 }
@@ -195,11 +212,13 @@ fn broken_folders_fail_the_first_check_they_reach() {
             skip describe_matches_manifest
             skip probe_terminates
             skip probe_without_engine
+            skip fixture_recognized
             skip launch_plan_declared_programs
             skip engine_loads
             skip generate_one_outcome
             skip generate_stops_quickly
             skip errors_stay_errors
+            skip serves_fixture
         "#]],
     );
     let bad = s.plugin(
@@ -218,11 +237,13 @@ fn broken_folders_fail_the_first_check_they_reach() {
             skip describe_matches_manifest
             skip probe_terminates
             skip probe_without_engine
+            skip fixture_recognized
             skip launch_plan_declared_programs
             skip engine_loads
             skip generate_one_outcome
             skip generate_stops_quickly
             skip errors_stay_errors
+            skip serves_fixture
         "#]],
     );
 }
@@ -230,7 +251,7 @@ fn broken_folders_fail_the_first_check_they_reach() {
 #[test]
 fn a_plan_naming_an_undeclared_program_fails() {
     let s = Scenario::new();
-    let report = conformance::run(&PluginTest::new(beta(&s, "[]")));
+    let report = conformance::run(&s.plugin_test(&beta(&s, "[]")));
     let failures: Vec<String> = report
         .failures()
         .map(|c| {
@@ -244,7 +265,26 @@ fn a_plan_naming_an_undeclared_program_fails() {
         .collect();
     expect![[r#"
         [
-            "launch_plan_declared_programs: the plan names program 'python3', which plugin.toml does not declare (declared: $ROOT/bin/beta-engine) and the probe did not resolve; the host would refuse to run it. Add it to `programs`, or plan the probe's program",
+            "launch_plan_declared_programs: the host would refuse the plan: it names program 'python3', which plugin.toml does not declare (declared: $ROOT/bin/beta-engine) and the probe did not resolve; declare it in `programs`, or plan the probe's program",
+        ]
+    "#]]
+    .assert_debug_eq(&failures);
+}
+
+#[test]
+fn an_interpreter_the_operator_did_not_allow_fails_with_the_line_to_add() {
+    let s = Scenario::new();
+    let dir = beta(&s, "[\"python3\"]");
+    s.config("");
+    let report = conformance::run(&s.plugin_test(&dir));
+    let failures: Vec<String> = report
+        .failures()
+        .map(|c| format!("{}: {}", c.name, c.verdict))
+        .collect();
+    expect![[r#"
+        [
+            "probe_terminates: the host refuses plugin 'beta': plugin.toml names 'python3' as a program to run, and a shell or interpreter runs whatever code the plugin hands it; the host runs it only where the operator allows it for this plugin: add `allow_programs = [\"python3\"]` under `[plugins.beta]` in config.toml",
+            "launch_plan_declared_programs: the host would refuse the plan: it names program 'python3', a shell or interpreter the operator has not allowed for plugin 'beta' (add `allow_programs = [\"python3\"]` under `[plugins.beta]` in config.toml)",
         ]
     "#]]
     .assert_debug_eq(&failures);
@@ -270,12 +310,14 @@ fn hangar_plugin_check_prints_a_table_and_fails_with_the_plugin() {
          describe_matches_manifest      skip    needs the plugin's code to load                                                                       
          probe_terminates               skip    needs the plugin's code to load                                                                       
          probe_without_engine           skip    needs the plugin's code to load                                                                       
+         fixture_recognized             skip    needs the plugin's code to load                                                                       
          launch_plan_declared_programs  skip    needs the plugin's code to load                                                                       
          engine_loads                   skip    needs the plugin's code to load                                                                       
          generate_one_outcome           skip    needs the plugin's code to load                                                                       
          generate_stops_quickly         skip    needs the plugin's code to load                                                                       
          errors_stay_errors             skip    needs the plugin's code to load                                                                       
-        2 passed, 1 failed, 8 skipped
+         serves_fixture                 skip    needs the plugin's code to load                                                                       
+        2 passed, 1 failed, 10 skipped
         - describe_answers: describe() failed: the plugin panicked: the engine adapter is broken at sdk/examples/engine_panics.rs:11
     "#]]
     .assert_eq(&format!("exit {code}\n{out}"));
@@ -289,6 +331,7 @@ fn the_same_examples_built_for_webassembly_pass_and_fail_alike() {
         "programs = [\"python3\"]\n[probe]\nprogram = \"{}\"\n",
         program.display()
     );
+    s.config(&allow_python(&["beta"]));
     let beta = s.wasm_plugin(
         "beta",
         &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
@@ -305,11 +348,13 @@ fn the_same_examples_built_for_webassembly_pass_and_fail_alike() {
             pass describe_matches_manifest
             pass probe_terminates
             pass probe_without_engine
+            skip fixture_recognized
             pass launch_plan_declared_programs
             skip engine_loads
             skip generate_one_outcome
             skip generate_stops_quickly
             pass errors_stay_errors
+            skip serves_fixture
         "#]],
     );
     // A panic traps the guest; the host reports it as the native one's.
@@ -329,11 +374,67 @@ fn the_same_examples_built_for_webassembly_pass_and_fail_alike() {
             skip describe_matches_manifest
             skip probe_terminates
             skip probe_without_engine
+            skip fixture_recognized
             skip launch_plan_declared_programs
             skip engine_loads
             skip generate_one_outcome
             skip generate_stops_quickly
             skip errors_stay_errors
+            skip serves_fixture
         "#]],
     );
+}
+
+#[test]
+fn the_fixture_is_recognised_planned_against_and_served() {
+    let s = Scenario::new();
+    let dir = alpha(&s);
+    let models = s.root.path().join("models");
+    std::fs::create_dir_all(models.join("tiny")).unwrap();
+    std::fs::write(models.join("tiny/config.json"), "{}").unwrap();
+    let mut weights = 2u64.to_le_bytes().to_vec();
+    weights.extend(b"{}");
+    std::fs::write(models.join("tiny/model.safetensors"), weights).unwrap();
+    std::fs::write(models.join("tiny.gguf"), "GGUF").unwrap();
+    std::fs::write(models.join("notes.txt"), "hi").unwrap();
+    let only = |names: &[&str], test: PluginTest| {
+        let report = conformance::run(&test);
+        let root = s.root.path().display().to_string();
+        let mut out = String::new();
+        for c in report.checks.iter().filter(|c| names.contains(&c.name)) {
+            let verdict = c.verdict.replace(&root, "$ROOT");
+            out.push_str(&format!("{:?} {}: {verdict}\n", c.outcome, c.name));
+        }
+        out
+    };
+    let checks = [conformance::FIXTURE_RECOGNIZED, conformance::SERVES_FIXTURE];
+    // The alpha engine here only prints its version: it is found, started
+    // for the fixture, and exits instead of serving.
+    expect![[r#"
+        Pass fixture_recognized: $ROOT/models/tiny is the mlx model 'tiny' (rule mlx: a folder of config.json + *.safetensors (built-in)); model_files [config.json, model.safetensors]
+        Fail serves_fixture: serving the fixture failed: the engine exited (exit status: 0) before it was ready; its last output: alpha 1.5.0
+    "#]]
+    .assert_eq(&only(&checks, PluginTest::new(&dir).with_fixture(models.join("tiny"))));
+    expect![[r#"
+        Fail fixture_recognized: the fixture $ROOT/models/tiny.gguf is a 'gguf' model (rule gguf: *.gguf (built-in)), a format the plugin does not serve ([mlx])
+        Skip serves_fixture: no representative load request: the fixture $ROOT/models/tiny.gguf is a 'gguf' model (rule gguf: *.gguf (built-in)), a format the plugin does not serve ([mlx])
+    "#]]
+    .assert_eq(&only(&checks, PluginTest::new(&dir).with_fixture(models.join("tiny.gguf"))));
+    expect![[r#"
+        Fail fixture_recognized: $ROOT/models/notes.txt is not a model: no rule recognises the file (tried gguf: *.gguf (built-in))
+        Skip serves_fixture: no representative load request: $ROOT/models/notes.txt is not a model: no rule recognises the file (tried gguf: *.gguf (built-in))
+    "#]]
+    .assert_eq(&only(&checks, PluginTest::new(&dir).with_fixture(models.join("notes.txt"))));
+    // Declared in plugin.toml but absent from an installed folder (packages
+    // carry no fixture): skipped, saying so.
+    let manifest = std::fs::read_to_string(dir.join("plugin.toml")).unwrap();
+    std::fs::write(
+        dir.join("plugin.toml"),
+        format!("{manifest}\n[conformance]\nfixture = \"fixtures/tiny\"\n"),
+    )
+    .unwrap();
+    expect![[r#"
+        Skip fixture_recognized: plugin.toml's fixture $ROOT/plugins/alpha/fixtures/tiny is not in this folder: an installed plugin's package carries no fixture, so plans are checked against a scratch model; check the plugin's crate, or pass --model
+        Skip serves_fixture: no fixture to serve (see fixture_recognized)
+    "#]].assert_eq(&only(&checks, PluginTest::new(&dir)));
 }

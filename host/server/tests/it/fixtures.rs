@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+use hangar_engine::config::Config;
+use hangar_engine::conformance::PluginTest;
+
 /// The folder the SDK's example plugins are built into (built once per test
 /// run with the same cargo and profile as the tests).
 pub fn examples_dir() -> &'static Path {
@@ -86,6 +89,15 @@ pub fn example_library(name: &str) -> PathBuf {
     ))
 }
 
+/// What the example plugins that plan `python3 -m http.server` as their
+/// engine (`engine_beta`, `wasm_misbehaves`) need in `config.toml`: the
+/// operator's leave to run an interpreter.
+pub fn allow_python(ids: &[&str]) -> String {
+    ids.iter()
+        .map(|id| format!("[plugins.{id}]\nallow_programs = [\"python3\"]\n"))
+        .collect()
+}
+
 /// A temporary plugins dir and config to run `hangar` against.
 pub struct Scenario {
     pub root: tempfile::TempDir,
@@ -140,6 +152,23 @@ impl Scenario {
 
     pub fn config(&self, text: &str) {
         std::fs::write(self.root.path().join("config.toml"), text).unwrap();
+    }
+
+    /// The plugin folder `dir` loaded for the conformance suite with the
+    /// settings this scenario's config gives its plugin, as `hangar plugin
+    /// check` loads it.
+    pub fn plugin_test(&self, dir: &Path) -> PluginTest {
+        let test = PluginTest::new(dir);
+        let config = self.root.path().join("config.toml");
+        match (config.exists(), test.manifest()) {
+            (true, Ok(manifest)) => {
+                let settings = Config::load(Some(&config))
+                    .unwrap()
+                    .plugin_settings(&manifest.id);
+                test.with_settings(settings)
+            }
+            _ => test,
+        }
     }
 
     /// Writes `settings.toml`, which lives beside the config file.

@@ -63,7 +63,7 @@ fn write_raw(file: &Path, entries: &[(&str, tar::EntryType, &[u8])]) {
 /// Installs `file` into the scenario's plugins dir; the snapshot is the
 /// error (with the scenario's root as `$ROOT`), or `installed`.
 fn check_install(s: &Scenario, file: &Path, expected: Expect) {
-    let result = package::install(file, &s.plugins_dir(), false);
+    let result = package::install(file, &s.plugins_dir(), false, |_| Ok(()));
     let root = s.root.path().display().to_string();
     let out = match result {
         Ok(installed) => format!("installed {}", installed.id),
@@ -217,7 +217,7 @@ fn install_refuses_damaged_unsafe_and_mislabelled_packages() {
         s.plugins_dir().join("renamed"),
     )
     .unwrap();
-    let refused = package::install(&good, &s.plugins_dir(), true)
+    let refused = package::install(&good, &s.plugins_dir(), true, |_| Ok(()))
         .unwrap_err()
         .to_string();
     assert!(

@@ -128,18 +128,31 @@ fn safetensors_resolves_to_mlx_and_model_folders_are_detected() {
     let model = s.root.path().join("models/tiny");
     std::fs::create_dir_all(&model).unwrap();
     std::fs::write(model.join("config.json"), "{}").unwrap();
+    // An empty weights file is no model: resolve inspects as serving does.
     std::fs::write(model.join("model.safetensors"), "").unwrap();
     let (code, out) = s.hangar(&["resolve", model.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(
+        out.contains("model.safetensors is 0 bytes, too short"),
+        "{out}"
+    );
+    let mut weights = 2u64.to_le_bytes().to_vec();
+    weights.extend(b"{}");
+    std::fs::write(model.join("model.safetensors"), weights).unwrap();
+    let (code, out) = s.hangar(&["resolve", model.to_str().unwrap()]);
     assert_eq!(code, 0);
-    assert!(out.starts_with("mlx → beta"), "{out}");
+    assert!(
+        out.starts_with("model: tiny ($ROOT/models/tiny, rule mlx: a folder of config.json + *.safetensors (built-in); files: config.json, model.safetensors)\nmlx → beta"),
+        "{out}"
+    );
     std::fs::remove_file(model.join("model.safetensors")).unwrap();
     check(
         &s,
         &["resolve", model.to_str().unwrap()],
         expect![[r#"
-        exit 1
-        error: $ROOT/models/tiny has config.json but no *.safetensors weights; the download may be incomplete
-    "#]],
+            exit 1
+            error: $ROOT/models/tiny has config.json but no *.safetensors, which the rule mlx: a folder of config.json + *.safetensors (built-in) needs; the download may be incomplete: download the model again or copy the missing files into the folder
+        "#]],
     );
 }
 
@@ -219,14 +232,14 @@ fn an_ambiguous_version_keeps_the_engine_with_gated_capabilities_off() {
         &s,
         &["plugins"],
         expect![[r#"
-        exit 0
-        platform: linux/x86_64/cpu
-         PLUGIN  STATUS  FORMATS  PLATFORMS                PRIORITY  ENGINE   CAPABILITIES 
-         alpha   ready   mlx      linux/x86_64/cpu,cuda13  20        unknown               
-        - alpha ($ROOT/plugins/alpha): version 'nightly-2026-11' is not semver; gated capabilities off
-        - alpha: off: plugin 'alpha' needs engine >=1.0 for kv_cache_quantization; the engine's version is unknown
-        - alpha: off: plugin 'alpha' needs engine >=2.0 for paged_attention; the engine's version is unknown
-    "#]],
+            exit 0
+            platform: linux/x86_64/cpu
+             PLUGIN  STATUS  FORMATS  PLATFORMS                PRIORITY  ENGINE   CAPABILITIES 
+             alpha   ready   mlx      linux/x86_64/cpu,cuda13  20        unknown               
+            - alpha ($ROOT/plugins/alpha): version 'nightly-2026-11' is not MAJOR[.MINOR[.PATCH]][-PRE]; version unknown, gated capabilities off
+            - alpha: off: plugin 'alpha' needs engine >=1.0 for kv_cache_quantization; the engine's version is unknown
+            - alpha: off: plugin 'alpha' needs engine >=2.0 for paged_attention; the engine's version is unknown
+        "#]],
     );
     let (code, out) = s.hangar(&["resolve", "mlx"]);
     assert_eq!(code, 0);
@@ -355,4 +368,135 @@ fn json_output_is_machine_readable() {
     let (_, out) = s.hangar(&["platform", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["os"], "linux");
+}
+
+#[test]
+fn conflicting_recognition_rules_are_reported_and_the_plugins_still_load() {
+    let s = Scenario::new();
+    let rule = |format: &str, file: &str| {
+        format!("[[recognize]]\nformat = \"{format}\"\nfile = \"{file}\"\n")
+    };
+    let alpha_rules = rule("mlx", "*.npz") + &rule("mlx", "*.mlxfile");
+    let beta_rules = rule("gguf", "*.npz") + &rule("gguf", "*.gguf");
+    for (id, library, formats, rules) in [
+        ("alpha", "engine_alpha", &["mlx"][..], alpha_rules),
+        ("beta", "engine_beta", &["mlx", "gguf"][..], beta_rules),
+    ] {
+        let program = s.engine_program(&format!("{id}-engine"), &format!("{id} 1.5.0"));
+        let extra = format!("{rules}[probe]\nprogram = \"{}\"\n", program.display());
+        let manifest = manifest(id, library, formats, 10, &extra);
+        let manifest = match id {
+            "alpha" => format!("{manifest}[aliases]\nsafetensors = \"mlx\"\n[capabilities]\nkv_cache_quantization = \">=1.0\"\npaged_attention = \">=2.0\"\n"),
+            _ => manifest,
+        };
+        s.plugin(id, &manifest, Some(library));
+    }
+    let models = s.root.path().join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    for (name, content) in [("a.npz", "x"), ("b.mlxfile", "x"), ("c.gguf", "GGUF")] {
+        std::fs::write(models.join(name), content).unwrap();
+    }
+    check(
+        &s,
+        &["plugins"],
+        expect![[r#"
+            exit 0
+            platform: linux/x86_64/cpu
+             PLUGIN  STATUS  FORMATS   PLATFORMS                PRIORITY  ENGINE  CAPABILITIES          
+             alpha   ready   mlx       linux/x86_64/cpu,cuda13  10        1.5.0   kv_cache_quantization 
+             beta    ready   mlx,gguf  linux/x86_64/cpu,cuda13  10        1.5.0                         
+            - alpha: off: plugin 'alpha' needs engine >=2.0 for paged_attention; found 1.5.0
+            - alpha: recognises mlx: *.npz; mlx: *.mlxfile
+            - beta: recognises gguf: *.npz; gguf: *.gguf
+            - recognition rule '*.npz' is declared for different formats (alpha → mlx; beta → gguf); the rule is ignored until the plugins agree
+        "#]],
+    );
+    let resolve = |name: &str| s.hangar(&["resolve", models.join(name).to_str().unwrap()]);
+    let mut out = String::new();
+    for name in ["a.npz", "b.mlxfile", "c.gguf"] {
+        let (code, text) = resolve(name);
+        out.push_str(&format!(
+            "exit {code}\n{}",
+            text.lines().next().unwrap_or_default()
+        ));
+        out.push('\n');
+    }
+    expect![[r#"
+        exit 1
+        error: $ROOT/models/a.npz is not a model: no rule recognises the file (tried gguf: *.gguf (built-in, beta); mlx: *.mlxfile (alpha))
+        exit 0
+        model: b ($ROOT/models/b.mlxfile, rule mlx: *.mlxfile (alpha); files: b.mlxfile)
+        exit 0
+        model: c ($ROOT/models/c.gguf, rule gguf: *.gguf (built-in, beta); files: c.gguf)
+    "#]].assert_eq(&out);
+}
+
+/// Issue 10: a sandboxed WebAssembly plugin that names `/bin/sh` as a
+/// program got the host to run `/bin/sh -c <anything>`. Shells and
+/// interpreters now run only where the operator allows them, native or
+/// wasm, and the refusal names the line to add.
+#[test]
+fn shells_and_interpreters_run_only_where_the_operator_allows_them() {
+    // The beta example, native or wasm, declaring `programs`.
+    let beta = |wasm: bool, programs: &str| {
+        let s = Scenario::new();
+        let program = s.engine_program("beta-engine", "beta 0.9.0");
+        let extra = format!(
+            "programs = {programs}\n[probe]\nprogram = \"{}\"\n",
+            program.display()
+        );
+        let manifest = manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra);
+        match wasm {
+            true => s.wasm_plugin("beta", &manifest, "engine_beta"),
+            false => s.plugin("beta", &manifest, Some("engine_beta")),
+        };
+        s
+    };
+    let s = beta(true, "[\"/bin/sh\"]");
+    check(
+        &s,
+        &["plugins"],
+        expect![[r#"
+        exit 0
+        platform: linux/x86_64/cpu
+         PLUGIN  STATUS       FORMATS   PLATFORMS                PRIORITY  ENGINE  CAPABILITIES 
+         beta    unavailable  mlx,gguf  linux/x86_64/cpu,cuda13  10                             
+        - beta ($ROOT/plugins/beta): plugin.toml names '/bin/sh' as a program to run, and a shell or interpreter runs whatever code the plugin hands it; the host runs it only where the operator allows it for this plugin: add `allow_programs = ["/bin/sh"]` under `[plugins.beta]` in config.toml
+    "#]],
+    );
+    check(
+        &s,
+        &["resolve", "gguf"],
+        expect![[r#"
+        exit 2
+        gguf → no engine (no installed plugin can serve gguf on this machine)
+         PLUGIN  PRIORITY  ENGINE  VERDICT                                                                                                                                                                                                                                                                                        
+         beta    10                rejected: engine unavailable: plugin.toml names '/bin/sh' as a program to run, and a shell or interpreter runs whatever code the plugin hands it; the host runs it only where the operator allows it for this plugin: add `allow_programs = ["/bin/sh"]` under `[plugins.beta]` in config.toml 
+    "#]],
+    );
+    s.config("[plugins.beta]\nallow_programs = [\"sh\"]\n");
+    check(
+        &s,
+        &["plugins"],
+        expect![[r#"
+        exit 0
+        platform: linux/x86_64/cpu
+         PLUGIN  STATUS  FORMATS   PLATFORMS                PRIORITY  ENGINE  CAPABILITIES 
+         beta    ready   mlx,gguf  linux/x86_64/cpu,cuda13  10        0.9.0                
+    "#]],
+    );
+
+    let s = beta(false, "[\"python3\", \"bash\"]");
+    s.config("[plugins.beta]\nallow_programs = [\"python3\"]\n");
+    check(
+        &s,
+        &["plugins"],
+        expect![[r#"
+        exit 0
+        platform: linux/x86_64/cpu
+         PLUGIN  STATUS       FORMATS   PLATFORMS                PRIORITY  ENGINE  CAPABILITIES 
+         beta    unavailable  mlx,gguf  linux/x86_64/cpu,cuda13  10                             
+        - beta ($ROOT/plugins/beta): plugin.toml names 'bash' as a program to run, and a shell or interpreter runs whatever code the plugin hands it; the host runs it only where the operator allows it for this plugin: add `allow_programs = ["python3", "bash"]` under `[plugins.beta]` in config.toml
+    "#]],
+    );
 }

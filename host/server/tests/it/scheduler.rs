@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::fixtures::{manifest, Scenario};
+use crate::fixtures::{allow_python, manifest, Scenario};
 use crate::inprocess::echo;
 use crate::serve::{alive, eventually, model, pid_of, Server};
 
@@ -86,7 +86,7 @@ fn beta_with(s: &Scenario, programs: &str) {
         &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
         Some("engine_beta"),
     );
-    s.config("");
+    s.config(&allow_python(&["beta"]));
 }
 
 fn beta(s: &Scenario) {

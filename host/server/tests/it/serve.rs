@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::fixtures::{manifest, Scenario};
+use crate::fixtures::{allow_python, manifest, Scenario};
 
 /// A running `hangar serve`, killed when dropped.
 pub struct Server {
@@ -40,7 +40,7 @@ impl Server {
                 &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
                 Some("engine_beta"),
             );
-            s.config("");
+            s.config(&allow_python(&["beta"]));
         })
     }
 
@@ -288,5 +288,67 @@ fn bad_requests_get_openai_shaped_errors() {
     assert_eq!(
         (status, models["data"][0]["id"].clone()),
         (200, json!("tiny"))
+    );
+}
+
+/// The body the guide (sdk/README.md) shows for `PUT
+/// /api/models/{id}/settings`, and the keys of the answer it shows, are the
+/// server's.
+#[test]
+fn the_guides_model_settings_body_is_what_the_server_takes() {
+    let guide = include_str!("../../../../sdk/README.md");
+    let section = &guide[guide
+        .find("PUT /api/models/{id}/settings")
+        .expect("the guide shows the settings route")..];
+    let mut blocks = section.split("```json\n").skip(1).map(|block| {
+        let json = block.split("```").next().unwrap();
+        serde_json::from_str::<Value>(json).expect("the guide's JSON parses")
+    });
+    let (body, answer) = (blocks.next().unwrap(), blocks.next().unwrap());
+
+    let server = Server::with(|s| {
+        let probe = s.engine_program("alpha-engine", "alpha 1.1.0");
+        let settings: String = body
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|name| format!("[[settings]]\nname = \"{name}\"\ntype = \"integer\"\nmin = 1\n"))
+            .collect();
+        let extra = format!(
+            "[aliases]\nsafetensors = \"mlx\"\n[probe]\nprogram = \"{}\"\n[capabilities]\nkv_cache_quantization = \">=1.0\"\npaged_attention = \">=2.0\"\n{settings}",
+            probe.display()
+        );
+        s.plugin(
+            "alpha",
+            &manifest("alpha", "engine_alpha", &["mlx"], 10, &extra),
+            Some("engine_alpha"),
+        );
+        s.config("");
+    });
+    let client = reqwest::blocking::Client::new();
+    let put = |body: &Value| {
+        let r = client
+            .put(format!("{}/api/models/tiny/settings", server.url))
+            .json(body)
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().unwrap())
+    };
+    let (status, got) = put(&body);
+    assert_eq!(status, 200, "{got}");
+    let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&got), keys(&answer), "{got}");
+    assert_eq!(got["stored"], body, "{got}");
+    assert_eq!(got["effective"], answer["effective"], "{got}");
+
+    // A value of the wrong type is refused with a 422 that names it.
+    let (status, got) = put(&json!({"context_length": "big"}));
+    assert_eq!(status, 422, "{got}");
+    assert!(
+        got["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("context_length"),
+        "{got}"
     );
 }

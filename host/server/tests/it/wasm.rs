@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use expect_test::expect;
 use serde_json::json;
 
-use crate::fixtures::{manifest, Scenario};
+use crate::fixtures::{allow_python, manifest, Scenario};
 use crate::serve::Server;
 
 #[test]
@@ -103,7 +103,8 @@ fn a_guest_that_loops_traps_or_hoards_is_stopped_and_the_host_keeps_serving() {
             std::fs::write(models.join(format!("{model}.gguf")), b"GGUF").unwrap();
         }
         s.config(&format!(
-            "[wasm]\ncall_timeout_ms = 500\nmemory_mib = 32\ncache_dir = \"{}\"\n",
+            "{}[wasm]\ncall_timeout_ms = 500\nmemory_mib = 32\ncache_dir = \"{}\"\n",
+            allow_python(&["beta", "misbehaves"]),
             s.root.path().join("wasm-cache").display()
         ));
     });

@@ -1,6 +1,6 @@
 //! The plugin, built and loaded the way the Hangar host loads it.
 
-use hangar_sdk::wire::ProbeReport;
+use hangar_sdk::wire::{ProbeReport, ProbeRun};
 use hangar_sdk_testkit::{assert_conformant, PluginTest};
 
 fn plugin() -> PluginTest {
@@ -29,4 +29,25 @@ fn the_prompt_cache_flag_needs_an_engine_that_has_it() {
     };
     assert!(!plan("1.0.0").contains("--prompt-cache"));
     assert!(plan("1.1.0").contains("--prompt-cache 64"));
+}
+
+#[test]
+fn the_probe_reads_the_engines_version_without_the_engine() {
+    // What `{{id}}-server --version` prints, handed over as the host would.
+    let plugin = plugin();
+    let version = |stdout: &str| {
+        let run = ProbeRun::Exited {
+            program: "/usr/bin/{{id}}-server".into(),
+            code: Some(0),
+            stdout: stdout.into(),
+            stderr: String::new(),
+        };
+        plugin.probe_with(Some(run)).unwrap().version
+    };
+    assert_eq!(version("{{id}}-server 1.2.3\n").as_deref(), Some("1.2.3"));
+    assert_eq!(
+        version("{{id}}-server v2 (build 77)\n").as_deref(),
+        Some("2.0.0")
+    );
+    assert_eq!(version("something else\n"), None);
 }
