@@ -22,6 +22,7 @@ pub(crate) mod inprocess;
 mod manage;
 mod openai;
 mod settings;
+mod sse;
 
 use std::path::PathBuf;
 use std::sync::Arc;
