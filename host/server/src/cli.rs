@@ -4,6 +4,7 @@
 //! Every command prints a human-readable table by default and JSON with
 //! `--json`, for scripts.
 
+use crate::output::outln;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -145,6 +146,8 @@ pub fn main() -> ExitCode {
         .init();
     match run(cli) {
         Ok(code) => code,
+        // The reader of our output went away (`| head`): nothing to report.
+        Err(e) if crate::output::is_closed_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -170,7 +173,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     let machine = platform::current(config.platform.as_deref()).map_err(anyhow::Error::msg)?;
     if let Command::Platform = cli.command {
-        print(cli.global.json, &machine, || machine.to_string());
+        print(cli.global.json, &machine, || machine.to_string())?;
         return Ok(ExitCode::SUCCESS);
     }
     let mut dirs = cli.global.plugins_dirs.clone();
@@ -186,7 +189,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Plugins => {
             let report = plugins_report(&registry);
-            print(cli.global.json, &report, || plugins_table(&report));
+            print(cli.global.json, &report, || plugins_table(&report))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Resolve { model } => {
@@ -196,7 +199,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let resolution = registry.resolve(&format, &settings.get().default_engines);
             print(cli.global.json, &resolution, || {
                 resolution_table(&resolution)
-            });
+            })?;
             Ok(if resolution.chosen.is_some() {
                 ExitCode::SUCCESS
             } else {
@@ -224,14 +227,18 @@ fn format_of(model: &str) -> anyhow::Result<String> {
     Ok(model.to_string())
 }
 
-fn print<T: Serialize>(json: bool, value: &T, human: impl FnOnce() -> String) {
+fn print<T: Serialize>(
+    json: bool,
+    value: &T,
+    human: impl FnOnce() -> String,
+) -> std::io::Result<()> {
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(value).expect("reports serialize")
-        );
+        )
     } else {
-        println!("{}", human());
+        outln!("{}", human())
     }
 }
 
@@ -287,9 +294,11 @@ fn resolution_table(r: &Resolution) -> String {
             Verdict::Rejected(reason) => format!("rejected: {reason}"),
         };
         t.add_row(vec![
-            e.plugin.clone(),
+            e.plugin.to_string(),
             e.priority.to_string(),
-            e.engine_version.clone().unwrap_or_default(),
+            e.engine_version
+                .map(ToString::to_string)
+                .unwrap_or_default(),
             verdict,
         ]);
     }

@@ -6,6 +6,7 @@
 //! - `pack` writes a one-file distributable ([`crate::package`]);
 //! - `install` checks such a file and unpacks it into a plugins dir.
 
+use crate::output::outln;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -118,9 +119,9 @@ pub(crate) fn run(
                 .context("no plugins dir: pass --plugins-dir")?;
             let installed = package::install(&file, &target, force)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&installed)?);
+                outln!("{}", serde_json::to_string_pretty(&installed)?)?;
             } else {
-                println!(
+                outln!(
                     "{} plugin {} {} in {}",
                     if installed.replaced {
                         "replaced"
@@ -130,7 +131,7 @@ pub(crate) fn run(
                     installed.id,
                     installed.version,
                     installed.dir.display()
-                );
+                )?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -164,22 +165,22 @@ fn new(
         Kind::Wasm => PluginKind::Wasm,
     };
     let files = template::write(kind, name, &dest, &sdk)?;
-    println!("created plugin '{name}' in {}:", dest.display());
+    outln!("created plugin '{name}' in {}:", dest.display())?;
     for file in files {
-        println!("  {}", file.strip_prefix(&dest).unwrap_or(&file).display());
+        outln!("  {}", file.strip_prefix(&dest).unwrap_or(&file).display())?;
     }
     if sdk == SdkSource::Registry {
-        println!(
+        outln!(
             "(hangar-sdk comes from crates.io; pass --sdk PATH to use a checkout's sdk/ folder)"
-        );
+        )?;
     }
     if kind == PluginKind::Wasm {
-        println!("(needs the target once: rustup target add {WASM_TARGET})");
+        outln!("(needs the target once: rustup target add {WASM_TARGET})")?;
     }
-    println!(
+    outln!(
         "next: cd {} && cargo test && hangar plugin check . && hangar plugin pack .",
         dest.display()
-    );
+    )?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -200,9 +201,9 @@ fn check(
     }
     let report = conformance::run(&test);
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
-        println!("{report}");
+        outln!("{report}")?;
     }
     Ok(if report.passed() {
         ExitCode::SUCCESS
@@ -222,11 +223,11 @@ fn pack(dir: &Path, output: Option<PathBuf>, profile: Profile) -> anyhow::Result
         }
     };
     let manifest = package::pack(folder.path(), &out)?;
-    println!(
+    outln!(
         "packed plugin {} {} into {}",
         manifest.id,
         manifest.version,
         out.display()
-    );
+    )?;
     Ok(ExitCode::SUCCESS)
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 
 use crate::api::{router, App};
+use crate::catalog::Catalog;
 use crate::sessions::Sessions;
 use crate::settings::SettingsStore;
 use hangar_engine::registry::Registry;
@@ -80,12 +81,14 @@ pub(crate) fn run(
             state_dir,
             client,
         );
+        let catalog = tokio::task::spawn_blocking(move || Catalog::open(model_dirs)).await?;
+        catalog.watch();
         let app = Arc::new(App {
             sessions: sessions.clone(),
-            model_dirs,
+            catalog,
             api_key: args.api_key.filter(|k| !k.is_empty()),
         });
-        let discovery = app.discover().await;
+        let discovery = app.discovery();
         for bad in &discovery.rejected {
             tracing::warn!(path = %bad.path.display(), "not a model: {}", bad.reason);
         }

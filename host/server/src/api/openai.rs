@@ -46,7 +46,7 @@ pub(super) async fn completions(
 
 /// `GET /v1/models`: every discovered model, in OpenAI's list shape.
 pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
-    let discovery = app.discover().await;
+    let discovery = app.discovery();
     let data: Vec<Value> = discovery
         .models
         .iter()
@@ -86,7 +86,7 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
             ))
         }
     };
-    let model = app.find_model(&model_id).await?;
+    let model = app.find_model(&model_id)?;
     refuse_gated_fields(&app, &model, &request).await?;
     let session = app.sessions.ensure(&model).await?;
     let in_flight = session.begin_request();
@@ -212,21 +212,11 @@ async fn refuse_gated_fields(
     model: &Model,
     request: &Map<String, Value>,
 ) -> Result<(), ApiError> {
-    let registry = app.sessions.registry().clone();
-    let defaults = app.sessions.settings().get().default_engines;
-    let format = model.format.clone();
-    let present: Map<String, Value> = request
-        .iter()
-        .filter(|(_, v)| !v.is_null())
-        .map(|(k, _)| (k.clone(), Value::Bool(true)))
-        .collect();
-    let refused = tokio::task::spawn_blocking(move || match registry.serving(&format, &defaults) {
-        Ok((entry, engine)) => crate::settings::refused_request_fields(entry, engine, &present),
-        // Loading reports the missing engine with the whole story.
-        Err(_) => vec![],
-    })
-    .await
-    .unwrap_or_default();
+    // Without an engine, loading reports the missing one with the whole story.
+    let Some((entry, engine)) = app.sessions.serving(&model.format).await else {
+        return Ok(());
+    };
+    let refused = crate::settings::refused_request_fields(entry, engine, request);
     match refused.is_empty() {
         true => Ok(()),
         false => Err(ApiError::unprocessable(refused.join("; "))),
