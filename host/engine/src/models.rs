@@ -478,11 +478,7 @@ fn check_safetensors(file: &Path) -> Result<u64, String> {
 /// for a FIFO after the check cannot hang it either.
 fn open_regular(path: &Path) -> std::io::Result<fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
-    let not_regular = || {
-        std::io::Error::other(
-            "not a regular file (a FIFO, device or socket); replace it with the real file",
-        )
-    };
+    let not_regular = || std::io::Error::other("not a regular file (a FIFO, device or socket)");
     if !fs::metadata(path)?.is_file() {
         return Err(not_regular());
     }
@@ -503,7 +499,7 @@ fn read_capped(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
     open_regular(path)?.take(cap + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > cap {
         return Err(std::io::Error::other(format!(
-            "it is larger than {cap} bytes, more than such a file ever holds"
+            "larger than {cap} bytes, more than such a file ever holds"
         )));
     }
     Ok(bytes)
@@ -907,6 +903,15 @@ mod tests {
             hub/models--org--fifo-ref/snapshots/1/m.gguf = GGUF
             ",
             expect![[r#"
+                ok  mlx  16 B  folder  models/ok
+                rejected hub/models--org--fifo-ref
+                  cannot read hub/models--org--fifo-ref/refs/main: not a regular file (a FIFO, device or socket); check its permissions or download it again (`hf download org/fifo-ref`)
+                rejected models/fifo-config
+                  cannot read models/fifo-config/config.json: not a regular file (a FIFO, device or socket); download the model again
+                rejected models/fifo-weights
+                  cannot read models/fifo-weights/model.safetensors: not a regular file (a FIFO, device or socket); the download may be incomplete, download the model again
+                rejected models/zero-config
+                  cannot read models/zero-config/config.json: not a regular file (a FIFO, device or socket); download the model again
             "#]],
         );
     }
@@ -922,6 +927,10 @@ mod tests {
             models/at-cap/model.safetensors = safetensors 16
             ",
             expect![[r#"
+                rejected models/at-cap
+                  models/at-cap/config.json is not valid JSON (expected value at line 1 column 1); fix the file or download the model again
+                rejected models/huge
+                  cannot read models/huge/config.json: larger than 16777216 bytes, more than such a file ever holds; download the model again
             "#]],
         );
     }
