@@ -230,6 +230,7 @@ fn bench(rounds: usize) {
         direct.push(Killed(child));
         direct_urls.push(format!("http://127.0.0.1:{port}"));
     }
+    let nginx = nginx(root, &direct_urls);
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -249,6 +250,9 @@ fn bench(rounds: usize) {
             for (i, name) in ["unpaced", "paced"].iter().enumerate() {
                 run(&client, &url, name, 8).await;
                 run(&client, &direct_urls[i], name, 8).await;
+                if let Some((_, base)) = &nginx {
+                    run(&client, &format!("{base}/{name}"), name, 8).await;
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -257,7 +261,7 @@ fn bench(rounds: usize) {
         let mut per_stream = Vec::new();
         for (i, name) in ["unpaced", "paced"].iter().enumerate() {
             for streams in [1, 64] {
-                let mut pairs = Vec::new();
+                let (mut pairs, mut reference) = (Vec::new(), Vec::new());
                 for _ in 0..rounds {
                     let before = cpu_ticks(pid);
                     let rss_before = rss_kib(pid);
@@ -276,13 +280,22 @@ fn bench(rounds: usize) {
                     }
                     let b = run(&client, &direct_urls[i], name, streams).await;
                     pairs.push((a, b, ticks));
+                    if let Some((server, base)) = &nginx {
+                        let pid = server.0.id();
+                        let before = cpu_ticks(pid);
+                        let c = run(&client, &format!("{base}/{name}"), name, streams).await;
+                        reference.push((c, b, cpu_ticks(pid) - before));
+                    }
                 }
-                table.push(row(name, streams, &pairs));
+                table.push(row("hangar", name, streams, &pairs));
+                if !reference.is_empty() {
+                    table.push(row("nginx", name, streams, &reference));
+                }
             }
         }
-        println!("\nproxy overhead: {TOKENS} tokens per stream, {rounds} interleaved rounds (A = through hangar serve, B = direct); median [min–max]\n");
-        println!("| engine | streams | tokens/s A | tokens/s B | ratio A/B | added TTFT ms | hangar CPU ms / 1 000 tokens |");
-        println!("|---|---|---|---|---|---|---|");
+        println!("\nproxy overhead: {TOKENS} tokens per stream, {rounds} interleaved rounds (A = through the proxy, B = direct; nginx, where installed, as a reference proxy); median [min–max]\n");
+        println!("| proxy | engine | streams | tokens/s A | tokens/s B | ratio A/B | added TTFT ms | proxy CPU ms / 1 000 tokens |");
+        println!("|---|---|---|---|---|---|---|---|");
         for line in table {
             println!("{line}");
         }
@@ -297,6 +310,7 @@ fn bench(rounds: usize) {
 }
 
 /// What one round of `streams` concurrent streams gave.
+#[derive(Clone, Copy)]
 struct Round {
     tokens: usize,
     wall: Duration,
@@ -304,7 +318,7 @@ struct Round {
     ttft: Duration,
 }
 
-fn row(name: &str, streams: usize, pairs: &[(Round, Round, u64)]) -> String {
+fn row(proxy: &str, name: &str, streams: usize, pairs: &[(Round, Round, u64)]) -> String {
     let tps = |r: &Round| r.tokens as f64 / r.wall.as_secs_f64();
     let a: Vec<f64> = pairs.iter().map(|(a, _, _)| tps(a)).collect();
     let b: Vec<f64> = pairs.iter().map(|(_, b, _)| tps(b)).collect();
@@ -330,7 +344,7 @@ fn row(name: &str, streams: usize, pairs: &[(Round, Round, u64)]) -> String {
         spread(&per, 2)
     };
     format!(
-        "| {name} | {streams} | {} | {} | {} | {} | {cpu} |",
+        "| {proxy} | {name} | {streams} | {} | {} | {} | {} | {cpu} |",
         spread(&a, 0),
         spread(&b, 0),
         spread(&ratio, 3),
@@ -400,6 +414,47 @@ async fn run(client: &reqwest::Client, base: &str, model: &str, streams: usize) 
         wall,
         ttft: ttfts[ttfts.len() / 2],
     }
+}
+
+/// nginx as a reference proxy in front of the direct engines (one process,
+/// no master, no buffering: as close to a pass-through as nginx gets), when
+/// it is installed; its URL serves `/ENGINE/v1/…`.
+fn nginx(root: &Path, engines: &[String]) -> Option<(Killed, String)> {
+    Command::new("nginx").arg("-v").output().ok()?;
+    let dir = root.join("nginx");
+    std::fs::create_dir_all(dir.join("logs")).unwrap();
+    let port = free_port();
+    let mut locations = String::new();
+    for (name, engine) in ["unpaced", "paced"].iter().zip(engines) {
+        locations.push_str(&format!(
+            "location /{name}/ {{ proxy_pass {engine}/; proxy_http_version 1.1; \
+             proxy_set_header Connection \"\"; proxy_buffering off; }}\n"
+        ));
+    }
+    let conf = dir.join("nginx.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "daemon off; master_process off; worker_processes 1; pid {dir}/nginx.pid;\n\
+             error_log {dir}/logs/error.log error;\n\
+             events {{ worker_connections 4096; }}\n\
+             http {{ access_log off; tcp_nodelay on; client_body_temp_path {dir}/body;\n\
+             proxy_temp_path {dir}/proxy;\n\
+             server {{ listen 127.0.0.1:{port}; {locations} }} }}\n",
+            dir = dir.display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new("nginx")
+        .arg("-p")
+        .arg(&dir)
+        .arg("-c")
+        .arg(&conf)
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    std::thread::sleep(Duration::from_millis(300));
+    Some((Killed(child), format!("http://127.0.0.1:{port}")))
 }
 
 async fn wait_healthy(client: &reqwest::Client, base: &str) {
