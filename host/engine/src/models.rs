@@ -1189,6 +1189,7 @@ mod tests {
             ",
             expect![[r#"
                 ok  mlx  16 B  folder  models/ok
+                  files [config.json, model.safetensors] by mlx: a folder of config.json + *.safetensors (built-in)
                 rejected hub/models--org--fifo-ref
                   cannot read hub/models--org--fifo-ref/refs/main: not a regular file (a FIFO, device or socket); check its permissions or download it again (`hf download org/fifo-ref`)
                 rejected models/fifo-config
