@@ -5,7 +5,8 @@
 //! One chat request, from the router to the engine and back:
 //!
 //! 1. [`api`] (axum) receives `POST /v1/chat/completions`, checks the API
-//!    key, and finds the model among the model dirs' models.
+//!    key, and finds the model in the [`catalog`] (the model dirs' models,
+//!    held in memory and rescanned when the dirs change).
 //! 2. [`sessions`] returns the model's running session, or loads it: the
 //!    registry resolves the model's format to an engine, [`settings`] gives
 //!    the model's effective settings (refusing a gated one with a 422), and
@@ -30,9 +31,12 @@
 #![warn(unreachable_pub)]
 
 pub(crate) mod api;
+pub(crate) mod catalog;
 pub mod cli;
+pub(crate) mod output;
 pub mod package;
 pub(crate) mod plugin_cmd;
+pub(crate) mod resolved;
 pub(crate) mod serve;
 pub(crate) mod sessions;
 pub(crate) mod settings;
