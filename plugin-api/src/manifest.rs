@@ -404,26 +404,37 @@ impl Manifest {
 
     /// Parses and validates manifest text.
     ///
-    /// The plugin-api requirement is checked before the strict parse, so a
-    /// plugin written for a newer 1.x (whose manifest may have fields this
-    /// host does not know) is told that, not that a field is unknown.
+    /// The plugin-api requirement is checked before any other complaint, so
+    /// a plugin written for a newer 1.x (whose manifest may have fields this
+    /// host does not know) is told that, not that a field is unknown. The
+    /// text is parsed once; only a manifest the strict parse refuses is
+    /// parsed again, loosely, to find its requirement.
     pub fn parse(text: &str) -> Result<Manifest, ManifestError> {
-        let value: toml::Table = toml::from_str(text).map_err(malformed)?;
-        if let Some(api) = value.get("plugin_api").and_then(|v| v.as_str()) {
-            let required = VersionReq::parse(api).map_err(|e| ManifestError::Invalid {
-                field: "plugin_api",
-                reason: format!("'{api}' is not a semver requirement ({e})"),
-            })?;
-            if !crate::is_compatible(&required) {
-                let host = crate::host_version();
-                return Err(ManifestError::IncompatibleApi {
-                    required,
-                    host_major: host.major,
-                    host,
-                });
+        let strict = toml::from_str::<Manifest>(text);
+        let api = match &strict {
+            Ok(manifest) => Some(manifest.plugin_api.clone()),
+            Err(_) => {
+                let value: toml::Table = toml::from_str(text).map_err(malformed)?;
+                match value.get("plugin_api").and_then(|v| v.as_str()) {
+                    Some(api) => {
+                        Some(VersionReq::parse(api).map_err(|e| ManifestError::Invalid {
+                            field: "plugin_api",
+                            reason: format!("'{api}' is not a semver requirement ({e})"),
+                        })?)
+                    }
+                    None => None,
+                }
             }
+        };
+        if let Some(required) = api.filter(|r| !crate::is_compatible(r)) {
+            let host = crate::host_version();
+            return Err(ManifestError::IncompatibleApi {
+                required,
+                host_major: host.major,
+                host,
+            });
         }
-        let manifest: Manifest = toml::from_str(text).map_err(malformed)?;
+        let manifest = strict.map_err(malformed)?;
         manifest.validate()?;
         Ok(manifest)
     }

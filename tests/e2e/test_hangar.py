@@ -383,7 +383,8 @@ def test_12_engine_that_fails_to_load_is_reported_quickly(client, api, env):
     # A folder that discovery accepts (valid config, valid weights) but the
     # engine cannot load: mlx_lm.server's /health turns 503 for good, and the
     # host must say so at once rather than wait out the start timeout. The
-    # folder appears while the host runs: models are rescanned on use.
+    # folder appears while the host runs; the catalog is rescanned at once
+    # (POST /api/models/rescan) rather than waiting on the watch's debounce.
     bad = env["models"] / "bad-arch"
     bad.mkdir()
     try:
@@ -392,6 +393,9 @@ def test_12_engine_that_fails_to_load_is_reported_quickly(client, api, env):
         (bad / "config.json").write_text(json.dumps(config))
         for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
             shutil.copy(env["models"] / LLAMA / name, bad / name)
+        status, rescanned = api("/api/models/rescan", method="POST")
+        assert status == 200, rescanned
+        assert any(m["model"]["id"] == "bad-arch" for m in rescanned["models"]), rescanned
         start = time.monotonic()
         with pytest.raises(openai.APIStatusError) as e:
             chat(client, "bad-arch")
@@ -406,3 +410,4 @@ def test_12_engine_that_fails_to_load_is_reported_quickly(client, api, env):
         assert chat(client, QWEN).usage.completion_tokens > 0
     finally:
         shutil.rmtree(bad)
+        api("/api/models/rescan", method="POST")

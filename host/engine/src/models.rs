@@ -42,6 +42,14 @@ use serde::{Deserialize, Serialize};
 /// is not safetensors at all.
 const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
 
+/// The most of a JSON-checked file (a `config.json`) that is read: real
+/// ones are kilobytes, and a link to a device or a runaway file must not
+/// fill the host's memory.
+const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// The most of a Hugging Face `refs/main` that is read (it holds a hash).
+const MAX_REF_BYTES: u64 = 4 << 10;
+
 /// The host's own recognition rules, declared as a plugin declares its
 /// own (`[[recognize]]` in `plugin.toml`). A folder holding a `.gguf` file
 /// is `gguf` even when it also holds safetensors, as the gguf rules come
@@ -379,8 +387,9 @@ fn hf_model(folder: &Path, repo: &str, rules: &[Rule]) -> Result<Model, String> 
     let again = format!("download it again (`hf download {repo}`)");
     let snapshots = folder.join("snapshots");
     let refs_main = folder.join("refs").join("main");
-    let revision = match fs::read_to_string(&refs_main) {
-        Ok(text) => {
+    let revision = match read_capped(&refs_main, MAX_REF_BYTES) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
             let revision = text.trim();
             // The revision becomes a path component; it must not climb out.
             if revision.is_empty()
@@ -586,7 +595,7 @@ fn run_check(check: ContentCheck, file: &Path) -> Result<(), String> {
 /// Checks that a GGUF file starts with the format's magic.
 fn check_gguf(file: &Path) -> Result<(), String> {
     let mut magic = [0u8; 4];
-    let read = fs::File::open(file).and_then(|mut f| f.read_exact(&mut magic));
+    let read = open_regular(file).and_then(|mut f| f.read_exact(&mut magic));
     match read {
         Ok(()) if &magic == b"GGUF" => Ok(()),
         Ok(()) => Err(format!(
@@ -606,7 +615,7 @@ fn check_gguf(file: &Path) -> Result<(), String> {
 
 /// Checks that `config.json` is JSON.
 fn check_config(file: &Path) -> Result<(), String> {
-    let text = fs::read(file).map_err(|e| {
+    let text = read_capped(file, MAX_CONFIG_BYTES).map_err(|e| {
         format!(
             "cannot read {}: {e}; download the model again",
             file.display()
@@ -634,7 +643,7 @@ fn check_safetensors(file: &Path) -> Result<u64, String> {
             file.display()
         )
     };
-    let mut handle = fs::File::open(file).map_err(cannot_read)?;
+    let mut handle = open_regular(file).map_err(cannot_read)?;
     let len = handle.metadata().map_err(cannot_read)?.len();
     if len < 8 {
         return Err(format!(
@@ -726,6 +735,41 @@ pub fn merge_rules<'a>(
     (kept, conflicts)
 }
 
+/// Opens `path` (following symlinks) for reading if it is a regular file.
+///
+/// FIFOs, devices and sockets are refused before they are opened: opening
+/// a FIFO waits for a writer (a scan would hang), and a device such as
+/// `/dev/zero` never ends. The open is non-blocking, so that a path swapped
+/// for a FIFO after the check cannot hang it either.
+fn open_regular(path: &Path) -> std::io::Result<fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let not_regular = || std::io::Error::other("not a regular file (a FIFO, device or socket)");
+    if !fs::metadata(path)?.is_file() {
+        return Err(not_regular());
+    }
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(not_regular());
+    }
+    Ok(file)
+}
+
+/// The contents of regular file `path` (see [`open_regular`]), refused when
+/// longer than `cap` bytes.
+fn read_capped(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    open_regular(path)?.take(cap + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > cap {
+        return Err(std::io::Error::other(format!(
+            "larger than {cap} bytes, more than such a file ever holds"
+        )));
+    }
+    Ok(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use std::fmt::Write as _;
@@ -743,7 +787,9 @@ mod tests {
     /// One line of `tree` per entry, parent folders made as needed:
     /// `PATH/` is a folder, `PATH -> TARGET` a symlink, `PATH = TEXT` a file
     /// holding TEXT, `PATH = safetensors N` a valid N-byte safetensors file,
-    /// and `mtime PATH SECONDS` sets a modification time.
+    /// `PATH = fifo` a named pipe, `PATH = sparse N` an N-byte file of
+    /// zeros taking no space, and `mtime PATH SECONDS` sets a modification
+    /// time. A discovery that hangs fails the test instead of hanging it.
     fn check_with(plugins: &[(&str, &str)], dirs: &[&str], tree: &str, expected: Expect) {
         #[derive(serde::Deserialize)]
         struct Declared {
@@ -765,7 +811,11 @@ mod tests {
         let root = temp.path();
         build(root, tree);
         let dirs: Vec<PathBuf> = dirs.iter().map(|d| root.join(d)).collect();
-        let discovery = discover(&dirs, &rules);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(discover(&dirs, &rules)));
+        let discovery = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("discovery hung");
         let conflicts: String = conflicts
             .iter()
             .map(|c| format!("conflict: {c}\n"))
@@ -797,6 +847,16 @@ mod tests {
                 let (path, content) = line.split_once(" = ").unwrap();
                 let path = root.join(path);
                 fs::create_dir_all(path.parent().unwrap()).unwrap();
+                if content == "fifo" {
+                    let made = std::process::Command::new("mkfifo").arg(&path).status();
+                    assert!(made.unwrap().success(), "mkfifo {}", path.display());
+                    continue;
+                }
+                if let Some(size) = content.strip_prefix("sparse ") {
+                    let file = fs::File::create(&path).unwrap();
+                    file.set_len(size.parse().unwrap()).unwrap();
+                    continue;
+                }
                 let bytes = match content.strip_prefix("safetensors ") {
                     Some(size) => {
                         let header = size.parse::<usize>().unwrap() - 8;
@@ -1104,6 +1164,59 @@ mod tests {
                   hf/hub/models--qwen/snapshots/1 is also called 'qwen', and first/qwen was found first (model dirs are searched in order, each in name order); rename or remove one of them
                 rejected second/qwen.gguf
                   second/qwen.gguf is also called 'qwen', and first/qwen was found first (model dirs are searched in order, each in name order); rename or remove one of them
+            "#]],
+        );
+    }
+
+    #[test]
+    fn a_fifo_or_device_in_a_model_folder_is_refused_without_opening_it() {
+        // Regressions: a FIFO named config.json blocked the host's start (the
+        // scan waited for a writer), and a config.json linked to /dev/zero
+        // grew the host by 2 GB per scan.
+        check(
+            &["models", "hub"],
+            "
+            models/fifo-config/config.json = fifo
+            models/fifo-config/model.safetensors = safetensors 16
+            models/zero-config/config.json -> /dev/zero
+            models/zero-config/model.safetensors = safetensors 16
+            models/fifo-weights/config.json = {}
+            models/fifo-weights/model.safetensors = fifo
+            models/ok/config.json = {}
+            models/ok/model.safetensors = safetensors 16
+            hub/models--org--fifo-ref/refs/main = fifo
+            hub/models--org--fifo-ref/snapshots/1/m.gguf = GGUF
+            ",
+            expect![[r#"
+                ok  mlx  16 B  folder  models/ok
+                  files [config.json, model.safetensors] by mlx: a folder of config.json + *.safetensors (built-in)
+                rejected hub/models--org--fifo-ref
+                  cannot read hub/models--org--fifo-ref/refs/main: not a regular file (a FIFO, device or socket); check its permissions or download it again (`hf download org/fifo-ref`)
+                rejected models/fifo-config
+                  cannot read models/fifo-config/config.json: not a regular file (a FIFO, device or socket); download the model again
+                rejected models/fifo-weights
+                  cannot read models/fifo-weights/model.safetensors: not a regular file (a FIFO, device or socket); the download may be incomplete, download the model again
+                rejected models/zero-config
+                  cannot read models/zero-config/config.json: not a regular file (a FIFO, device or socket); download the model again
+            "#]],
+        );
+    }
+
+    #[test]
+    fn a_config_json_past_the_cap_is_refused_unread() {
+        check(
+            &["models"],
+            "
+            models/huge/config.json = sparse 16777217
+            models/huge/model.safetensors = safetensors 16
+            models/at-cap/config.json = sparse 16777216
+            models/at-cap/model.safetensors = safetensors 16
+            ",
+            expect![[r#"
+                rejected models/at-cap
+                  models/at-cap/config.json is not valid JSON (expected value at line 1 column 1); fix the file or download the model again
+                rejected models/huge
+                  cannot read models/huge/config.json: larger than 16777216 bytes, more than such a file ever holds; download the model again
             "#]],
         );
     }

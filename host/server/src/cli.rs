@@ -4,6 +4,7 @@
 //! Every command prints a human-readable table by default and JSON with
 //! `--json`, for scripts.
 
+use crate::output::outln;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -222,6 +223,8 @@ pub fn main() -> ExitCode {
         .init();
     match run(cli) {
         Ok(code) => code,
+        // The reader of our output went away (`| head`): nothing to report.
+        Err(e) if crate::output::is_closed_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -247,7 +250,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     let machine = platform::current(config.platform.as_deref()).map_err(anyhow::Error::msg)?;
     if let Command::Platform = cli.command {
-        print(cli.global.json, &machine, || machine.to_string());
+        print(cli.global.json, &machine, || machine.to_string())?;
         return Ok(ExitCode::SUCCESS);
     }
     let mut dirs = cli.global.plugins_dirs.clone();
@@ -263,7 +266,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Plugins => {
             let report = plugins_report(&registry);
-            print(cli.global.json, &report, || plugins_table(&report));
+            print(cli.global.json, &report, || plugins_table(&report))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Resolve { model } => {
@@ -276,7 +279,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 model: recognized,
                 resolution,
             };
-            print(cli.global.json, &answer, || resolution_table(&answer));
+            print(cli.global.json, &answer, || resolution_table(&answer))?;
             Ok(if answer.resolution.chosen.is_some() {
                 ExitCode::SUCCESS
             } else {
@@ -295,11 +298,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// `hangar resolve`'s answer: the model a path is (with the rule that
 /// recognised it), and the resolution of its format.
 #[derive(Serialize)]
-struct ResolveAnswer {
+struct ResolveAnswer<'r> {
     #[serde(skip_serializing_if = "Option::is_none")]
     model: Option<Model>,
     #[serde(flatten)]
-    resolution: Resolution,
+    resolution: Resolution<'r>,
 }
 
 /// The model at path `model` as the registry's rules recognise it, `None`
@@ -317,14 +320,18 @@ fn recognized(model: &str, registry: &Registry) -> anyhow::Result<Option<Model>>
     Ok(None)
 }
 
-fn print<T: Serialize>(json: bool, value: &T, human: impl FnOnce() -> String) {
+fn print<T: Serialize>(
+    json: bool,
+    value: &T,
+    human: impl FnOnce() -> String,
+) -> std::io::Result<()> {
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(value).expect("reports serialize")
-        );
+        )
     } else {
-        println!("{}", human());
+        outln!("{}", human())
     }
 }
 
@@ -370,7 +377,7 @@ fn plugins_table(report: &PluginsReport) -> String {
     out
 }
 
-fn resolution_table(answer: &ResolveAnswer) -> String {
+fn resolution_table(answer: &ResolveAnswer<'_>) -> String {
     let r = &answer.resolution;
     let mut out = String::new();
     if let Some(m) = &answer.model {
@@ -397,9 +404,11 @@ fn resolution_table(answer: &ResolveAnswer) -> String {
             Verdict::Rejected(reason) => format!("rejected: {reason}"),
         };
         t.add_row(vec![
-            e.plugin.clone(),
+            e.plugin.to_string(),
             e.priority.to_string(),
-            e.engine_version.clone().unwrap_or_default(),
+            e.engine_version
+                .map(ToString::to_string)
+                .unwrap_or_default(),
             verdict,
         ]);
     }

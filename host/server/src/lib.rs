@@ -5,7 +5,8 @@
 //! One chat request, from the router to the engine and back:
 //!
 //! 1. [`api`] (axum) receives `POST /v1/chat/completions`, checks the API
-//!    key, and finds the model among the model dirs' models.
+//!    key, and finds the model in the [`catalog`] (the model dirs' models,
+//!    held in memory and rescanned when the dirs change).
 //! 2. The [`scheduler`] admits the request (or queues it behind the host's
 //!    and the model's concurrency limits, or refuses it with 429 or 503),
 //!    makes room for the model if it must load (evicting least recently
@@ -34,9 +35,12 @@
 #![warn(unreachable_pub)]
 
 pub(crate) mod api;
+pub(crate) mod catalog;
 pub mod cli;
+pub(crate) mod output;
 pub mod package;
 pub(crate) mod plugin_cmd;
+pub(crate) mod resolved;
 pub mod scheduler;
 pub(crate) mod serve;
 pub(crate) mod sessions;

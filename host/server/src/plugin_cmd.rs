@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Subcommand, ValueEnum};
 
+use crate::output::outln;
 use crate::package;
 use crate::template::{self, SdkSource};
 use hangar_engine::config::{self, Config};
@@ -181,9 +182,9 @@ pub(crate) fn run(
             };
             let installed = package::install(&file, &target, force, approve)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&installed)?);
+                outln!("{}", serde_json::to_string_pretty(&installed)?)?;
             } else {
-                println!(
+                outln!(
                     "{} plugin {} {} in {}",
                     if installed.replaced {
                         "replaced"
@@ -193,7 +194,7 @@ pub(crate) fn run(
                     installed.id,
                     installed.version,
                     installed.dir.display()
-                );
+                )?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -288,22 +289,22 @@ fn new(
     };
     let kind = kind.plugin_kind();
     let files = template::write(kind, &id, dest, &sdk)?;
-    println!("created plugin '{id}' in {}:", dest.display());
+    outln!("created plugin '{id}' in {}:", dest.display())?;
     for file in files {
-        println!("  {}", file.strip_prefix(dest).unwrap_or(&file).display());
+        outln!("  {}", file.strip_prefix(dest).unwrap_or(&file).display())?;
     }
     if sdk == SdkSource::Registry {
-        println!(
+        outln!(
             "(hangar-sdk comes from crates.io; --sdk-path DIR depends on a checkout's sdk/ folder instead)"
-        );
+        )?;
     }
     if kind == PluginKind::Wasm {
-        println!("(needs the target once: rustup target add {WASM_TARGET})");
+        outln!("(needs the target once: rustup target add {WASM_TARGET})")?;
     }
-    println!(
+    outln!(
         "next: cd {} && cargo test && hangar plugin check . && hangar plugin pack .",
         dest.display()
-    );
+    )?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -325,9 +326,9 @@ fn check(
     }
     let report = conformance::run(&test);
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
-        println!("{report}");
+        outln!("{report}")?;
     }
     Ok(if report.passed() {
         ExitCode::SUCCESS
@@ -352,12 +353,12 @@ fn pack(
         }
     };
     let manifest = package::pack(folder.path(), &out)?;
-    println!(
+    outln!(
         "packed plugin {} {} into {}",
         manifest.id,
         manifest.version,
         out.display()
-    );
+    )?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 
 use crate::api::{router, App};
+use crate::catalog::Catalog;
 use crate::scheduler::driver::Driver;
 use crate::sessions::Sessions;
 use crate::settings::SettingsStore;
@@ -72,6 +73,9 @@ pub(crate) fn run(
     runtime.block_on(async move {
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
+            // An engine's events are small writes; Nagle would hold each
+            // one back for the engine's delayed ACK.
+            .tcp_nodelay(true)
             .build()?;
         let sessions = Sessions::new(
             Arc::new(registry),
@@ -80,15 +84,18 @@ pub(crate) fn run(
             state_dir,
             client,
         );
+        let rules = sessions.registry().rules().to_vec();
+        let catalog = tokio::task::spawn_blocking(move || Catalog::open(model_dirs, rules)).await?;
+        catalog.watch();
         let scheduler = Driver::new(sessions.clone(), args.limits.clone());
         tokio::spawn(scheduler.clone().run());
         let app = Arc::new(App {
             scheduler: scheduler.clone(),
             sessions: sessions.clone(),
-            model_dirs,
+            catalog,
             api_key: args.api_key.filter(|k| !k.is_empty()),
         });
-        let discovery = app.discover().await;
+        let discovery = app.discovery();
         for bad in &discovery.rejected {
             tracing::warn!(path = %bad.path.display(), "not a model: {}", bad.reason);
         }
@@ -109,10 +116,26 @@ pub(crate) fn run(
                 sessions.shutdown().await;
             }
         };
-        axum::serve(listener, router(app))
+        axum::serve(no_delay(listener), router(app))
             .with_graceful_shutdown(shutdown)
             .await?;
         sessions.shutdown().await;
         Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// `listener` with Nagle's algorithm off on every accepted connection.
+///
+/// A streamed answer is many small writes (the headers, then one event
+/// per token); with Nagle on, the first event after the headers waits for
+/// the client's delayed ACK, about 40 ms on Linux, before it leaves.
+pub(crate) fn no_delay(
+    listener: tokio::net::TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
+    use axum::serve::ListenerExt;
+    listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("cannot turn Nagle's algorithm off on a connection: {e}");
+        }
     })
 }

@@ -21,6 +21,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
 use hangar_plugin_api::settings::{SettingSpec, SettingType};
@@ -288,6 +289,9 @@ pub(crate) enum StoreError {
 pub(crate) struct SettingsStore {
     path: Option<PathBuf>,
     stored: RwLock<Stored>,
+    /// Bumped by every write, so that what was derived from the settings
+    /// (resolutions) knows when to derive it again.
+    generation: AtomicU64,
 }
 
 impl SettingsStore {
@@ -313,6 +317,7 @@ impl SettingsStore {
         Ok(SettingsStore {
             path,
             stored: RwLock::new(stored),
+            generation: AtomicU64::new(0),
         })
     }
 
@@ -331,7 +336,13 @@ impl SettingsStore {
             write_atomically(path, &next)?;
         }
         *guard = next;
+        self.generation.fetch_add(1, Ordering::Release);
         Ok(())
+    }
+
+    /// How many writes the settings have had.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 }
 

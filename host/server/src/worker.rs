@@ -61,7 +61,7 @@ pub(crate) fn run(plugin_dir: &Path, request: &Path) -> anyhow::Result<ExitCode>
             .route("/v1/chat/completions", post(chat))
             .route("/v1/completions", post(completion))
             .with_state(served);
-        axum::serve(listener, router)
+        axum::serve(crate::serve::no_delay(listener), router)
             .with_graceful_shutdown(crate::supervisor::signal::wait_for_signal())
             .await?;
         Ok(ExitCode::SUCCESS)

@@ -7,17 +7,23 @@
 //! 4. take the operator's default engine for the format if it survived,
 //!    else sort by priority, then engine version, then id.
 
-use std::cmp::Reverse;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::fmt;
 
+use hangar_plugin_api::{Platform, PlatformSpec};
 use semver::Version;
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
 use super::{EngineState, PluginEntry, Registry};
 
-/// The outcome of resolving one format.
+/// The outcome of resolving one format, borrowing from the registry.
+///
+/// Rejections are kept as data and worded only when shown or serialized:
+/// a resolution over hundreds of plugins, most of which serve other
+/// formats, formats nothing on the request path.
 #[derive(Debug, Clone, Serialize)]
-pub struct Resolution {
+pub struct Resolution<'r> {
     /// The format asked for.
     pub requested: String,
     /// Its canonical name, after aliases.
@@ -29,96 +35,147 @@ pub struct Resolution {
     /// Why the chosen plugin won.
     pub reason: String,
     /// Every plugin considered, in ranking order, with its verdict.
-    pub trace: Vec<TraceEntry>,
+    pub trace: Vec<TraceEntry<'r>>,
 }
 
 /// One plugin's part in a resolution.
 #[derive(Debug, Clone, Serialize)]
-pub struct TraceEntry {
+pub struct TraceEntry<'r> {
     /// The plugin id.
-    pub plugin: String,
+    pub plugin: &'r str,
     /// Its manifest priority.
     pub priority: i32,
     /// The probed engine version, when known.
-    pub engine_version: Option<String>,
+    pub engine_version: Option<&'r Version>,
     /// What happened to it (`verdict`, and `reason` for a rejection).
     #[serde(flatten)]
-    pub verdict: Verdict,
+    pub verdict: Verdict<'r>,
 }
 
 /// What resolution did with a plugin.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "verdict", content = "reason", rename_all = "snake_case")]
-pub enum Verdict {
+pub enum Verdict<'r> {
     /// It serves the model.
     Chosen,
     /// It could serve, but another plugin ranks higher.
     Outranked,
     /// It cannot serve, for this reason.
-    Rejected(String),
+    Rejected(Rejection<'r>),
+}
+
+/// Why a plugin cannot serve; shown (and serialized) as a sentence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejection<'r> {
+    /// It does not serve the format.
+    Format {
+        /// The formats it serves.
+        serves: &'r [String],
+        /// The format asked for, canonical.
+        format: Cow<'r, str>,
+    },
+    /// None of its platforms is this machine.
+    Platform {
+        /// The platforms it runs on.
+        runs_on: &'r [PlatformSpec],
+        /// This machine.
+        machine: &'r Platform,
+    },
+    /// Its artifact or code is broken.
+    Broken(&'r str),
+    /// Its engine is not available here (from the probe).
+    Unavailable(&'r str),
+}
+
+impl fmt::Display for Rejection<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rejection::Format { serves, format } => {
+                write!(f, "serves [{}], not {format}", serves.join(", "))
+            }
+            Rejection::Platform { runs_on, machine } => {
+                f.write_str("runs on [")?;
+                for (i, spec) in runs_on.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{spec}")?;
+                }
+                write!(f, "], not on this machine ({machine})")
+            }
+            Rejection::Broken(reason) => write!(f, "plugin is broken: {reason}"),
+            Rejection::Unavailable(reason) => write!(f, "engine unavailable: {reason}"),
+        }
+    }
+}
+
+impl Serialize for Rejection<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
 }
 
 impl Registry {
     /// Resolves a format (or alias) to the engine that serves it, preferring
     /// the operator's default engine for that format (`default_engines`,
     /// keyed by canonical format) when it can serve.
-    pub fn resolve(&self, format: &str, default_engines: &BTreeMap<String, String>) -> Resolution {
+    pub fn resolve<'r>(
+        &'r self,
+        format: &'r str,
+        default_engines: &BTreeMap<String, String>,
+    ) -> Resolution<'r> {
         let requested = format.to_ascii_lowercase();
-        let canonical = self.canonical_format(&requested);
-        let alias = self.aliases().get(&requested).map(|a| {
+        let alias = self.aliases().get(&requested);
+        // Borrowed wherever it can be, since every rejection names it.
+        let canonical: Cow<'r, str> = match alias {
+            Some(a) => Cow::Borrowed(&a.target),
+            None if requested == format => Cow::Borrowed(format),
+            None => Cow::Owned(requested.clone()),
+        };
+        let alias = alias.map(|a| {
             format!(
                 "{requested} → {} (declared by {})",
                 a.target,
                 a.declared_by.join(", ")
             )
         });
-        let mut eligible: Vec<(&PluginEntry, Option<Version>)> = Vec::new();
-        let mut rejected: Vec<TraceEntry> = Vec::new();
+        let mut eligible: Vec<(&PluginEntry, Option<&Version>)> = Vec::new();
+        let mut rejected: Vec<TraceEntry<'r>> = Vec::new();
         for entry in self.plugins() {
             let m = &entry.manifest;
-            let reject = |reason: String, version: Option<&Version>| TraceEntry {
-                plugin: m.id.clone(),
-                priority: m.priority,
-                engine_version: version.map(Version::to_string),
-                verdict: Verdict::Rejected(reason),
+            let rejection = if !m.formats.iter().any(|f| *f == *canonical) {
+                Rejection::Format {
+                    serves: &m.formats,
+                    format: canonical.clone(),
+                }
+            } else if entry.accelerator.is_none() {
+                Rejection::Platform {
+                    runs_on: &m.platforms,
+                    machine: self.platform(),
+                }
+            } else {
+                match self.engine(entry) {
+                    EngineState::Broken(reason) => Rejection::Broken(reason),
+                    EngineState::Unavailable { reason, .. } => Rejection::Unavailable(reason),
+                    EngineState::Ready(engine) => {
+                        eligible.push((entry, engine.version.as_ref()));
+                        continue;
+                    }
+                }
             };
-            if !m.formats.contains(&canonical) {
-                rejected.push(reject(
-                    format!("serves [{}], not {canonical}", m.formats.join(", ")),
-                    None,
-                ));
-                continue;
-            }
-            if entry.accelerator.is_none() {
-                let platforms: Vec<String> = m.platforms.iter().map(ToString::to_string).collect();
-                rejected.push(reject(
-                    format!(
-                        "runs on [{}], not on this machine ({})",
-                        platforms.join(", "),
-                        self.platform()
-                    ),
-                    None,
-                ));
-                continue;
-            }
-            match self.engine(entry) {
-                EngineState::Broken(reason) => {
-                    rejected.push(reject(format!("plugin is broken: {reason}"), None))
-                }
-                EngineState::Unavailable { reason, .. } => {
-                    rejected.push(reject(format!("engine unavailable: {reason}"), None))
-                }
-                EngineState::Ready(engine) => eligible.push((entry, engine.version.clone())),
-            }
+            rejected.push(TraceEntry {
+                plugin: &m.id,
+                priority: m.priority,
+                engine_version: None,
+                verdict: Verdict::Rejected(rejection),
+            });
         }
-        eligible.sort_by_key(|(entry, version)| {
-            (
-                Reverse(entry.manifest.priority),
-                Reverse(version.clone()),
-                entry.manifest.id.clone(),
-            )
+        eligible.sort_by(|(a, va), (b, vb)| {
+            (b.manifest.priority.cmp(&a.manifest.priority))
+                .then_with(|| vb.cmp(va))
+                .then_with(|| a.manifest.id.cmp(&b.manifest.id))
         });
-        let default = default_engines.get(&canonical);
+        let default = default_engines.get(&*canonical);
         let mut reason = String::new();
         if let Some(default) = default {
             match eligible.iter().position(|(e, _)| &e.manifest.id == default) {
@@ -142,24 +199,26 @@ impl Registry {
             });
         }
         let chosen = eligible.first().map(|(e, _)| e.manifest.id.clone());
-        let mut trace: Vec<TraceEntry> = eligible
-            .iter()
-            .enumerate()
-            .map(|(i, (entry, version))| TraceEntry {
-                plugin: entry.manifest.id.clone(),
-                priority: entry.manifest.priority,
-                engine_version: version.as_ref().map(Version::to_string),
-                verdict: if i == 0 {
-                    Verdict::Chosen
-                } else {
-                    Verdict::Outranked
-                },
-            })
-            .collect();
+        let mut trace: Vec<TraceEntry<'r>> = Vec::with_capacity(eligible.len() + rejected.len());
+        trace.extend(
+            eligible
+                .iter()
+                .enumerate()
+                .map(|(i, (entry, version))| TraceEntry {
+                    plugin: &entry.manifest.id,
+                    priority: entry.manifest.priority,
+                    engine_version: *version,
+                    verdict: if i == 0 {
+                        Verdict::Chosen
+                    } else {
+                        Verdict::Outranked
+                    },
+                }),
+        );
         trace.extend(rejected);
         Resolution {
             requested,
-            format: canonical,
+            format: canonical.into_owned(),
             alias,
             chosen,
             reason,

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{ApiError, App};
+use hangar_engine::models::Discovery;
 
 /// `GET /health`: 503 `loading` until every pinned model is ready, then
 /// 200 `healthy`.
@@ -59,7 +60,7 @@ pub(super) async fn resolve(
     query: Result<Query<ResolveQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(q) = query?;
-    let discovery = app.discover().await;
+    let discovery = app.discovery();
     let model = discovery.find(&q.model).cloned();
     let format = match &model {
         Some(m) => m.format.clone(),
@@ -80,15 +81,26 @@ pub(super) async fn resolve(
     };
     let registry = app.sessions.registry().clone();
     let defaults = app.sessions.settings().get().default_engines;
-    let resolution = tokio::task::spawn_blocking(move || registry.resolve(&format, &defaults))
-        .await
-        .expect("resolution does not panic");
+    let resolution = tokio::task::spawn_blocking(move || {
+        serde_json::to_value(registry.resolve(&format, &defaults)).expect("resolutions serialize")
+    })
+    .await
+    .expect("resolution does not panic");
     Ok(Json(json!({ "model": model, "resolution": resolution })))
 }
 
 /// `GET /api/models`.
 pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
-    let discovery = app.discover().await;
+    models_view(&app, &app.discovery())
+}
+
+/// `POST /api/models/rescan`.
+pub(super) async fn rescan(State(app): State<Arc<App>>) -> Json<Value> {
+    let discovery = app.catalog.rescan().await;
+    models_view(&app, &discovery)
+}
+
+fn models_view(app: &App, discovery: &Discovery) -> Json<Value> {
     let loading = app.sessions.loading();
     let models: Vec<Value> = discovery
         .models
@@ -117,7 +129,7 @@ pub(super) async fn load(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let model = app.find_model(&id).await?;
+    let model = app.find_model(&id)?;
     let session = app.scheduler.load(&model).await?;
     Ok(Json(json!({ "loaded": true, "session": session.info() })))
 }

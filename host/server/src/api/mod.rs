@@ -8,6 +8,7 @@
 //! | `GET /api/plugins` | every plugin, as `hangar plugins --json` |
 //! | `GET /api/resolve?model=ID_OR_FORMAT` | the resolution trace |
 //! | `GET /api/models` | discovered models, their state, and folders that are not models |
+//! | `POST /api/models/rescan` | scan the model dirs now (they are also watched), then as `GET /api/models` |
 //! | `POST /api/models/{id}/load`, `POST /api/models/{id}/unload` | load or stop a model (`/` in ids as `%2F`) |
 //! | `GET/PUT /api/settings` | app defaults, default engines, engine settings |
 //! | `GET/PUT /api/models/{id}/settings`, `GET /api/models/{id}/settings/schema` | one model's settings, and what its engine supports now |
@@ -22,8 +23,8 @@ pub(crate) mod inprocess;
 mod manage;
 mod openai;
 mod settings;
+mod sse;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -35,9 +36,10 @@ use axum::Router;
 pub(crate) use error::ApiError;
 use subtle::ConstantTimeEq;
 
+use crate::catalog::Catalog;
 use crate::scheduler::driver::Driver;
 use crate::sessions::Sessions;
-use hangar_engine::models::{discover, Discovery, Model};
+use hangar_engine::models::{Discovery, Model};
 
 /// Everything the handlers share.
 pub(crate) struct App {
@@ -45,27 +47,22 @@ pub(crate) struct App {
     pub scheduler: Arc<Driver>,
     /// The sessions (and through them, the registry).
     pub sessions: Arc<Sessions>,
-    /// The model dirs, rescanned on use so that new folders appear without
-    /// a restart.
-    pub model_dirs: Vec<PathBuf>,
+    /// The models of the model dirs.
+    pub catalog: Arc<Catalog>,
     /// The key clients must send, if any.
     pub api_key: Option<String>,
 }
 
 impl App {
-    /// Scans the model dirs with the registry's recognition rules.
-    pub(crate) async fn discover(&self) -> Discovery {
-        let dirs = self.model_dirs.clone();
-        let registry = self.sessions.registry().clone();
-        tokio::task::spawn_blocking(move || discover(&dirs, registry.rules()))
-            .await
-            .unwrap_or_default()
+    /// The models, as the catalog last scanned them.
+    pub(crate) fn discovery(&self) -> Arc<Discovery> {
+        self.catalog.current()
     }
 
     /// The model with this id, or a 404 that lists the ones there are (or
     /// says why a folder of that name is not a model).
-    pub(crate) async fn find_model(&self, id: &str) -> Result<Model, ApiError> {
-        let discovery = self.discover().await;
+    pub(crate) fn find_model(&self, id: &str) -> Result<Model, ApiError> {
+        let discovery = self.discovery();
         if let Some(model) = discovery.find(id) {
             return Ok(model.clone());
         }
@@ -101,6 +98,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/api/plugins", get(manage::plugins))
         .route("/api/resolve", get(manage::resolve))
         .route("/api/models", get(manage::models))
+        .route("/api/models/rescan", post(manage::rescan))
         .route("/api/models/{id}/load", post(manage::load))
         .route("/api/models/{id}/unload", post(manage::unload))
         .route(

@@ -17,11 +17,12 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use bytes::BytesMut;
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
-use tokio::sync::mpsc;
 
 use super::inprocess::Route;
+use super::sse::{self, ModelRewrite, SseFramer};
 use super::{ApiError, App};
 use crate::sessions::{Backend, InFlight, Session};
 use hangar_engine::loader::wasm::{Direction, WasmPlugin};
@@ -45,7 +46,7 @@ pub(super) async fn completions(
 
 /// `GET /v1/models`: every discovered model, in OpenAI's list shape.
 pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
-    let discovery = app.discover().await;
+    let discovery = app.discovery();
     let data: Vec<Value> = discovery
         .models
         .iter()
@@ -85,7 +86,7 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
             ))
         }
     };
-    let model = app.find_model(&model_id).await?;
+    let model = app.find_model(&model_id)?;
     refuse_gated_fields(&app, &model, &request).await?;
     let (session, in_flight) = app.scheduler.admit(&model).await?;
     let (base_url, upstream_model, mapper) = match &session.backend {
@@ -210,21 +211,11 @@ async fn refuse_gated_fields(
     model: &Model,
     request: &Map<String, Value>,
 ) -> Result<(), ApiError> {
-    let registry = app.sessions.registry().clone();
-    let defaults = app.sessions.settings().get().default_engines;
-    let format = model.format.clone();
-    let present: Map<String, Value> = request
-        .iter()
-        .filter(|(_, v)| !v.is_null())
-        .map(|(k, _)| (k.clone(), Value::Bool(true)))
-        .collect();
-    let refused = tokio::task::spawn_blocking(move || match registry.serving(&format, &defaults) {
-        Ok((entry, engine)) => crate::settings::refused_request_fields(entry, engine, &present),
-        // Loading reports the missing engine with the whole story.
-        Err(_) => vec![],
-    })
-    .await
-    .unwrap_or_default();
+    // Without an engine, loading reports the missing one with the whole story.
+    let Some((entry, engine)) = app.sessions.serving(&model.format).await else {
+        return Ok(());
+    };
+    let refused = crate::settings::refused_request_fields(entry, engine, request);
     match refused.is_empty() {
         true => Ok(()),
         false => Err(ApiError::unprocessable(refused.join("; "))),
@@ -255,49 +246,32 @@ async fn failure(session: &Session, what: &str) -> ApiError {
     }
 }
 
+/// The engine's event stream, passed on to the client as it arrives: no
+/// task or channel between the two connections, so each event costs one
+/// read and one write. Every complete event is forwarded (with the
+/// client's model id put in) as soon as a chunk completes it; a client that
+/// hangs up drops this stream, and with it the upstream request.
 fn sse(
     session: Arc<Session>,
     in_flight: InFlight,
     upstream: reqwest::Response,
     model_id: String,
 ) -> Response {
-    let (tx, rx) = mpsc::channel::<Bytes>(32);
-    tokio::spawn(async move {
-        let _in_flight = in_flight;
-        let mut body = upstream.bytes_stream();
-        let mut framer = SseFramer::default();
-        let mut done = false;
-        let end = loop {
-            let next = tokio::select! {
-                chunk = body.next() => chunk,
-                _ = session.ended.cancelled() => break Some(ended_error(&session)),
-                _ = tx.closed() => return, // the client hung up: drop the upstream request
-            };
-            match next {
-                Some(Ok(bytes)) => {
-                    for event in framer.push(&bytes) {
-                        done |= event.lines().any(|l| l.trim() == "data: [DONE]");
-                        if tx.send(rewrite_event(&event, &model_id)).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-                Some(Err(e)) => {
-                    break Some(failure(&session, &format!("the stream broke: {e}")).await)
-                }
-                None if done => break None,
-                // An engine that dies mid-stream may close the connection
-                // cleanly; without [DONE] that is still a failure.
-                None => break Some(failure(&session, "the stream ended before [DONE]").await),
-            }
-        };
-        if let Some(error) = end {
-            let event = format!("data: {}\n\n", error.body());
-            let _ = tx.send(Bytes::from(event)).await;
-        }
-    });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    let state = Relay {
+        body: Box::pin(upstream.bytes_stream()),
+        ended: Box::pin(session.ended.clone().cancelled_owned()),
+        session,
+        _in_flight: in_flight,
+        framer: SseFramer::default(),
+        ends: Vec::new(),
+        rewrite: ModelRewrite::new(&model_id),
+        out: BytesMut::new(),
+        done: false,
+        finished: false,
+    };
+    let stream = futures_util::stream::unfold(state, |mut relay| async move {
+        let next = relay.next().await?;
+        Some((Ok::<_, Infallible>(next), relay))
     });
     Response::builder()
         .status(StatusCode::OK)
@@ -307,82 +281,80 @@ fn sse(
         .expect("a valid response")
 }
 
-/// Splits a byte stream into complete server-sent events (each ending in a
-/// blank line), keeping an incomplete tail for the next chunk.
-#[derive(Default)]
-struct SseFramer {
-    buffer: Vec<u8>,
+/// One stream's relay from the engine to the client.
+struct Relay {
+    body: std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<Bytes>> + Send>>,
+    ended: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    session: Arc<Session>,
+    _in_flight: InFlight,
+    framer: SseFramer,
+    ends: Vec<usize>,
+    rewrite: ModelRewrite,
+    /// Where rewritten events are written.
+    out: BytesMut,
+    /// Whether `data: [DONE]` went by.
+    done: bool,
+    /// Whether the stream has ended (after its final error event, if any).
+    finished: bool,
 }
 
-impl SseFramer {
-    fn push(&mut self, bytes: &[u8]) -> Vec<String> {
-        self.buffer.extend_from_slice(bytes);
-        let mut events = Vec::new();
-        while let Some((end, sep)) = find_event_end(&self.buffer) {
-            let rest = self.buffer.split_off(end + sep);
-            let event = std::mem::replace(&mut self.buffer, rest);
-            events.push(String::from_utf8_lossy(&event).into_owned());
+impl Relay {
+    /// The next bytes for the client: the events the next chunk completes,
+    /// or one final error event; `None` once the stream is over.
+    async fn next(&mut self) -> Option<Bytes> {
+        if self.finished {
+            return None;
         }
-        events
+        loop {
+            let next = tokio::select! {
+                chunk = self.body.next() => chunk,
+                _ = &mut self.ended => {
+                    self.finished = true;
+                    return Some(error_event(&ended_error(&self.session)));
+                }
+            };
+            let what = match next {
+                Some(Ok(chunk)) => {
+                    let run = self.framer.push(chunk, &mut self.ends);
+                    if run.is_empty() {
+                        continue;
+                    }
+                    let mut start = 0;
+                    for &end in &self.ends {
+                        self.done |= sse::is_done(&run[start..end]);
+                        start = end;
+                    }
+                    return Some(
+                        match self.rewrite.rewrite_run(&run, &self.ends, &mut self.out) {
+                            // Split off, so that the buffer's memory is reused
+                            // once the client's connection has written it.
+                            true => self.out.split().freeze(),
+                            false => run,
+                        },
+                    );
+                }
+                Some(Err(e)) => format!("the stream broke: {e}"),
+                None if self.done => {
+                    self.finished = true;
+                    return None;
+                }
+                // An engine that dies mid-stream may close the connection
+                // cleanly; without [DONE] that is still a failure.
+                None => "the stream ended before [DONE]".to_string(),
+            };
+            self.finished = true;
+            return Some(error_event(&failure(&self.session, &what).await));
+        }
     }
 }
 
-fn find_event_end(buffer: &[u8]) -> Option<(usize, usize)> {
-    let lf = buffer.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
-    let crlf = buffer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|i| (i, 4));
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
-        (a, b) => a.or(b),
-    }
-}
-
-/// Puts the client's model id into every JSON `data:` line of an event.
-fn rewrite_event(event: &str, model_id: &str) -> Bytes {
-    if !event.contains("\"model\"") {
-        return Bytes::from(event.to_string());
-    }
-    let mut out = String::with_capacity(event.len());
-    for line in event.split_inclusive('\n') {
-        let rewritten = line.strip_prefix("data: ").and_then(|data| {
-            let mut value: Value = serde_json::from_str(data.trim_end()).ok()?;
-            rewrite_model(&mut value, model_id);
-            Some(format!("data: {value}\n"))
-        });
-        out.push_str(rewritten.as_deref().unwrap_or(line));
-    }
-    Bytes::from(out)
+/// The final event of a stream that failed.
+fn error_event(error: &ApiError) -> Bytes {
+    Bytes::from(format!("data: {}\n\n", error.body()))
 }
 
 fn rewrite_model(value: &mut Value, model_id: &str) {
     if let Some(m) = value.get_mut("model") {
         *m = Value::String(model_id.to_string());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn events_are_framed_across_chunks_and_rewritten() {
-        let mut f = SseFramer::default();
-        assert!(
-            f.push(b": keepalive\n\ndata: {\"model\":\"/tmp/x\",\"a\"")
-                .len()
-                == 1
-        );
-        let events = f.push(b":1}\n\ndata: [DONE]\n\n");
-        assert_eq!(
-            events,
-            [
-                "data: {\"model\":\"/tmp/x\",\"a\":1}\n\n",
-                "data: [DONE]\n\n"
-            ]
-        );
-        let out = rewrite_event(&events[0], "tiny");
-        assert_eq!(out, "data: {\"a\":1,\"model\":\"tiny\"}\n\n");
     }
 }

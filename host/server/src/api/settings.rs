@@ -62,7 +62,7 @@ pub(super) async fn get_model(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let model = app.find_model(&id).await?;
+    let model = app.find_model(&id)?;
     model_view(&app, model).await
 }
 
@@ -79,7 +79,7 @@ pub(super) async fn put_model(
             e.body_text()
         ))
     })?;
-    let model = app.find_model(&id).await?;
+    let model = app.find_model(&id)?;
     let map = strip_nulls(map);
     let checked = map.clone();
     with_engine(&app, &model, move |entry, engine, _| {
@@ -107,7 +107,7 @@ pub(super) async fn schema(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let model = app.find_model(&id).await?;
+    let model = app.find_model(&id)?;
     let model_id = model.id.clone();
     with_engine(&app, &model, move |entry, engine, stored| {
         let (effective, _) = settings::effective(stored, entry, engine, &model_id);

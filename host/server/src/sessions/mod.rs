@@ -20,7 +20,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use hangar_engine::models::Model;
-use hangar_engine::registry::Registry;
+use hangar_engine::registry::{Engine, PluginEntry, Registry};
 
 use crate::settings::SettingsStore;
 pub(crate) use crate::supervisor::STOP_GRACE;
@@ -124,6 +124,8 @@ pub(crate) struct Sessions {
     next_id: AtomicU64,
     /// Cancelled when shutdown begins: no new loads, loads in flight stop.
     closing: CancellationToken,
+    /// Which plugin serves each format, kept until the settings change.
+    resolved: crate::resolved::Resolved,
 }
 
 /// How many events are kept.
@@ -149,6 +151,7 @@ impl Sessions {
             events: Mutex::new(VecDeque::new()),
             next_id: AtomicU64::new(1),
             closing: CancellationToken::new(),
+            resolved: Default::default(),
         })
     }
 
@@ -160,6 +163,14 @@ impl Sessions {
     /// The stored settings.
     pub(crate) fn settings(&self) -> &Arc<SettingsStore> {
         &self.settings
+    }
+
+    /// The plugin and engine that serve `format` under the current
+    /// settings, if any (resolved once per format and settings write).
+    pub(crate) async fn serving(&self, format: &str) -> Option<(&PluginEntry, &Engine)> {
+        self.resolved
+            .serving(&self.registry, &self.settings, format)
+            .await
     }
 
     /// The HTTP client used to reach engines.

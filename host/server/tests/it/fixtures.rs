@@ -182,23 +182,32 @@ impl Scenario {
         self.hangar_with(args, &[])
     }
 
-    /// [`Scenario::hangar`] with extra environment variables.
-    pub fn hangar_with(&self, args: &[&str], env: &[(&str, PathBuf)]) -> (i32, String) {
+    /// The command `hangar ARGS` against this scenario's plugins, config
+    /// and home.
+    pub fn command(&self, args: &[&str]) -> Command {
         let config = self.root.path().join("config.toml");
         if !config.exists() {
             self.config("");
         }
-        let out = Command::new(env!("CARGO_BIN_EXE_hangar"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_hangar"));
+        command
             .args(args)
             .arg("--plugins-dir")
             .arg(self.plugins_dir())
             .arg("--config")
             .arg(&config)
-            .envs(env.iter().map(|(k, v)| (k, v)))
             .env("HANGAR_PLATFORM", &self.platform)
             .env("HOME", self.root.path())
             .env("XDG_DATA_HOME", self.root.path().join("data"))
-            .env("XDG_CONFIG_HOME", self.root.path().join("xdg-config"))
+            .env("XDG_CONFIG_HOME", self.root.path().join("xdg-config"));
+        command
+    }
+
+    /// [`Scenario::hangar`] with extra environment variables.
+    pub fn hangar_with(&self, args: &[&str], env: &[(&str, PathBuf)]) -> (i32, String) {
+        let out = self
+            .command(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .output()
             .unwrap();
         let root = self.root.path().display().to_string();

@@ -500,3 +500,29 @@ fn shells_and_interpreters_run_only_where_the_operator_allows_them() {
     "#]],
     );
 }
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    // Regression: `hangar resolve mlx | head -1` panicked ("failed printing
+    // to stdout: Broken pipe") once head had exited.
+    let s = Scenario::new();
+    alpha(&s, 10, "alpha 1.2.0");
+    for args in [
+        &["resolve", "mlx"][..],
+        &["plugins"],
+        &["plugins", "--json"],
+    ] {
+        // A socket whose reader is gone answers writes with EPIPE, as a
+        // pipe does once `head` has exited.
+        let (writer, reader) = std::os::unix::net::UnixStream::pair().unwrap();
+        drop(reader);
+        let stdout = std::process::Stdio::from(std::os::fd::OwnedFd::from(writer));
+        let out = s.command(args).stdout(stdout).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stderr.is_empty(),
+            "hangar {args:?} into a closed pipe: {:?}\n{stderr}",
+            out.status
+        );
+    }
+}

@@ -1,0 +1,155 @@
+//! The model catalog: the models of the model dirs, held in memory so that
+//! no request scans the disk.
+//!
+//! The catalog is scanned at start, again shortly after anything changes
+//! under a model dir (a filesystem watch, debounced, so that a download
+//! writing for minutes costs one scan after it settles), and on
+//! `POST /api/models/rescan` (for what a watch cannot see: model folders
+//! linked in from elsewhere, network filesystems, dirs created after the
+//! start).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use hangar_engine::models::{Discovery, Rule};
+use notify::Watcher as _;
+
+/// How long the model dirs must stay quiet before a change is scanned.
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// The models of the model dirs, as last scanned.
+pub(crate) struct Catalog {
+    dirs: Vec<PathBuf>,
+    /// The recognition rules (the registry's), fixed for the host's life.
+    rules: Vec<Rule>,
+    current: RwLock<Arc<Discovery>>,
+    /// Serialises scans, so that a slow scan never replaces a newer one.
+    scanning: Mutex<()>,
+    /// The filesystem watch, while there is one.
+    watcher: Mutex<Option<notify::RecommendedWatcher>>,
+}
+
+impl Catalog {
+    /// Scans `dirs` (blocking) with `rules` and returns the catalog of what
+    /// was found.
+    pub(crate) fn open(dirs: Vec<PathBuf>, rules: Vec<Rule>) -> Arc<Catalog> {
+        let catalog = Arc::new(Catalog {
+            dirs,
+            rules,
+            current: RwLock::new(Arc::default()),
+            scanning: Mutex::new(()),
+            watcher: Mutex::new(None),
+        });
+        catalog.scan();
+        catalog
+    }
+
+    /// The models as last scanned.
+    pub(crate) fn current(&self) -> Arc<Discovery> {
+        self.current.read().expect("catalog lock").clone()
+    }
+
+    /// Scans the model dirs again (off the async threads) and returns what
+    /// was found.
+    pub(crate) async fn rescan(self: &Arc<Self>) -> Arc<Discovery> {
+        let catalog = self.clone();
+        match tokio::task::spawn_blocking(move || catalog.scan()).await {
+            Ok(discovery) => discovery,
+            Err(_) => self.current(),
+        }
+    }
+
+    /// The one place the model dirs are read.
+    fn scan(&self) -> Arc<Discovery> {
+        let _one_at_a_time = self.scanning.lock().expect("scan lock");
+        let discovery = Arc::new(hangar_engine::models::discover(&self.dirs, &self.rules));
+        *self.current.write().expect("catalog lock") = discovery.clone();
+        discovery
+    }
+
+    /// Rescans whenever something changes under a model dir, until the
+    /// catalog is dropped. A dir that cannot be watched (missing, or out of
+    /// inotify watches) is logged and left to `POST /api/models/rescan`.
+    pub(crate) fn watch(self: &Arc<Self>) {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
+        let handler = move |event: notify::Result<notify::Event>| {
+            // Reads (our own scans open files) are not changes.
+            if let Ok(event) = event {
+                if !matches!(event.kind, notify::EventKind::Access(_)) {
+                    let _ = tx.try_send(());
+                }
+            }
+        };
+        let mut watcher = match notify::recommended_watcher(handler) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(
+                    "cannot watch the model dirs ({e}); POST /api/models/rescan picks up changes"
+                );
+                return;
+            }
+        };
+        for dir in &self.dirs {
+            if let Err(e) = watcher.watch(dir, notify::RecursiveMode::Recursive) {
+                tracing::warn!(dir = %dir.display(), "cannot watch model dir ({e}); POST /api/models/rescan picks up its changes");
+            }
+        }
+        *self.watcher.lock().expect("watcher lock") = Some(watcher);
+        let catalog = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while rx.recv().await.is_some() {
+                // Debounce: scan once the dirs have been quiet for SETTLE.
+                while tokio::time::timeout(SETTLE, rx.recv())
+                    .await
+                    .is_ok_and(|e| e.is_some())
+                {}
+                let Some(catalog) = catalog.upgrade() else {
+                    return;
+                };
+                let found = catalog.rescan().await;
+                tracing::info!(
+                    models = found.models.len(),
+                    "model dirs changed; catalog rescanned"
+                );
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(discovery: &Discovery) -> Vec<&str> {
+        discovery.models.iter().map(|m| m.id.as_str()).collect()
+    }
+
+    #[tokio::test]
+    async fn the_catalog_follows_the_model_dirs_without_rescanning_per_read() {
+        let temp = tempfile::tempdir().unwrap();
+        std::fs::write(temp.path().join("a.gguf"), "GGUF").unwrap();
+        let catalog = Catalog::open(
+            vec![temp.path().to_path_buf()],
+            hangar_engine::models::builtin_rules(),
+        );
+        assert_eq!(ids(&catalog.current()), ["a"]);
+        // Reading is not scanning: a new file shows only after a rescan.
+        std::fs::write(temp.path().join("b.gguf"), "GGUF").unwrap();
+        assert_eq!(ids(&catalog.current()), ["a"]);
+        let rescanned = catalog.rescan().await;
+        assert_eq!(ids(&rescanned), ["a", "b"]);
+        // The watch rescans on its own once the dir settles.
+        catalog.watch();
+        std::fs::write(temp.path().join("c.gguf"), "GGUF").unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while ids(&catalog.current()) != ["a", "b", "c"] {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the watch did not pick up c.gguf: {:?}",
+                ids(&catalog.current())
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
