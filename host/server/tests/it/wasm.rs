@@ -166,5 +166,6 @@ fn a_guest_that_loops_traps_or_hoards_is_stopped_and_the_host_keeps_serving() {
         "{body}"
     );
     assert_eq!(server.load()["model"], "tiny");
-    assert_eq!(server.events("load_failed"), 3);
+    // spin (twice), trap, hog.
+    assert_eq!(server.events("load_failed"), 4);
 }
