@@ -516,9 +516,10 @@ impl Sessions {
             }
         }
         session.end(reason.clone());
-        // Reap whatever the engine left in its group.
-        process.stop(Duration::from_millis(200)).await;
+        // Recorded as the session goes, so that whoever sees it gone also
+        // sees why; reaping what the engine left in its group comes after.
         self.record("crashed", &session.model.id, Some(&session.id), reason);
+        process.stop(Duration::from_millis(200)).await;
     }
 }
 
