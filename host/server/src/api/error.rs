@@ -178,6 +178,19 @@ impl From<axum::extract::rejection::BytesRejection> for ApiError {
     }
 }
 
+impl From<axum::extract::rejection::PathRejection> for ApiError {
+    fn from(e: axum::extract::rejection::PathRejection) -> ApiError {
+        // Chiefly a segment whose percent-decoding is not UTF-8.
+        ApiError::bad_request(
+            format!(
+                "bad path: {}; ids in paths are UTF-8, percent-encoded (`/` as %2F)",
+                e.body_text()
+            ),
+            None,
+        )
+    }
+}
+
 impl From<axum::extract::rejection::QueryRejection> for ApiError {
     fn from(e: axum::extract::rejection::QueryRejection) -> ApiError {
         ApiError::bad_request(format!("bad query string: {}", e.body_text()), None)

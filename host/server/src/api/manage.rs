@@ -3,19 +3,31 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{ApiError, App};
+use super::{ApiError, App, PathId};
 
-/// `GET /health`.
-pub(super) async fn health(State(app): State<Arc<App>>) -> Json<Value> {
+/// `GET /health`: the status for anyone; with the API key (or without a
+/// key set), also what is loading and every session.
+pub(super) async fn health(
+    State(app): State<Arc<App>>,
+    headers: axum::http::HeaderMap,
+) -> Json<Value> {
     let loading = app.sessions.loading();
+    let status = if loading.is_empty() {
+        "healthy"
+    } else {
+        "loading"
+    };
+    if !app.authorized(&headers) {
+        return Json(json!({ "status": status }));
+    }
     let sessions: Vec<_> = app.sessions.list().iter().map(|s| s.info()).collect();
     Json(json!({
-        "status": if loading.is_empty() { "healthy" } else { "loading" },
+        "status": status,
         "loading": loading,
         "sessions": sessions,
     }))
@@ -84,7 +96,7 @@ pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
 /// `POST /api/models/{id}/load`.
 pub(super) async fn load(
     State(app): State<Arc<App>>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<Value>, ApiError> {
     let model = app.find_model(&id).await?;
     let session = app.sessions.ensure(&model).await?;
@@ -94,7 +106,7 @@ pub(super) async fn load(
 /// `POST /api/models/{id}/unload`.
 pub(super) async fn unload(
     State(app): State<Arc<App>>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<Value>, ApiError> {
     if app.sessions.unload(&id).await {
         Ok(Json(json!({ "unloaded": true, "model": id })))
@@ -114,7 +126,7 @@ pub(super) async fn sessions(State(app): State<Arc<App>>) -> Json<Value> {
 /// `GET /api/sessions/{id}/logs`.
 pub(super) async fn logs(
     State(app): State<Arc<App>>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<Value>, ApiError> {
     let session = app.sessions.by_id(&id).ok_or_else(|| {
         ApiError::not_found(format!(

@@ -30,9 +30,9 @@ use hangar_engine::models::Model;
 /// `POST /v1/chat/completions`.
 pub(super) async fn chat_completions(
     State(app): State<Arc<App>>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    forward(app, "/v1/chat/completions", body).await
+    forward(app, "/v1/chat/completions", body?).await
 }
 
 /// `POST /v1/completions`.
@@ -75,17 +75,18 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
             ))
         }
     };
-    let stream = match request.get("stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "'stream' must be true or false",
-                Some("stream"),
-            ))
-        }
+    let route = if path.ends_with("chat/completions") {
+        Route::Chat
+    } else {
+        Route::Completion
     };
+    let stream = request
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let model = app.find_model(&model_id).await?;
+    // Hook (validation): every known field is checked before an engine sees it.
+    super::validate::check(route, &request)?;
     refuse_gated_fields(&app, &model, &request).await?;
     let session = app.sessions.ensure(&model).await?;
     let in_flight = session.begin_request();
@@ -97,11 +98,6 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
             ..
         } => (base_url, upstream_model, mapper),
         Backend::InProcess(served) => {
-            let route = if path.ends_with("chat/completions") {
-                Route::Chat
-            } else {
-                Route::Completion
-            };
             let answer = served.answer(route, &request);
             return tokio::select! {
                 r = answer => r,

@@ -2,6 +2,7 @@
 
 mod conformance;
 mod fixtures;
+mod hardening;
 mod inprocess;
 mod package;
 mod plugin_cmd;
