@@ -80,7 +80,7 @@ pub(crate) fn run(
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
         let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
+            .connect_timeout(settings.get().serving.connect())
             .build()?;
         let sessions = Sessions::new(
             Arc::new(registry),

@@ -23,6 +23,7 @@ use hangar_engine::models::Model;
 use hangar_engine::registry::{probe::find_program, Registry};
 
 use crate::settings::{SettingMap, SettingsStore};
+use crate::supervisor::health::{Monitor, State};
 use crate::supervisor::{free_port, EngineProcess, Spawn};
 
 /// An in-process engine serving one model, with the model's settings as
@@ -112,6 +113,9 @@ pub(crate) struct Session {
     pub started_at: u64,
     /// Cancelled when the session ends (crash, unload, shutdown).
     pub ended: CancellationToken,
+    /// How the engine is checked and what it is doing (engine processes
+    /// only).
+    pub monitor: Option<Arc<Monitor>>,
     end_reason: OnceLock<String>,
     in_flight: AtomicUsize,
     served: AtomicU64,
@@ -152,6 +156,17 @@ impl Session {
         }
     }
 
+    /// What the engine is doing: hung or failed once judged so; busy while
+    /// requests run (or wait past a timeout on an engine that answers);
+    /// else ready.
+    pub(crate) fn state(&self) -> State {
+        let seen = self.monitor.as_ref().map_or(State::Ready, |m| m.state());
+        match seen {
+            State::Ready if self.in_flight.load(Ordering::SeqCst) > 0 => State::Busy,
+            other => other,
+        }
+    }
+
     /// Counts a request in flight until the guard drops.
     pub(crate) fn begin_request(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
@@ -172,6 +187,7 @@ impl Session {
                 Backend::InProcess(_) => "in-process".into(),
             },
             pid: self.process().and_then(EngineProcess::engine_pid),
+            state: self.state(),
             started_at: self.started_at,
             in_flight: self.in_flight.load(Ordering::SeqCst),
             requests_served: self.served.load(Ordering::Relaxed),
@@ -235,6 +251,8 @@ pub(crate) struct SessionInfo {
     pub endpoint: String,
     /// The engine's pid.
     pub pid: Option<u32>,
+    /// ready, busy, hung or failed.
+    pub state: State,
     /// Seconds since the epoch.
     pub started_at: u64,
     /// Requests running now.
@@ -250,7 +268,8 @@ pub(crate) struct SessionInfo {
 pub(crate) struct Event {
     /// Seconds since the epoch.
     pub at: u64,
-    /// `loaded`, `load_failed`, `unloaded`, `crashed`.
+    /// `loaded`, `load_failed`, `fallback`, `unloaded`, `crashed`,
+    /// `failed`, `hung`.
     pub kind: &'static str,
     /// Model id.
     pub model: String,
@@ -276,6 +295,8 @@ pub(crate) struct Sessions {
     client: reqwest::Client,
     slots: Mutex<HashMap<String, Slot>>,
     events: Mutex<VecDeque<Event>>,
+    /// Models whose last session hung or failed, until they load again.
+    troubled: Mutex<HashMap<String, (State, String)>>,
     next_id: AtomicU64,
     /// Cancelled when shutdown begins: no new loads, loads in flight stop.
     closing: CancellationToken,
@@ -302,6 +323,7 @@ impl Sessions {
             client,
             slots: Mutex::new(HashMap::new()),
             events: Mutex::new(VecDeque::new()),
+            troubled: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             closing: CancellationToken::new(),
         })
@@ -491,6 +513,10 @@ impl Sessions {
             Ok(session) => {
                 slots.insert(model.id.clone(), Slot::Ready(session.clone()));
                 drop(slots);
+                self.troubled
+                    .lock()
+                    .expect("troubled lock")
+                    .remove(&model.id);
                 self.record(
                     "loaded",
                     &model.id,
@@ -546,6 +572,7 @@ impl Sessions {
             notes,
             started_at: now(),
             ended: CancellationToken::new(),
+            monitor: None,
             end_reason: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
             served: AtomicU64::new(0),
@@ -585,14 +612,24 @@ impl Sessions {
                 });
             }
         };
+        // Hook (health): the engine is polled and checked while it serves.
+        let monitor = Arc::new(Monitor::new(
+            base_url.clone(),
+            plan.readiness.clone(),
+            self.client.clone(),
+            self.settings.get().serving,
+        ));
         let backend = Backend::Process {
             process,
             base_url,
             upstream_model: plan.upstream_model.clone(),
             mapper,
         };
-        let session = Arc::new(session(backend, plan.notes.clone()));
+        let mut session = session(backend, plan.notes.clone());
+        session.monitor = Some(monitor);
+        let session = Arc::new(session);
         tokio::spawn(self.clone().watch(session.clone()));
+        tokio::spawn(self.clone().poll(session.clone()));
         Ok(session)
     }
 
@@ -670,6 +707,35 @@ impl Sessions {
             "engine '{}' serving model '{}' exited unexpectedly ({exit}); the next request loads it again. Last output: {tail}",
             session.plugin, session.model.id
         );
+        self.retire(session, "crashed", reason).await;
+    }
+
+    /// Polls a live session's readiness route; a failed status ends it.
+    async fn poll(self: Arc<Self>, session: Arc<Session>) {
+        let Some(monitor) = session.monitor.clone() else {
+            return;
+        };
+        let Some(why) = monitor.poll_until_failed(session.ended.cancelled()).await else {
+            return;
+        };
+        monitor.set_final(State::Failed);
+        let reason = format!(
+            "engine '{}' serving model '{}' failed: {why}; its requests were ended and the next request starts it afresh",
+            session.plugin, session.model.id
+        );
+        self.retire(session, "failed", reason).await;
+    }
+
+    /// Ends a session nobody asked to end (`crashed`, `failed`, `hung`):
+    /// its slot goes at once (so the next request loads the model afresh),
+    /// its requests are told `reason`, its process group is killed, and the
+    /// event is recorded.
+    pub(crate) async fn retire(
+        self: Arc<Self>,
+        session: Arc<Session>,
+        kind: &'static str,
+        reason: String,
+    ) {
         {
             let mut slots = self.slots.lock().expect("slots lock");
             if matches!(slots.get(&session.model.id), Some(Slot::Ready(s)) if Arc::ptr_eq(s, &session))
@@ -677,10 +743,55 @@ impl Sessions {
                 slots.remove(&session.model.id);
             }
         }
-        session.end(reason.clone());
-        // Reap whatever the engine left in its group.
-        process.stop(Duration::from_millis(200)).await;
-        self.record("crashed", &session.model.id, Some(&session.id), reason);
+        // The first to end a session says why; recorded before the session's
+        // requests are told, so that whoever reads the reason finds the event.
+        if session.ended.is_cancelled() || session.end_reason.set(reason.clone()).is_err() {
+            return;
+        }
+        let state = match kind {
+            "hung" => Some(State::Hung),
+            "failed" => Some(State::Failed),
+            _ => None,
+        };
+        if let Some(state) = state {
+            let mut troubled = self.troubled.lock().expect("troubled lock");
+            troubled.insert(session.model.id.clone(), (state, reason.clone()));
+        }
+        self.record(kind, &session.model.id, Some(&session.id), reason);
+        session.ended.cancel();
+        if let Some(process) = session.process() {
+            // A hung or failed engine gets no grace; a crashed one's
+            // leftovers are reaped.
+            process.stop(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Every model the host knows the state of, with its state and, when
+    /// it hung or failed, why: loading, ready, busy (requests in flight),
+    /// hung or failed (until the next load).
+    pub(crate) fn states(&self) -> Vec<(String, State, Option<String>)> {
+        let mut out: Vec<(String, State, Option<String>)> = {
+            let troubled = self.troubled.lock().expect("troubled lock");
+            troubled
+                .iter()
+                .map(|(id, (state, why))| (id.clone(), *state, Some(why.clone())))
+                .collect()
+        };
+        let live = self
+            .loading()
+            .into_iter()
+            .map(|id| (id, State::Loading, None))
+            .chain(
+                self.list()
+                    .into_iter()
+                    .map(|s| (s.model.id.clone(), s.state(), None)),
+            );
+        for entry in live {
+            out.retain(|(id, ..)| id != &entry.0);
+            out.push(entry);
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 }
 

@@ -17,6 +17,9 @@
 //! parallel = 2
 //! [models.tiny-llama]        # one model's settings
 //! kv_cache_type = "int8"
+//! [serving]                  # the host's own: timeouts, health, fallback
+//! first_byte_timeout_ms = 120000
+//! fallback = true
 //! ```
 
 use std::collections::BTreeMap;
@@ -28,6 +31,7 @@ use hangar_plugin_api::wire::settings as names;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::supervisor::health::ServingSettings;
 use hangar_engine::registry::{CapabilityState, Engine, PluginEntry};
 
 /// A map of settings by name.
@@ -49,6 +53,9 @@ pub(crate) struct Stored {
     /// Model id → that model's settings.
     #[serde(default)]
     pub models: BTreeMap<String, SettingMap>,
+    /// Timeouts, health polling and fallback (`[serving]`).
+    #[serde(default)]
+    pub serving: ServingSettings,
 }
 
 /// The app-wide layers, as `GET/PUT /api/settings` carry them.
@@ -64,6 +71,9 @@ pub(crate) struct AppSettings {
     /// Global engine settings.
     #[serde(default)]
     pub engines: BTreeMap<String, SettingMap>,
+    /// Timeouts, health polling and fallback.
+    #[serde(default)]
+    pub serving: ServingSettings,
 }
 
 /// The generation defaults an operator may set for every model: each is

@@ -29,8 +29,21 @@ pub(super) async fn health(
     Json(json!({
         "status": status,
         "loading": loading,
+        "models": model_states(&app),
         "sessions": sessions,
     }))
+}
+
+/// Each model's state (loading, ready, busy, hung, failed), with why for
+/// the last two.
+fn model_states(app: &App) -> Value {
+    let states: serde_json::Map<String, Value> = app
+        .sessions
+        .states()
+        .into_iter()
+        .map(|(id, state, why)| (id, json!({ "state": state, "reason": why })))
+        .collect();
+    Value::Object(states)
 }
 
 /// `GET /api/plugins`.
@@ -120,7 +133,7 @@ pub(super) async fn unload(
 /// `GET /api/sessions`.
 pub(super) async fn sessions(State(app): State<Arc<App>>) -> Json<Value> {
     let sessions: Vec<_> = app.sessions.list().iter().map(|s| s.info()).collect();
-    Json(json!({ "sessions": sessions }))
+    Json(json!({ "sessions": sessions, "models": model_states(&app) }))
 }
 
 /// `GET /api/sessions/{id}/logs`.

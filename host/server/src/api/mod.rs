@@ -24,6 +24,7 @@ pub(crate) mod listen;
 mod manage;
 mod openai;
 mod settings;
+mod upstream;
 pub(crate) mod validate;
 
 use std::path::PathBuf;

@@ -22,8 +22,10 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use super::inprocess::Route;
+use super::upstream::{self, Wait};
 use super::{ApiError, App};
-use crate::sessions::{Backend, InFlight, Session};
+use crate::sessions::{Backend, InFlight, Session, Sessions};
+use crate::supervisor::health::State as EngineState;
 use hangar_engine::loader::wasm::{Direction, WasmPlugin};
 use hangar_engine::models::Model;
 
@@ -127,8 +129,9 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
         .post(format!("{base_url}{path}"))
         .json(&request)
         .send();
+    // Hook (health): waits past a timeout check the engine (busy or hung).
     let response = tokio::select! {
-        r = send => r,
+        r = upstream::wait(&app.sessions, &session, Wait::FirstByte, send) => r?,
         _ = session.ended.cancelled() => return Err(ended_error(&session)),
     };
     let response = match response {
@@ -142,10 +145,16 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     if status.is_success() && stream && is_sse {
-        return Ok(sse(session, in_flight, response, model_id));
+        return Ok(sse(
+            app.sessions.clone(),
+            session,
+            in_flight,
+            response,
+            model_id,
+        ));
     }
     let read = tokio::select! {
-        r = response.bytes() => r,
+        r = upstream::wait(&app.sessions, &session, Wait::More, response.bytes()) => r?,
         _ = session.ended.cancelled() => return Err(ended_error(&session)),
     };
     let bytes = match read {
@@ -230,12 +239,14 @@ async fn refuse_gated_fields(
 
 /// The error for a request whose session ended under it.
 fn ended_error(session: &Session) -> ApiError {
-    ApiError::engine(
-        session
-            .end_reason()
-            .unwrap_or("the model's engine stopped")
-            .to_string(),
-    )
+    let reason = session
+        .end_reason()
+        .unwrap_or("the model's engine stopped")
+        .to_string();
+    match session.state() {
+        EngineState::Hung => upstream::hung_error(reason),
+        _ => ApiError::engine(reason),
+    }
 }
 
 /// A transport failure: when the engine died, say so (its exit is noticed
@@ -253,6 +264,7 @@ async fn failure(session: &Session, what: &str) -> ApiError {
 }
 
 fn sse(
+    sessions: Arc<Sessions>,
     session: Arc<Session>,
     in_flight: InFlight,
     upstream: reqwest::Response,
@@ -266,7 +278,10 @@ fn sse(
         let mut done = false;
         let end = loop {
             let next = tokio::select! {
-                chunk = body.next() => chunk,
+                chunk = upstream::wait(&sessions, &session, Wait::More, body.next()) => match chunk {
+                    Ok(chunk) => chunk,
+                    Err(hung) => break Some(hung),
+                },
                 _ = session.ended.cancelled() => break Some(ended_error(&session)),
                 _ = tx.closed() => return, // the client hung up: drop the upstream request
             };

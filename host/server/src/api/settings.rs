@@ -26,6 +26,7 @@ pub(super) async fn get_app(State(app): State<Arc<App>>) -> Json<Value> {
         defaults: stored.defaults,
         default_engines: stored.default_engines,
         engines: stored.engines,
+        serving: stored.serving,
     }))
 }
 
@@ -47,6 +48,7 @@ pub(super) async fn put_app(
         .update(|stored| {
             stored.defaults = strip_nulls(new.defaults);
             stored.default_engines = new.default_engines;
+            stored.serving = new.serving;
             stored.engines = new
                 .engines
                 .into_iter()
@@ -204,6 +206,7 @@ fn check_app(registry: &Registry, new: &AppSettings) -> Result<(), Refused> {
         Ok(()) => vec![],
         Err(Refused(p)) => p,
     };
+    problems.extend(new.serving.problems());
     for (format, plugin) in &new.default_engines {
         let canonical = registry.canonical_format(format);
         match registry.plugin(plugin) {

@@ -3,6 +3,7 @@
 mod conformance;
 mod fixtures;
 mod hardening;
+mod health;
 mod inprocess;
 mod package;
 mod plugin_cmd;
