@@ -75,6 +75,14 @@ pub(crate) enum LoadError {
         /// What happened, with the engine's last output.
         reason: String,
     },
+    /// Every compatible engine was tried, and each failed (fallback).
+    #[error("no engine could load model '{model}': {}", .failures.join("; then "))]
+    AllFailed {
+        /// The model id.
+        model: String,
+        /// Each engine's failure, in the order tried.
+        failures: Vec<String>,
+    },
     /// The host is shutting down and starts nothing new.
     #[error("the host is shutting down; model '{model}' was not started")]
     ShuttingDown {
@@ -500,7 +508,7 @@ impl Sessions {
     }
 
     async fn load(self: Arc<Self>, model: Model) -> Result<Arc<Session>, LoadError> {
-        let mut result = self.clone().start(model.clone()).await;
+        let mut result = self.clone().start_with_fallback(&model).await;
         if let (Ok(session), true) = (&result, self.closing.is_cancelled()) {
             session.end("the host is shutting down".into());
             session.stop(STOP_GRACE).await;
@@ -533,7 +541,71 @@ impl Sessions {
         result
     }
 
-    async fn start(self: Arc<Self>, model: Model) -> Result<Arc<Session>, LoadError> {
+    /// Starts the model on the engine resolution picks; when that engine
+    /// fails to load it (its plugin refuses, or the engine does not start)
+    /// and `[serving] fallback` is on, tries the next compatible engine in
+    /// resolution order, recording each failure as a `fallback` event and
+    /// on the session that finally serves.
+    async fn start_with_fallback(
+        self: &Arc<Self>,
+        model: &Model,
+    ) -> Result<Arc<Session>, LoadError> {
+        let mut tried: Vec<String> = Vec::new();
+        let mut failures: Vec<String> = Vec::new();
+        loop {
+            let result = self.clone().start(model.clone(), &tried, &failures).await;
+            let error = match result {
+                Err(e @ (LoadError::Plan { .. } | LoadError::Start { .. })) => e,
+                other => return other,
+            };
+            let (LoadError::Plan { plugin, .. } | LoadError::Start { plugin, .. }) = &error else {
+                unreachable!("matched above")
+            };
+            tried.push(plugin.clone());
+            if !self.settings.get().serving.fallback || self.closing.is_cancelled() {
+                return Err(error);
+            }
+            let next = {
+                let (registry, skip) = (self.registry.clone(), tried.clone());
+                let (format, defaults) =
+                    (model.format.clone(), self.settings.get().default_engines);
+                tokio::task::spawn_blocking(move || {
+                    registry
+                        .serving_except(&format, &defaults, &skip)
+                        .map(|(entry, _)| entry.manifest.id.clone())
+                        .ok()
+                })
+                .await
+                .ok()
+                .flatten()
+            };
+            let reason = error.to_string();
+            let Some(next) = next else {
+                if failures.is_empty() {
+                    return Err(error);
+                }
+                failures.push(reason);
+                return Err(LoadError::AllFailed {
+                    model: model.id.clone(),
+                    failures,
+                });
+            };
+            self.record(
+                "fallback",
+                &model.id,
+                None,
+                format!("{reason}; trying the next compatible engine, '{next}'"),
+            );
+            failures.push(reason);
+        }
+    }
+
+    async fn start(
+        self: Arc<Self>,
+        model: Model,
+        skip: &[String],
+        earlier: &[String],
+    ) -> Result<Arc<Session>, LoadError> {
         let registry = self.registry.clone();
         let id = format!("s{}", self.next_id.fetch_add(1, Ordering::Relaxed));
         // Unique across hosts that share a state dir; removed when the
@@ -551,10 +623,12 @@ impl Sessions {
         let port = free_port().map_err(|e| host_err(format!("no free loopback port: {e}")))?;
         let (m, wd, keeper) = (model.clone(), work_dir.clone(), self.keeper.clone());
         let settings = self.settings.clone();
-        let planned =
-            tokio::task::spawn_blocking(move || plan(&registry, &settings, &keeper, &m, port, &wd))
-                .await
-                .map_err(|e| host_err(format!("planning failed: {e}")))?;
+        let skip = skip.to_vec();
+        let planned = tokio::task::spawn_blocking(move || {
+            plan(&registry, &settings, &keeper, &m, port, &wd, &skip)
+        })
+        .await
+        .map_err(|e| host_err(format!("planning failed: {e}")))?;
         let planned = match planned {
             Ok(p) => p,
             Err(e) => {
@@ -569,7 +643,12 @@ impl Sessions {
             engine_version: planned.engine_version.clone(),
             accelerator: planned.accelerator.clone(),
             backend,
-            notes,
+            // Why earlier engines were passed over comes first.
+            notes: earlier
+                .iter()
+                .map(|f| format!("fell back: {f}"))
+                .chain(notes)
+                .collect(),
             started_at: now(),
             ended: CancellationToken::new(),
             monitor: None,
@@ -838,10 +917,11 @@ fn plan(
     model: &Model,
     port: u16,
     work_dir: &Path,
+    skip: &[String],
 ) -> Result<Planned, LoadError> {
     let stored = settings.get();
     let (entry, engine) = registry
-        .serving(&model.format, &stored.default_engines)
+        .serving_except(&model.format, &stored.default_engines, skip)
         .map_err(|reason| LoadError::NoEngine {
             model: model.id.clone(),
             format: model.format.clone(),

@@ -152,7 +152,9 @@ impl From<LoadError> for ApiError {
         let (status, code) = match &e {
             LoadError::NoEngine { .. } => (StatusCode::SERVICE_UNAVAILABLE, "no_engine"),
             LoadError::Plan { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_model_settings"),
-            LoadError::Start { .. } => (StatusCode::SERVICE_UNAVAILABLE, "engine_start_failed"),
+            LoadError::Start { .. } | LoadError::AllFailed { .. } => {
+                (StatusCode::SERVICE_UNAVAILABLE, "engine_start_failed")
+            }
             LoadError::ShuttingDown { .. } => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             LoadError::Host { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "host_error"),
         };

@@ -1,6 +1,7 @@
 //! Hangar's integration tests: one binary, one module per area.
 
 mod conformance;
+mod fallback;
 mod fixtures;
 mod hardening;
 mod health;
