@@ -31,6 +31,7 @@
 
 pub(crate) mod api;
 pub mod cli;
+pub(crate) mod metrics;
 pub mod package;
 pub(crate) mod plugin_cmd;
 pub(crate) mod serve;

@@ -22,6 +22,7 @@ use hangar_engine::loader::wasm::WasmPlugin;
 use hangar_engine::models::Model;
 use hangar_engine::registry::{probe::find_program, Registry};
 
+use crate::metrics::Metrics;
 use crate::settings::{SettingMap, SettingsStore};
 use crate::supervisor::health::{Monitor, State};
 use crate::supervisor::{free_port, EngineProcess, Spawn};
@@ -303,6 +304,8 @@ pub(crate) struct Sessions {
     client: reqwest::Client,
     slots: Mutex<HashMap<String, Slot>>,
     events: Mutex<VecDeque<Event>>,
+    /// The host's metrics (`GET /metrics`).
+    metrics: Metrics,
     /// Models whose last session hung or failed, until they load again.
     troubled: Mutex<HashMap<String, (State, String)>>,
     next_id: AtomicU64,
@@ -332,6 +335,7 @@ impl Sessions {
             slots: Mutex::new(HashMap::new()),
             events: Mutex::new(VecDeque::new()),
             troubled: Mutex::new(HashMap::new()),
+            metrics: Metrics::new(),
             next_id: AtomicU64::new(1),
             closing: CancellationToken::new(),
         })
@@ -345,6 +349,11 @@ impl Sessions {
     /// The stored settings.
     pub(crate) fn settings(&self) -> &Arc<SettingsStore> {
         &self.settings
+    }
+
+    /// The host's metrics.
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// The HTTP client used to reach engines.
@@ -494,6 +503,8 @@ impl Sessions {
             "crashed" | "load_failed" => tracing::warn!(model, kind, "{message}"),
             _ => tracing::info!(model, kind, "{message}"),
         }
+        // Hook (metrics): every event kind is counted by model.
+        self.metrics.event(model, kind);
         let mut events = self.events.lock().expect("events lock");
         if events.len() == EVENTS {
             events.pop_front();

@@ -162,3 +162,20 @@ pub(super) async fn logs(
 pub(super) async fn events(State(app): State<Arc<App>>) -> Json<Value> {
     Json(json!({ "events": app.sessions.events() }))
 }
+
+/// `GET /metrics`.
+pub(super) async fn metrics(State(app): State<Arc<App>>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let sessions = app.sessions.clone();
+    let text = tokio::task::spawn_blocking(move || sessions.metrics().scrape(&sessions))
+        .await
+        .unwrap_or_default();
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}

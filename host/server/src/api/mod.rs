@@ -12,7 +12,8 @@
 //! | `GET/PUT /api/settings` | app defaults, default engines, engine settings |
 //! | `GET/PUT /api/models/{id}/settings`, `GET /api/models/{id}/settings/schema` | one model's settings, and what its engine supports now |
 //! | `GET /api/sessions`, `GET /api/sessions/{id}/logs` | running engines and their output |
-//! | `GET /api/events` | loads, unloads, crashes |
+//! | `GET /api/events` | loads, unloads, crashes, failures, hangs, fallbacks |
+//! | `GET /metrics` | Prometheus (OpenMetrics) text: requests, tokens, token timings, events, states, memory |
 //!
 //! When the host was started with an API key, every route but `/health`
 //! needs `Authorization: Bearer KEY`; `/health` without it gives the status
@@ -123,6 +124,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/api/sessions", get(manage::sessions))
         .route("/api/sessions/{id}/logs", get(manage::logs))
         .route("/api/events", get(manage::events))
+        .route("/metrics", get(manage::metrics))
         .layer(middleware::from_fn_with_state(app.clone(), authorize))
         .route("/health", get(manage::health))
         .layer(DefaultBodyLimit::max(MAX_BODY_MIB * 1024 * 1024))

@@ -34,7 +34,7 @@ pub(super) async fn chat_completions(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    forward(app, "/v1/chat/completions", body?).await
+    counted(app, "/v1/chat/completions", body).await
 }
 
 /// `POST /v1/completions`.
@@ -42,7 +42,30 @@ pub(super) async fn completions(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    forward(app, "/v1/completions", body?).await
+    counted(app, "/v1/completions", body).await
+}
+
+/// Hook (metrics): forwards the request and counts its answer by model
+/// (`-` until the model is known, so that unknown ids add no series),
+/// route and status.
+async fn counted(
+    app: Arc<App>,
+    path: &'static str,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let mut model = String::from("-");
+    let result = match body {
+        Ok(body) => forward(app.clone(), path, body, &mut model).await,
+        Err(e) => Err(e.into()),
+    };
+    let status = match &result {
+        Ok(r) => r.status(),
+        Err(e) => e.status,
+    };
+    app.sessions
+        .metrics()
+        .request(&model, path, status.as_u16());
+    result
 }
 
 /// `GET /v1/models`: every discovered model, in OpenAI's list shape.
@@ -64,7 +87,13 @@ pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
     Json(json!({ "object": "list", "data": data }))
 }
 
-async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Response, ApiError> {
+async fn forward(
+    app: Arc<App>,
+    path: &'static str,
+    body: Bytes,
+    label: &mut String,
+) -> Result<Response, ApiError> {
+    let started = std::time::Instant::now();
     let mut request: Map<String, Value> = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!("the request body is not a JSON object: {e}"), None)
     })?;
@@ -87,6 +116,7 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let model = app.find_model(&model_id).await?;
+    label.clone_from(&model.id);
     // Hook (validation): every known field is checked before an engine sees it.
     super::validate::check(route, &request)?;
     refuse_gated_fields(&app, &model, &request).await?;
@@ -151,6 +181,7 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
             in_flight,
             response,
             model_id,
+            started,
         ));
     }
     let read = tokio::select! {
@@ -170,6 +201,9 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
                 value = map(mapper, Direction::Response, path, value).await?;
             }
             rewrite_model(&mut value, &model_id);
+            if let Some(usage) = value.get("usage") {
+                app.sessions.metrics().usage(&model_id, usage);
+            }
             Ok((status, Json(value)).into_response())
         }
         // The engine's own error, passed on when it is in OpenAI's shape.
@@ -269,12 +303,14 @@ fn sse(
     in_flight: InFlight,
     upstream: reqwest::Response,
     model_id: String,
+    started: std::time::Instant,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(32);
     tokio::spawn(async move {
         let _in_flight = in_flight;
         let mut body = upstream.bytes_stream();
         let mut framer = SseFramer::default();
+        let mut timings = sessions.metrics().stream(&model_id, started);
         let mut done = false;
         let end = loop {
             let next = tokio::select! {
@@ -288,6 +324,7 @@ fn sse(
             match next {
                 Some(Ok(bytes)) => {
                     for event in framer.push(&bytes) {
+                        timings.event(&event);
                         done |= event.lines().any(|l| l.trim() == "data: [DONE]");
                         if tx.send(rewrite_event(&event, &model_id)).await.is_err() {
                             return;

@@ -143,3 +143,53 @@ fn a_stream_that_goes_silent_on_a_stopped_engine_ends_with_a_hung_error() {
     assert!(last.contains("engine_hung"), "{last}");
     assert_eq!(server.events("hung"), 1);
 }
+
+#[test]
+fn metrics_count_requests_tokens_timings_events_and_memory() {
+    let server = unruly();
+    let (status, _) = chat(&server, "hello");
+    assert_eq!(status, 200);
+    let streamed = reqwest::blocking::Client::new()
+        .post(format!("{}/v1/chat/completions", server.url))
+        .json(&json!({
+            "model": "tiny", "stream": true, "max_tokens": 3,
+            "messages": [{"role": "user", "content": "go"}],
+        }))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(streamed.contains("[DONE]"), "{streamed}");
+    let (status, _) = server.post(
+        "/v1/chat/completions",
+        json!({"model": "tiny", "stop": 5, "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_eq!(status, 400);
+    let response = reqwest::blocking::get(format!("{}/metrics", server.url)).unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let text = response.text().unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.contains("_bucket{"))
+        .filter(|l| !l.contains("_sum{") && !l.starts_with("hangar_session_resident_bytes"))
+        .collect();
+    expect_test::expect![[r#"
+        hangar_requests_total{model="tiny",route="/v1/chat/completions",status="200"} 2
+        hangar_requests_total{model="tiny",route="/v1/chat/completions",status="400"} 1
+        hangar_tokens_total{model="tiny",kind="completion"} 7
+        hangar_tokens_total{model="tiny",kind="prompt"} 1
+        hangar_time_to_first_token_seconds_count{model="tiny"} 1
+        hangar_inter_token_seconds_count{model="tiny"} 2
+        hangar_session_events_total{model="tiny",kind="loaded"} 1
+        hangar_model_state{model="tiny",state="ready"} 1
+        hangar_requests_in_flight{model="tiny"} 0"#]]
+    .assert_eq(&lines.join("\n"));
+    let resident = text
+        .lines()
+        .find(|l| l.starts_with("hangar_session_resident_bytes{"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(resident > 1_000_000, "engine memory not measured: {text}");
+    assert!(text.ends_with("# EOF\n"), "{text}");
+}
