@@ -310,7 +310,7 @@ mod tests {
         }
         let mut out = String::new();
         encode(&mut out, &metrics.registry).unwrap();
-        let lines: Vec<&str> = out
+        let mut lines: Vec<&str> = out
             .lines()
             .filter(|l| {
                 l.starts_with("hangar_tokens_total")
@@ -318,11 +318,12 @@ mod tests {
                     || l.starts_with("hangar_inter_token_seconds_count")
             })
             .collect();
+        lines.sort();
         expect_test::expect![[r#"
-            hangar_tokens_total{model="tiny",kind="completion"} 9
-            hangar_tokens_total{model="tiny",kind="prompt"} 3
+            hangar_inter_token_seconds_count{model="tiny"} 1
             hangar_time_to_first_token_seconds_count{model="tiny"} 2
-            hangar_inter_token_seconds_count{model="tiny"} 1"#]]
+            hangar_tokens_total{model="tiny",kind="completion"} 9
+            hangar_tokens_total{model="tiny",kind="prompt"} 3"#]]
         .assert_eq(&lines.join("\n"));
     }
 }

@@ -168,21 +168,23 @@ fn metrics_count_requests_tokens_timings_events_and_memory() {
     let response = reqwest::blocking::get(format!("{}/metrics", server.url)).unwrap();
     assert_eq!(response.status().as_u16(), 200);
     let text = response.text().unwrap();
-    let lines: Vec<&str> = text
+    // Series within a family come in no set order.
+    let mut lines: Vec<&str> = text
         .lines()
         .filter(|l| !l.starts_with('#') && !l.contains("_bucket{"))
         .filter(|l| !l.contains("_sum{") && !l.starts_with("hangar_session_resident_bytes"))
         .collect();
+    lines.sort();
     expect_test::expect![[r#"
+        hangar_inter_token_seconds_count{model="tiny"} 2
+        hangar_model_state{model="tiny",state="ready"} 1
+        hangar_requests_in_flight{model="tiny"} 0
         hangar_requests_total{model="tiny",route="/v1/chat/completions",status="200"} 2
         hangar_requests_total{model="tiny",route="/v1/chat/completions",status="400"} 1
-        hangar_tokens_total{model="tiny",kind="completion"} 7
-        hangar_tokens_total{model="tiny",kind="prompt"} 1
-        hangar_time_to_first_token_seconds_count{model="tiny"} 1
-        hangar_inter_token_seconds_count{model="tiny"} 2
         hangar_session_events_total{model="tiny",kind="loaded"} 1
-        hangar_model_state{model="tiny",state="ready"} 1
-        hangar_requests_in_flight{model="tiny"} 0"#]]
+        hangar_time_to_first_token_seconds_count{model="tiny"} 1
+        hangar_tokens_total{model="tiny",kind="completion"} 7
+        hangar_tokens_total{model="tiny",kind="prompt"} 1"#]]
     .assert_eq(&lines.join("\n"));
     let resident = text
         .lines()
