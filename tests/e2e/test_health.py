@@ -57,9 +57,13 @@ def test_stop_5_is_refused_and_a_dead_generation_thread_is_noticed(env, tmp_path
         assert status == 400 and body["error"]["param"] == "stop", body
         status, body = chat(srv.url)
         assert status == 200, body
-        # Behind Hangar's back: mlx_lm.server's generation thread dies.
-        http(first["endpoint"] + "/v1/chat/completions", "POST",
-             {"messages": MESSAGES, "max_tokens": 4, "stop": 5}, timeout=30)
+        # Behind Hangar's back: mlx_lm.server's generation thread dies (and
+        # the engine may drop this connection unanswered).
+        try:
+            http(first["endpoint"] + "/v1/chat/completions", "POST",
+                 {"messages": MESSAGES, "max_tokens": 4, "stop": 5}, timeout=30)
+        except OSError:
+            pass
         assert wait_until(lambda: state(srv.url) == "failed", 10), srv.log(30)
         assert "failed" in kinds(srv.url)
         status, body = chat(srv.url)
