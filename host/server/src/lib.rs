@@ -35,6 +35,7 @@
 
 pub(crate) mod api;
 pub mod cli;
+pub(crate) mod metrics;
 pub mod package;
 pub(crate) mod plugin_cmd;
 pub mod scheduler;

@@ -22,17 +22,19 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use super::inprocess::Route;
+use super::upstream::{self, Wait};
 use super::{ApiError, App};
-use crate::sessions::{Backend, InFlight, Session};
+use crate::sessions::{Backend, InFlight, Session, Sessions};
+use crate::supervisor::health::State as EngineState;
 use hangar_engine::loader::wasm::{Direction, WasmPlugin};
 use hangar_engine::models::Model;
 
 /// `POST /v1/chat/completions`.
 pub(super) async fn chat_completions(
     State(app): State<Arc<App>>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    forward(app, "/v1/chat/completions", body).await
+    counted(app, "/v1/chat/completions", body).await
 }
 
 /// `POST /v1/completions`.
@@ -40,7 +42,30 @@ pub(super) async fn completions(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    forward(app, "/v1/completions", body?).await
+    counted(app, "/v1/completions", body).await
+}
+
+/// Hook (metrics): forwards the request and counts its answer by model
+/// (`-` until the model is known, so that unknown ids add no series),
+/// route and status.
+async fn counted(
+    app: Arc<App>,
+    path: &'static str,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let mut model = String::from("-");
+    let result = match body {
+        Ok(body) => forward(app.clone(), path, body, &mut model).await,
+        Err(e) => Err(e.into()),
+    };
+    let status = match &result {
+        Ok(r) => r.status(),
+        Err(e) => e.status,
+    };
+    app.sessions
+        .metrics()
+        .request(&model, path, status.as_u16());
+    result
 }
 
 /// `GET /v1/models`: every discovered model, in OpenAI's list shape.
@@ -62,7 +87,13 @@ pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
     Json(json!({ "object": "list", "data": data }))
 }
 
-async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Response, ApiError> {
+async fn forward(
+    app: Arc<App>,
+    path: &'static str,
+    body: Bytes,
+    label: &mut String,
+) -> Result<Response, ApiError> {
+    let started = std::time::Instant::now();
     let mut request: Map<String, Value> = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!("the request body is not a JSON object: {e}"), None)
     })?;
@@ -75,17 +106,19 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
             ))
         }
     };
-    let stream = match request.get("stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "'stream' must be true or false",
-                Some("stream"),
-            ))
-        }
+    let route = if path.ends_with("chat/completions") {
+        Route::Chat
+    } else {
+        Route::Completion
     };
+    let stream = request
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let model = app.find_model(&model_id).await?;
+    label.clone_from(&model.id);
+    // Hook (validation): every known field is checked before an engine sees it.
+    super::validate::check(route, &request)?;
     refuse_gated_fields(&app, &model, &request).await?;
     let (session, in_flight) = app.scheduler.admit(&model).await?;
     let (base_url, upstream_model, mapper) = match &session.backend {
@@ -96,11 +129,6 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
             ..
         } => (base_url, upstream_model, mapper),
         Backend::InProcess(served) => {
-            let route = if path.ends_with("chat/completions") {
-                Route::Chat
-            } else {
-                Route::Completion
-            };
             let answer = served.answer(route, &request);
             return tokio::select! {
                 r = answer => r,
@@ -130,8 +158,9 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
         .post(format!("{base_url}{path}"))
         .json(&request)
         .send();
+    // Hook (health): waits past a timeout check the engine (busy or hung).
     let response = tokio::select! {
-        r = send => r,
+        r = upstream::wait(&app.sessions, &session, Wait::FirstByte, send) => r?,
         _ = session.ended.cancelled() => return Err(ended_error(&session)),
     };
     let response = match response {
@@ -145,10 +174,17 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     if status.is_success() && stream && is_sse {
-        return Ok(sse(session, in_flight, response, model_id));
+        return Ok(sse(
+            app.sessions.clone(),
+            session,
+            in_flight,
+            response,
+            model_id,
+            started,
+        ));
     }
     let read = tokio::select! {
-        r = response.bytes() => r,
+        r = upstream::wait(&app.sessions, &session, Wait::More, response.bytes()) => r?,
         _ = session.ended.cancelled() => return Err(ended_error(&session)),
     };
     let bytes = match read {
@@ -164,6 +200,9 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
                 value = map(mapper, Direction::Response, path, value).await?;
             }
             rewrite_model(&mut value, &model_id);
+            if let Some(usage) = value.get("usage") {
+                app.sessions.metrics().usage(&model_id, usage);
+            }
             Ok((status, Json(value)).into_response())
         }
         // The engine's own error, passed on when it is in OpenAI's shape.
@@ -233,12 +272,14 @@ async fn refuse_gated_fields(
 
 /// The error for a request whose session ended under it.
 fn ended_error(session: &Session) -> ApiError {
-    ApiError::engine(
-        session
-            .end_reason()
-            .unwrap_or("the model's engine stopped")
-            .to_string(),
-    )
+    let reason = session
+        .end_reason()
+        .unwrap_or("the model's engine stopped")
+        .to_string();
+    match session.state() {
+        EngineState::Hung => upstream::hung_error(reason),
+        _ => ApiError::engine(reason),
+    }
 }
 
 /// A transport failure: when the engine died, say so (its exit is noticed
@@ -256,26 +297,33 @@ async fn failure(session: &Session, what: &str) -> ApiError {
 }
 
 fn sse(
+    sessions: Arc<Sessions>,
     session: Arc<Session>,
     in_flight: InFlight,
     upstream: reqwest::Response,
     model_id: String,
+    started: std::time::Instant,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(32);
     tokio::spawn(async move {
         let _in_flight = in_flight;
         let mut body = upstream.bytes_stream();
         let mut framer = SseFramer::default();
+        let mut timings = sessions.metrics().stream(&model_id, started);
         let mut done = false;
         let end = loop {
             let next = tokio::select! {
-                chunk = body.next() => chunk,
+                chunk = upstream::wait(&sessions, &session, Wait::More, body.next()) => match chunk {
+                    Ok(chunk) => chunk,
+                    Err(hung) => break Some(hung),
+                },
                 _ = session.ended.cancelled() => break Some(ended_error(&session)),
                 _ = tx.closed() => return, // the client hung up: drop the upstream request
             };
             match next {
                 Some(Ok(bytes)) => {
                     for event in framer.push(&bytes) {
+                        timings.event(&event);
                         done |= event.lines().any(|l| l.trim() == "data: [DONE]");
                         if tx.send(rewrite_event(&event, &model_id)).await.is_err() {
                             return;

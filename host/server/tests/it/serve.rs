@@ -28,7 +28,7 @@ impl Drop for Server {
 impl Server {
     /// Serves one fake `mlx` model `tiny` with the beta plugin, whose
     /// manifest gets `programs` as given.
-    fn start(programs: &str) -> Server {
+    pub fn start(programs: &str) -> Server {
         Server::with(|s| {
             let probe = s.engine_program("beta-engine", "beta 0.9.0");
             let extra = format!(
@@ -66,6 +66,7 @@ impl Server {
             .arg(s.root.path().join("config.toml"))
             .arg("--state-dir")
             .arg(s.root.path().join("state"))
+            .args(args)
             .env("HANGAR_PLATFORM", &s.platform)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

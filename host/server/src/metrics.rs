@@ -1,0 +1,329 @@
+//! `GET /metrics`: the host's counters, histograms and gauges in the
+//! Prometheus (OpenMetrics) text format, through `prometheus-client`.
+//!
+//! | metric | labels | what |
+//! |---|---|---|
+//! | `hangar_requests_total` | model, route, status | OpenAI requests answered |
+//! | `hangar_tokens_total` | model, kind (`prompt`, `completion`) | tokens, from the engine's usage (else counted stream events) |
+//! | `hangar_time_to_first_token_seconds` | model | from a streamed request's arrival to its first token |
+//! | `hangar_inter_token_seconds` | model | between a stream's tokens |
+//! | `hangar_session_events_total` | model, kind | every event `/api/events` records: `loaded`, `load_failed`, `fallback`, `unloaded`, `crashed`, `failed`, `hung`, and any the scheduler adds (`evicted`, …): loads, failures and hangs by cause |
+//! | `hangar_model_state` | model, state | 1 for each model's state now (loading, ready, busy, hung, failed) |
+//! | `hangar_requests_in_flight` | model | requests running now |
+//! | `hangar_session_resident_bytes` | model, session | resident memory of the engine's process group (Linux) |
+//!
+//! Counters and histograms are updated as things happen; gauges are read
+//! from the sessions at scrape time, so that an ended session leaves no
+//! stale series. Queue depth and wait, and the memory guard's state, belong
+//! to the scheduler: it adds its gauges in [`Metrics::scrape`]'s snapshot
+//! and its decisions arrive here as events.
+
+use std::time::Instant;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use serde_json::Value;
+
+use crate::sessions::Sessions;
+
+type Labels = Vec<(&'static str, String)>;
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// Every metric of the host.
+pub(crate) struct Metrics {
+    registry: Registry,
+    requests: Family<Labels, Counter>,
+    tokens: Family<Labels, Counter>,
+    first_token: Histograms,
+    inter_token: Histograms,
+    events: Family<Labels, Counter>,
+    state: Family<Labels, Gauge>,
+    in_flight: Family<Labels, Gauge>,
+    resident: Family<Labels, Gauge>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+/// 5 ms to about 82 s: a token from a fast engine to a long prefill.
+fn first_token_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 15))
+}
+
+/// 1 ms to about 4 s between tokens.
+fn inter_token_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 13))
+}
+
+impl Metrics {
+    /// Every metric, registered and at zero.
+    pub(crate) fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("hangar");
+        let metrics = Metrics {
+            requests: Family::default(),
+            tokens: Family::default(),
+            first_token: Family::new_with_constructor(first_token_histogram),
+            inter_token: Family::new_with_constructor(inter_token_histogram),
+            events: Family::default(),
+            state: Family::default(),
+            in_flight: Family::default(),
+            resident: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "requests",
+            "OpenAI requests answered, by model, route and status",
+            metrics.requests.clone(),
+        );
+        registry.register(
+            "tokens",
+            "Tokens processed, by model and kind (prompt, completion)",
+            metrics.tokens.clone(),
+        );
+        registry.register(
+            "time_to_first_token_seconds",
+            "Time from a streamed request's arrival to its first token",
+            metrics.first_token.clone(),
+        );
+        registry.register(
+            "inter_token_seconds",
+            "Time between a stream's tokens",
+            metrics.inter_token.clone(),
+        );
+        registry.register(
+            "session_events",
+            "Session events by model and kind (loaded, load_failed, fallback, crashed, failed, hung, unloaded, ...)",
+            metrics.events.clone(),
+        );
+        registry.register(
+            "model_state",
+            "1 for each model's state now (loading, ready, busy, hung, failed)",
+            metrics.state.clone(),
+        );
+        registry.register(
+            "requests_in_flight",
+            "Requests running now, by model",
+            metrics.in_flight.clone(),
+        );
+        registry.register(
+            "session_resident_bytes",
+            "Resident memory of a session's engine process group",
+            metrics.resident.clone(),
+        );
+        Metrics {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// Counts one answered request.
+    pub(crate) fn request(&self, model: &str, route: &str, status: u16) {
+        let labels = vec![
+            ("model", model.to_string()),
+            ("route", route.to_string()),
+            ("status", status.to_string()),
+        ];
+        self.requests.get_or_create(&labels).inc();
+    }
+
+    /// Counts the tokens of an OpenAI `usage` object.
+    pub(crate) fn usage(&self, model: &str, usage: &Value) {
+        for (kind, field) in [
+            ("prompt", "prompt_tokens"),
+            ("completion", "completion_tokens"),
+        ] {
+            if let Some(n) = usage.get(field).and_then(Value::as_u64) {
+                self.tokens(model, kind, n);
+            }
+        }
+    }
+
+    fn tokens(&self, model: &str, kind: &str, n: u64) {
+        let labels = vec![("model", model.to_string()), ("kind", kind.to_string())];
+        self.tokens.get_or_create(&labels).inc_by(n);
+    }
+
+    /// Counts a session event.
+    pub(crate) fn event(&self, model: &str, kind: &str) {
+        let labels = vec![("model", model.to_string()), ("kind", kind.to_string())];
+        self.events.get_or_create(&labels).inc();
+    }
+
+    /// Watches one stream's events for its token timings and usage.
+    pub(crate) fn stream(&self, model: &str, started: Instant) -> StreamMetrics<'_> {
+        StreamMetrics {
+            metrics: self,
+            model: model.to_string(),
+            last: started,
+            first: true,
+            counted: 0,
+            usage: false,
+        }
+    }
+
+    /// The text exposition, with the gauges read from `sessions` now.
+    pub(crate) fn scrape(&self, sessions: &Sessions) -> String {
+        self.state.clear();
+        self.in_flight.clear();
+        self.resident.clear();
+        for (model, state, _) in sessions.states() {
+            let state = serde_json::to_value(state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            self.state
+                .get_or_create(&vec![("model", model), ("state", state)])
+                .set(1);
+        }
+        for session in sessions.list() {
+            let info = session.info();
+            self.in_flight
+                .get_or_create(&vec![("model", info.model.clone())])
+                .set(info.in_flight as i64);
+            if let Some(bytes) = info.pid.and_then(group_resident_bytes) {
+                self.resident
+                    .get_or_create(&vec![("model", info.model), ("session", info.id)])
+                    .set(bytes as i64);
+            }
+        }
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String does not fail");
+        out
+    }
+}
+
+/// One stream's timings: time to first token, time between tokens, and
+/// its tokens (the engine's usage when it sends one, else one token per
+/// content event).
+pub(crate) struct StreamMetrics<'a> {
+    metrics: &'a Metrics,
+    model: String,
+    last: Instant,
+    first: bool,
+    counted: u64,
+    usage: bool,
+}
+
+impl StreamMetrics<'_> {
+    /// Sees one server-sent event.
+    pub(crate) fn event(&mut self, event: &str) {
+        for data in event.lines().filter_map(|l| l.strip_prefix("data: ")) {
+            let Ok(value) = serde_json::from_str::<Value>(data.trim()) else {
+                continue;
+            };
+            if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
+                self.metrics.usage(&self.model, usage);
+                self.usage = true;
+            }
+            let has_text = value["choices"].as_array().is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c["delta"]["content"]
+                        .as_str()
+                        .is_some_and(|t| !t.is_empty())
+                        || c["text"].as_str().is_some_and(|t| !t.is_empty())
+                })
+            });
+            if !has_text {
+                continue;
+            }
+            let now = Instant::now();
+            let since = now.duration_since(self.last).as_secs_f64();
+            let labels = vec![("model", self.model.clone())];
+            if self.first {
+                self.metrics
+                    .first_token
+                    .get_or_create(&labels)
+                    .observe(since);
+                self.first = false;
+            } else {
+                self.metrics
+                    .inter_token
+                    .get_or_create(&labels)
+                    .observe(since);
+            }
+            self.last = now;
+            self.counted += 1;
+        }
+    }
+}
+
+impl Drop for StreamMetrics<'_> {
+    fn drop(&mut self) {
+        if !self.usage && self.counted > 0 {
+            self.metrics.tokens(&self.model, "completion", self.counted);
+        }
+    }
+}
+
+/// The resident memory of every process in `pid`'s process group, from
+/// `/proc` (Linux; `None` elsewhere or when the process is gone).
+fn group_resident_bytes(pid: u32) -> Option<u64> {
+    // Field 5 of /proc/PID/stat is the group; the command name (field 2)
+    // may hold spaces, so fields are counted after its ')'.
+    fn group_of(pid: &str) -> Option<i64> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let rest = &stat[stat.rfind(')')? + 2..];
+        rest.split_whitespace().nth(2)?.parse().ok()
+    }
+    fn resident_kib(pid: &str) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+    let group = group_of(&pid.to_string())?;
+    let kib: u64 = std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| name.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|name| group_of(name) == Some(group))
+        .filter_map(|name| resident_kib(&name))
+        .sum();
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_time_their_tokens_and_fall_back_to_counting_them() {
+        let metrics = Metrics::new();
+        {
+            let mut stream = metrics.stream("tiny", Instant::now());
+            stream.event("data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n");
+            stream.event("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n");
+            stream.event("data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n");
+            stream.event("data: [DONE]\n\n");
+        }
+        {
+            let mut stream = metrics.stream("tiny", Instant::now());
+            stream.event("data: {\"choices\":[{\"text\":\"a\"}]}\n\n");
+            stream.event("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":7}}\n\n");
+        }
+        let mut out = String::new();
+        encode(&mut out, &metrics.registry).unwrap();
+        let mut lines: Vec<&str> = out
+            .lines()
+            .filter(|l| {
+                l.starts_with("hangar_tokens_total")
+                    || l.starts_with("hangar_time_to_first_token_seconds_count")
+                    || l.starts_with("hangar_inter_token_seconds_count")
+            })
+            .collect();
+        lines.sort();
+        expect_test::expect![[r#"
+            hangar_inter_token_seconds_count{model="tiny"} 1
+            hangar_time_to_first_token_seconds_count{model="tiny"} 2
+            hangar_tokens_total{model="tiny",kind="completion"} 9
+            hangar_tokens_total{model="tiny",kind="prompt"} 3"#]]
+        .assert_eq(&lines.join("\n"));
+    }
+}
