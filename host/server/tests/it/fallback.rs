@@ -6,7 +6,7 @@
 
 use serde_json::json;
 
-use crate::fixtures::{make_executable, manifest, Scenario};
+use crate::fixtures::{allow_python, make_executable, manifest, Scenario};
 use crate::serve::Server;
 
 fn two_engines(s: &Scenario, settings: &str) {
@@ -39,7 +39,7 @@ fn two_engines(s: &Scenario, settings: &str) {
         &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
         Some("engine_beta"),
     );
-    s.config("");
+    s.config(&allow_python(&["beta"]));
     s.settings(settings);
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::fixtures::{make_executable, manifest, Scenario};
+use crate::fixtures::{allow_python, make_executable, manifest, Scenario};
 use crate::serve::{alive, Server};
 
 /// Posts `body` as raw text (for numbers `json!` cannot write, like 2^64).
@@ -110,7 +110,7 @@ fn settings_toml_cannot_hold_are_a_422_at_check_time() {
             &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
             Some("engine_beta"),
         );
-        s.config("");
+        s.config(&allow_python(&["beta"]));
     });
     let put = |path: &str, body: Value| {
         let r = reqwest::blocking::Client::new()
@@ -335,7 +335,7 @@ fn health_without_the_key_gives_the_status_only() {
                 &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
                 Some("engine_beta"),
             );
-            s.config("");
+            s.config(&allow_python(&["beta"]));
         },
         &["--api-key", "sekrit-key"],
     );

@@ -33,7 +33,7 @@ fn unruly() -> Server {
             .canonicalize()
             .unwrap();
         s.config(&format!(
-            "[plugins.beta]\nscript = \"{}\"\n",
+            "[plugins.beta]\nscript = \"{}\"\nallow_programs = [\"python3\"]\n",
             script.display()
         ));
         s.settings(

@@ -66,7 +66,6 @@ impl Server {
             .arg(s.root.path().join("config.toml"))
             .arg("--state-dir")
             .arg(s.root.path().join("state"))
-            .args(args)
             .env("HANGAR_PLATFORM", &s.platform)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
