@@ -10,13 +10,16 @@
 //! | `hangar_session_events_total` | model, kind | every event `/api/events` records: `loaded`, `load_failed`, `fallback`, `unloaded`, `crashed`, `failed`, `hung`, and any the scheduler adds (`evicted`, …): loads, failures and hangs by cause |
 //! | `hangar_model_state` | model, state | 1 for each model's state now (loading, ready, busy, hung, failed) |
 //! | `hangar_requests_in_flight` | model | requests running now |
-//! | `hangar_session_resident_bytes` | model, session | resident memory of the engine's process group (Linux) |
+//! | `hangar_session_resident_bytes` | model, session | resident memory of the engine's process tree (Linux) |
+//! | `hangar_queued_requests` | model | requests waiting in the scheduler's queue |
+//! | `hangar_memory_used_bytes` | | what loaded models count for (the larger of estimate and measure) |
+//! | `hangar_memory_ceiling_bytes` | | the most models may hold now (absent without a guard or limit) |
+//! | `hangar_memory_pressure` | guard | 1 while the memory guard refuses new requests |
 //!
-//! Counters and histograms are updated as things happen; gauges are read
-//! from the sessions at scrape time, so that an ended session leaves no
-//! stale series. Queue depth and wait, and the memory guard's state, belong
-//! to the scheduler: it adds its gauges in [`Metrics::scrape`]'s snapshot
-//! and its decisions arrive here as events.
+//! Counters and histograms are updated as things happen; gauges are set at
+//! scrape time from a [`Gauges`] snapshot of the sessions and the
+//! scheduler, so that an ended session leaves no stale series. The
+//! scheduler's decisions (evictions, TTL unloads) arrive as events.
 
 use std::time::Instant;
 
@@ -28,7 +31,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use serde_json::Value;
 
-use crate::sessions::Sessions;
+use crate::supervisor::health::State;
 
 type Labels = Vec<(&'static str, String)>;
 type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
@@ -44,6 +47,43 @@ pub(crate) struct Metrics {
     state: Family<Labels, Gauge>,
     in_flight: Family<Labels, Gauge>,
     resident: Family<Labels, Gauge>,
+    queued: Family<Labels, Gauge>,
+    memory_used: Gauge,
+    memory_ceiling: Family<Labels, Gauge>,
+    memory_pressure: Family<Labels, Gauge>,
+}
+
+/// What the gauges show now, read by the caller from the sessions and the
+/// scheduler (this module sees neither, so that imports run one way).
+#[derive(Debug, Default)]
+pub(crate) struct Gauges {
+    /// Each model's state.
+    pub states: Vec<(String, State)>,
+    /// Each live session.
+    pub sessions: Vec<SessionGauges>,
+    /// Requests waiting, by model.
+    pub queued: Vec<(String, usize)>,
+    /// What loaded models count for, in bytes.
+    pub memory_used: u64,
+    /// The most models may hold now, in bytes (`None`: no ceiling).
+    pub memory_ceiling: Option<u64>,
+    /// The memory guard's level (`off`, `safe`, …).
+    pub guard: String,
+    /// Whether the guard refuses new requests now.
+    pub pressure: bool,
+}
+
+/// One live session's gauges.
+#[derive(Debug)]
+pub(crate) struct SessionGauges {
+    /// Model id.
+    pub model: String,
+    /// Session id.
+    pub session: String,
+    /// Requests running now.
+    pub in_flight: usize,
+    /// Resident memory of its engine, where it can be read.
+    pub resident_bytes: Option<u64>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -75,6 +115,10 @@ impl Metrics {
             state: Family::default(),
             in_flight: Family::default(),
             resident: Family::default(),
+            queued: Family::default(),
+            memory_used: Gauge::default(),
+            memory_ceiling: Family::default(),
+            memory_pressure: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -114,8 +158,28 @@ impl Metrics {
         );
         registry.register(
             "session_resident_bytes",
-            "Resident memory of a session's engine process group",
+            "Resident memory of a session's engine process tree",
             metrics.resident.clone(),
+        );
+        registry.register(
+            "queued_requests",
+            "Requests waiting in the scheduler's queue, by model",
+            metrics.queued.clone(),
+        );
+        registry.register(
+            "memory_used_bytes",
+            "What loaded models count for (the larger of estimate and measure)",
+            metrics.memory_used.clone(),
+        );
+        registry.register(
+            "memory_ceiling_bytes",
+            "The most loaded models may hold now (memory guard or limit)",
+            metrics.memory_ceiling.clone(),
+        );
+        registry.register(
+            "memory_pressure",
+            "1 while the memory guard refuses new requests",
+            metrics.memory_pressure.clone(),
         );
         Metrics {
             registry,
@@ -168,12 +232,20 @@ impl Metrics {
         }
     }
 
-    /// The text exposition, with the gauges read from `sessions` now.
-    pub(crate) fn scrape(&self, sessions: &Sessions) -> String {
-        self.state.clear();
-        self.in_flight.clear();
-        self.resident.clear();
-        for (model, state, _) in sessions.states() {
+    /// The text exposition, with the gauges set from `now`.
+    pub(crate) fn scrape(&self, now: Gauges) -> String {
+        let gauge = |bytes: u64| i64::try_from(bytes).unwrap_or(i64::MAX);
+        for family in [
+            &self.state,
+            &self.in_flight,
+            &self.resident,
+            &self.queued,
+            &self.memory_ceiling,
+            &self.memory_pressure,
+        ] {
+            family.clear();
+        }
+        for (model, state) in now.states {
             let state = serde_json::to_value(state)
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_string))
@@ -182,17 +254,33 @@ impl Metrics {
                 .get_or_create(&vec![("model", model), ("state", state)])
                 .set(1);
         }
-        for session in sessions.list() {
-            let info = session.info();
+        for session in now.sessions {
             self.in_flight
-                .get_or_create(&vec![("model", info.model.clone())])
-                .set(info.in_flight as i64);
-            if let Some(bytes) = info.pid.and_then(group_resident_bytes) {
+                .get_or_create(&vec![("model", session.model.clone())])
+                .set(session.in_flight as i64);
+            if let Some(bytes) = session.resident_bytes {
                 self.resident
-                    .get_or_create(&vec![("model", info.model), ("session", info.id)])
-                    .set(bytes as i64);
+                    .get_or_create(&vec![
+                        ("model", session.model),
+                        ("session", session.session),
+                    ])
+                    .set(gauge(bytes));
             }
         }
+        for (model, queued) in now.queued {
+            self.queued
+                .get_or_create(&vec![("model", model)])
+                .set(queued as i64);
+        }
+        self.memory_used.set(gauge(now.memory_used));
+        if let Some(ceiling) = now.memory_ceiling {
+            self.memory_ceiling
+                .get_or_create(&vec![])
+                .set(gauge(ceiling));
+        }
+        self.memory_pressure
+            .get_or_create(&vec![("guard", now.guard)])
+            .set(i64::from(now.pressure));
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String does not fail");
         out
@@ -260,33 +348,6 @@ impl Drop for StreamMetrics<'_> {
             self.metrics.tokens(&self.model, "completion", self.counted);
         }
     }
-}
-
-/// The resident memory of every process in `pid`'s process group, from
-/// `/proc` (Linux; `None` elsewhere or when the process is gone).
-fn group_resident_bytes(pid: u32) -> Option<u64> {
-    // Field 5 of /proc/PID/stat is the group; the command name (field 2)
-    // may hold spaces, so fields are counted after its ')'.
-    fn group_of(pid: &str) -> Option<i64> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let rest = &stat[stat.rfind(')')? + 2..];
-        rest.split_whitespace().nth(2)?.parse().ok()
-    }
-    fn resident_kib(pid: &str) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-        line.split_whitespace().nth(1)?.parse().ok()
-    }
-    let group = group_of(&pid.to_string())?;
-    let kib: u64 = std::fs::read_dir("/proc")
-        .ok()?
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|name| name.bytes().all(|b| b.is_ascii_digit()))
-        .filter(|name| group_of(name) == Some(group))
-        .filter_map(|name| resident_kib(&name))
-        .sum();
-    Some(kib * 1024)
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{ApiError, App, PathId};
+use crate::metrics::{Gauges, SessionGauges};
 
 /// `GET /health`: 503 `loading` until every pinned model is ready, then
 /// 200 `healthy` (`loading` while any other model loads). The status for
@@ -202,10 +203,12 @@ pub(super) async fn events(State(app): State<Arc<App>>) -> Json<Value> {
 /// `GET /metrics`.
 pub(super) async fn metrics(State(app): State<Arc<App>>) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let sessions = app.sessions.clone();
-    let text = tokio::task::spawn_blocking(move || sessions.metrics().scrape(&sessions))
-        .await
-        .unwrap_or_default();
+    let text = tokio::task::spawn_blocking(move || {
+        let gauges = gauges(&app);
+        app.sessions.metrics().scrape(gauges)
+    })
+    .await
+    .unwrap_or_default();
     (
         [(
             axum::http::header::CONTENT_TYPE,
@@ -214,4 +217,37 @@ pub(super) async fn metrics(State(app): State<Arc<App>>) -> axum::response::Resp
         text,
     )
         .into_response()
+}
+
+/// What `/metrics`' gauges show now: the sessions and the scheduler.
+fn gauges(app: &App) -> Gauges {
+    let scheduler = app.scheduler.view();
+    Gauges {
+        states: app
+            .sessions
+            .states()
+            .into_iter()
+            .map(|(id, state, _)| (id, state))
+            .collect(),
+        sessions: app
+            .sessions
+            .list()
+            .iter()
+            .map(|s| SessionGauges {
+                model: s.model.id.clone(),
+                session: s.id.clone(),
+                in_flight: s.info().in_flight,
+                resident_bytes: s.process().and_then(|p| p.resident_bytes()),
+            })
+            .collect(),
+        queued: scheduler
+            .models
+            .iter()
+            .map(|m| (m.model.clone(), m.queued))
+            .collect(),
+        memory_used: scheduler.memory.used_bytes,
+        memory_ceiling: scheduler.memory.ceiling_bytes,
+        guard: scheduler.memory.guard,
+        pressure: scheduler.memory.pressure.is_some(),
+    }
 }

@@ -173,11 +173,15 @@ fn metrics_count_requests_tokens_timings_events_and_memory() {
         .lines()
         .filter(|l| !l.starts_with('#') && !l.contains("_bucket{"))
         .filter(|l| !l.contains("_sum{") && !l.starts_with("hangar_session_resident_bytes"))
+        // Estimated until the scheduler's next memory sample, measured after.
+        .filter(|l| !l.starts_with("hangar_memory_used_bytes"))
         .collect();
     lines.sort();
     expect_test::expect![[r#"
         hangar_inter_token_seconds_count{model="tiny"} 2
+        hangar_memory_pressure{guard="off"} 0
         hangar_model_state{model="tiny",state="ready"} 1
+        hangar_queued_requests{model="tiny"} 0
         hangar_requests_in_flight{model="tiny"} 0
         hangar_requests_total{model="tiny",route="/v1/chat/completions",status="200"} 2
         hangar_requests_total{model="tiny",route="/v1/chat/completions",status="400"} 1
@@ -193,5 +197,10 @@ fn metrics_count_requests_tokens_timings_events_and_memory() {
         .and_then(|n| n.parse::<u64>().ok())
         .unwrap_or(0);
     assert!(resident > 1_000_000, "engine memory not measured: {text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("hangar_memory_used_bytes ")),
+        "{text}"
+    );
     assert!(text.ends_with("# EOF\n"), "{text}");
 }
