@@ -50,6 +50,14 @@ pub(crate) fn run(
     if let Some(key) = &args.api_key {
         check_api_key(key)?;
     }
+    // The file is checked as a PUT would be: a zero timeout would spin.
+    let problems = settings.get().serving.problems();
+    if !problems.is_empty() {
+        bail!(
+            "settings.toml: {}; fix the [serving] table (or remove the entry for its default)",
+            problems.join("; ")
+        );
+    }
     if !args.host.is_loopback() && args.api_key.is_none() {
         bail!(
             "refusing to bind {} without an API key: anything beyond loopback must be protected; pass --api-key or set HANGAR_API_KEY",

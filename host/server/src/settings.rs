@@ -253,7 +253,7 @@ pub(crate) fn check_model_map(
         .filter(|(_, v)| !v.is_null())
         .filter_map(|(name, value)| {
             let spec = specs.iter().find(|s| &s.name == name)?;
-            spec.check(value, |_| true).err()
+            check_value(spec, value, |_| true).err()
         })
         .collect();
     if let Err(Refused(p)) = check_map(entry, engine, &rest) {

@@ -204,3 +204,23 @@ fn metrics_count_requests_tokens_timings_events_and_memory() {
     );
     assert!(text.ends_with("# EOF\n"), "{text}");
 }
+
+#[test]
+fn a_serving_setting_of_zero_in_settings_toml_stops_the_host_at_start() {
+    let s = crate::fixtures::Scenario::new();
+    crate::serve::model(&s, "tiny", 0);
+    s.settings("[serving]\nhealth_poll_ms = 0\n");
+    let models = s.root.path().join("models");
+    let (code, out) = s.hangar(&[
+        "serve",
+        "--port",
+        "0",
+        "--model-dir",
+        models.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("serving.health_poll_ms must be a positive number of milliseconds, not 0"),
+        "{out}"
+    );
+}
