@@ -1,7 +1,10 @@
 //! Example plugin `beta`: serves `mlx` and `gguf` with no gated
 //! capabilities. Its engine prints `beta X.Y.Z`; the engine process it
 //! launches is Python's `http.server`, which stands in for an engine that
-//! serves HTTP (the supervisor tests start, watch and kill it).
+//! serves HTTP (the supervisor tests start, watch and kill it), or, when
+//! the operator's config names a `script` for it, that Python script with
+//! `--port N`, readiness on `/health` and 503 meaning failed (the health
+//! tests' stand-in for an engine that hangs or turns unhealthy).
 
 use hangar_sdk::wire::{Description, LaunchPlan, LoadRequest, ProbeInput, ProbeReport, Readiness};
 use hangar_sdk::{export_plugin, Plugin};
@@ -20,6 +23,29 @@ impl Plugin for Beta {
     }
 
     fn plan_launch(request: LoadRequest) -> Result<LaunchPlan, String> {
+        if let Some(script) = request
+            .plugin_settings
+            .get("script")
+            .and_then(|s| s.as_str())
+        {
+            return Ok(LaunchPlan {
+                program: "python3".into(),
+                args: vec![script.into(), "--port".into(), request.port.to_string()],
+                env: Default::default(),
+                cwd: None,
+                readiness: Readiness {
+                    health_path: "/health".into(),
+                    ready_status: 200,
+                    warmup: None,
+                    failed_statuses: vec![503],
+                },
+                start_timeout_ms: 20_000,
+                protocol: Default::default(),
+                upstream_model: None,
+                notes: vec![],
+                files: Default::default(),
+            });
+        }
         Ok(LaunchPlan {
             program: "python3".into(),
             args: vec![

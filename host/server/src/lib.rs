@@ -37,6 +37,7 @@
 pub(crate) mod api;
 pub(crate) mod catalog;
 pub mod cli;
+pub(crate) mod metrics;
 pub(crate) mod output;
 pub mod package;
 pub(crate) mod plugin_cmd;

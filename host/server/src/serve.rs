@@ -8,12 +8,21 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
+use tokio_util::sync::CancellationToken;
+
 use crate::api::{router, App};
 use crate::catalog::Catalog;
 use crate::scheduler::driver::Driver;
 use crate::sessions::Sessions;
 use crate::settings::SettingsStore;
+use crate::supervisor::signal::Signals;
 use hangar_engine::registry::Registry;
+
+/// How long open connections get to finish once shutdown begins: as long
+/// as an engine gets between TERM and KILL, since by then every session
+/// has ended and its requests have been told why. A client stalled in its
+/// headers is not waited for beyond it.
+const SHUTDOWN_DRAIN: Duration = crate::sessions::STOP_GRACE;
 
 /// How to serve: what `hangar serve`'s flags say, as plain data.
 #[derive(Debug, Clone)]
@@ -39,7 +48,18 @@ pub(crate) fn run(
     settings: SettingsStore,
     args: Options,
 ) -> anyhow::Result<ExitCode> {
-    if !args.host.is_loopback() && args.api_key.as_deref().unwrap_or("").is_empty() {
+    if let Some(key) = &args.api_key {
+        check_api_key(key)?;
+    }
+    // The file is checked as a PUT would be: a zero timeout would spin.
+    let problems = settings.get().serving.problems();
+    if !problems.is_empty() {
+        bail!(
+            "settings.toml: {}; fix the [serving] table (or remove the entry for its default)",
+            problems.join("; ")
+        );
+    }
+    if !args.host.is_loopback() && args.api_key.is_none() {
         bail!(
             "refusing to bind {} without an API key: anything beyond loopback must be protected; pass --api-key or set HANGAR_API_KEY",
             args.host
@@ -72,7 +92,7 @@ pub(crate) fn run(
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
         let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
+            .connect_timeout(settings.get().serving.connect())
             // An engine's events are small writes; Nagle would hold each
             // one back for the engine's delayed ACK.
             .tcp_nodelay(true)
@@ -93,7 +113,7 @@ pub(crate) fn run(
             scheduler: scheduler.clone(),
             sessions: sessions.clone(),
             catalog,
-            api_key: args.api_key.filter(|k| !k.is_empty()),
+            api_key: args.api_key,
         });
         let discovery = app.discovery();
         for bad in &discovery.rejected {
@@ -108,17 +128,35 @@ pub(crate) fn run(
             "hangar: serving {} model(s) on http://{addr} (try: curl http://{addr}/v1/models)",
             discovery.models.len()
         );
-        let shutdown = {
-            let sessions = sessions.clone();
+        // The first signal stops accepting, stops every engine and gives
+        // open connections a drain period; a second exits at once (the
+        // keepers then take every engine down with the host).
+        let stop = CancellationToken::new();
+        let mut signals = Signals::new();
+        tokio::spawn({
+            let stop = stop.clone();
             async move {
-                crate::supervisor::signal::wait_for_signal().await;
-                eprintln!("hangar: shutting down, stopping engines");
+                signals.next().await;
+                eprintln!(
+                    "hangar: shutting down, stopping engines (a second signal exits at once)"
+                );
+                stop.cancel();
+                signals.next().await;
+                eprintln!("hangar: second signal, exiting now");
+                std::process::exit(130);
+            }
+        });
+        let stopping = {
+            let (sessions, stop) = (sessions.clone(), stop.clone());
+            async move {
+                stop.cancelled().await;
                 sessions.shutdown().await;
             }
         };
-        axum::serve(no_delay(listener), router(app))
-            .with_graceful_shutdown(shutdown)
-            .await?;
+        tokio::join!(
+            crate::api::listen::serve(listener, router(app), stop, SHUTDOWN_DRAIN),
+            stopping
+        );
         sessions.shutdown().await;
         Ok(ExitCode::SUCCESS)
     })
@@ -138,4 +176,17 @@ pub(crate) fn no_delay(
             tracing::debug!("cannot turn Nagle's algorithm off on a connection: {e}");
         }
     })
+}
+
+/// A key that no client could send, or that guards nothing (empty, blank,
+/// padded with spaces that `Authorization` headers lose, control
+/// characters), is refused rather than served with.
+fn check_api_key(key: &str) -> anyhow::Result<()> {
+    if key.trim().is_empty() {
+        bail!("--api-key is empty or blank, which would guard nothing; pass a real key or leave the flag out");
+    }
+    if key.trim() != key || key.chars().any(|c| c.is_control() || c == ' ') {
+        bail!("--api-key contains spaces or control characters, which an Authorization header cannot carry intact; use letters, digits and punctuation");
+    }
+    Ok(())
 }

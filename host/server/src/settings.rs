@@ -17,6 +17,9 @@
 //! parallel = 2
 //! [models.tiny-llama]        # one model's settings
 //! kv_cache_type = "int8"
+//! [serving]                  # the host's own: timeouts, health, fallback
+//! first_byte_timeout_ms = 120000
+//! fallback = true
 //! ```
 
 use std::collections::BTreeMap;
@@ -29,6 +32,7 @@ use hangar_plugin_api::wire::settings as names;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::supervisor::health::ServingSettings;
 use hangar_engine::registry::{CapabilityState, Engine, PluginEntry};
 
 /// A map of settings by name.
@@ -50,6 +54,9 @@ pub(crate) struct Stored {
     /// Model id → that model's settings.
     #[serde(default)]
     pub models: BTreeMap<String, SettingMap>,
+    /// Timeouts, health polling and fallback (`[serving]`).
+    #[serde(default)]
+    pub serving: ServingSettings,
 }
 
 /// The app-wide layers, as `GET/PUT /api/settings` carry them.
@@ -65,6 +72,9 @@ pub(crate) struct AppSettings {
     /// Global engine settings.
     #[serde(default)]
     pub engines: BTreeMap<String, SettingMap>,
+    /// Timeouts, health polling and fallback.
+    #[serde(default)]
+    pub serving: ServingSettings,
 }
 
 /// The generation defaults an operator may set for every model: each is
@@ -244,7 +254,7 @@ pub(crate) fn check_model_map(
         .filter(|(_, v)| !v.is_null())
         .filter_map(|(name, value)| {
             let spec = specs.iter().find(|s| &s.name == name)?;
-            spec.check(value, |_| true).err()
+            check_value(spec, value, |_| true).err()
         })
         .collect();
     if let Err(Refused(p)) = check_map(entry, engine, &rest) {
@@ -437,7 +447,7 @@ pub(crate) fn check_setting(
             .get(cap)
             .is_some_and(CapabilityState::is_on)
     };
-    spec.check(value, enabled).map_err(|e| {
+    check_value(spec, value, enabled).map_err(|e| {
         match spec
             .values
             .iter()
@@ -453,6 +463,61 @@ pub(crate) fn check_setting(
             _ => e,
         }
     })
+}
+
+/// The longest string a setting may hold, in bytes: room for any path.
+pub(crate) const MAX_STRING: usize = 4096;
+
+/// The largest value a setting may hold, as JSON, in bytes.
+pub(crate) const MAX_VALUE: usize = 64 * 1024;
+
+/// Checks `value` against `spec` (type, range, gated enum values) and that
+/// `settings.toml` can hold it: TOML has no null and no integer beyond
+/// 64-bit signed, so such a value is refused here, at check time, rather
+/// than failing the file write. Strings and whole values are capped.
+pub(crate) fn check_value(
+    spec: &SettingSpec,
+    value: &Value,
+    enabled: impl Fn(&str) -> bool,
+) -> Result<(), String> {
+    storable(&spec.name, value)?;
+    spec.check(value, enabled)
+}
+
+fn storable(name: &str, value: &Value) -> Result<(), String> {
+    let size = serde_json::to_string(value).map(|s| s.len()).unwrap_or(0);
+    if size > MAX_VALUE {
+        return Err(format!(
+            "setting '{name}' is {size} bytes of JSON; settings hold at most {MAX_VALUE}"
+        ));
+    }
+    fn walk(name: &str, at: &str, value: &Value) -> Result<(), String> {
+        match value {
+            Value::Null if !at.is_empty() => Err(format!(
+                "setting '{name}' has null at {at}; settings.toml cannot hold null, leave the entry out"
+            )),
+            Value::Number(n) if n.is_u64() && n.as_i64().is_none() => Err(format!(
+                "setting '{name}'{} is {n}, beyond the largest whole number settings.toml holds ({})",
+                if at.is_empty() { String::new() } else { format!(" at {at}") },
+                i64::MAX
+            )),
+            Value::String(s) if s.len() > MAX_STRING => Err(format!(
+                "setting '{name}'{} is a string of {} bytes; settings hold strings of at most {MAX_STRING}",
+                if at.is_empty() { String::new() } else { format!(" at {at}") },
+                s.len()
+            )),
+            Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .try_for_each(|(i, v)| walk(name, &format!("{at}[{i}]"), v)),
+            Value::Object(map) if at.is_empty() => map.iter().try_for_each(|(k, v)| walk(name, k, v)),
+            Value::Object(map) => map
+                .iter()
+                .try_for_each(|(k, v)| walk(name, &format!("{at}.{k}"), v)),
+            _ => Ok(()),
+        }
+    }
+    walk(name, "", value)
 }
 
 /// Checks a whole settings map for one plugin; collects every problem.
@@ -484,7 +549,7 @@ pub(crate) fn check_defaults(defaults: &SettingMap) -> Result<(), Refused> {
                 "'{name}' is not a generation default (they are: {}); engine settings go under engines.<plugin> or a model's settings",
                 specs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
             )),
-            Some(spec) => spec.check(value, |_| true).err(),
+            Some(spec) => check_value(spec, value, |_| true).err(),
         })
         .collect();
     if problems.is_empty() {

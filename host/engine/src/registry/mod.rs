@@ -237,12 +237,35 @@ impl Registry {
         format: &str,
         default_engines: &BTreeMap<String, String>,
     ) -> Result<(&PluginEntry, &Engine), String> {
+        self.serving_except(format, default_engines, &[])
+    }
+
+    /// [`Registry::serving`], passing over the plugins in `skip` (engines
+    /// that already failed to load the model): the next compatible engine
+    /// in resolution order, for fallback.
+    pub fn serving_except(
+        &self,
+        format: &str,
+        default_engines: &BTreeMap<String, String>,
+        skip: &[String],
+    ) -> Result<(&PluginEntry, &Engine), String> {
         let resolution = self.resolve(format, default_engines);
-        let chosen = resolution.chosen.as_deref().and_then(|id| self.plugin(id));
-        if let Some(entry) = chosen {
+        let next = resolution.trace.iter().find(|t| {
+            matches!(
+                t.verdict,
+                resolve::Verdict::Chosen | resolve::Verdict::Outranked
+            ) && !skip.iter().any(|s| s == t.plugin)
+        });
+        if let Some(entry) = next.and_then(|t| self.plugin(t.plugin)) {
             if let EngineState::Ready(engine) = self.engine(entry) {
                 return Ok((entry, engine));
             }
+        }
+        if resolution.chosen.is_some() {
+            return Err(format!(
+                "every compatible engine was tried ({})",
+                skip.join(", ")
+            ));
         }
         let rejections: Vec<String> = resolution
             .trace

@@ -1,8 +1,14 @@
 //! Runs a manifest's probe program: finds it, runs it under a time limit,
 //! and captures what it printed. The plugin's `probe()` interprets the
 //! result; the host is the only one that runs programs.
+//!
+//! The program runs in a process group of its own, and the whole group is
+//! killed once the program exits or its time is up: a probe that leaves a
+//! child behind (`sh -c "sleep 20 & echo 1.0.0"`) would otherwise hold its
+//! output pipes, and so `hangar plugins`, until that child ends.
 
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -69,6 +75,7 @@ pub fn run(spec: &ProbeSpec, configured: Option<&str>) -> Option<ProbeRun> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .spawn()
     {
         Ok(child) => child,
@@ -89,8 +96,11 @@ pub fn run(spec: &ProbeSpec, configured: Option<&str>) -> Option<ProbeRun> {
             _ => break None,
         }
     };
+    // Whatever the program left behind goes with it, so that its pipes
+    // close and the drains below end.
+    let group = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
     let Some(status) = status else {
-        let _ = child.kill();
         let _ = child.wait();
         return Some(ProbeRun::TimedOut {
             program: shown,

@@ -154,7 +154,9 @@ impl From<LoadError> for ApiError {
         let (status, code) = match &e {
             LoadError::NoEngine { .. } => (StatusCode::SERVICE_UNAVAILABLE, "no_engine"),
             LoadError::Plan { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_model_settings"),
-            LoadError::Start { .. } => (StatusCode::SERVICE_UNAVAILABLE, "engine_start_failed"),
+            LoadError::Start { .. } | LoadError::AllFailed { .. } => {
+                (StatusCode::SERVICE_UNAVAILABLE, "engine_start_failed")
+            }
             LoadError::Cancelled { .. } => (StatusCode::SERVICE_UNAVAILABLE, "load_cancelled"),
             LoadError::ShuttingDown { .. } => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             LoadError::Host { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "host_error"),
@@ -228,6 +230,19 @@ impl From<axum::extract::rejection::BytesRejection> for ApiError {
             status,
             ..ApiError::bad_request(message, None)
         }
+    }
+}
+
+impl From<axum::extract::rejection::PathRejection> for ApiError {
+    fn from(e: axum::extract::rejection::PathRejection) -> ApiError {
+        // Chiefly a segment whose percent-decoding is not UTF-8.
+        ApiError::bad_request(
+            format!(
+                "bad path: {}; ids in paths are UTF-8, percent-encoded (`/` as %2F)",
+                e.body_text()
+            ),
+            None,
+        )
     }
 }
 

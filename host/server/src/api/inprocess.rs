@@ -21,7 +21,7 @@ use hangar_plugin_api::wire::{GenerateInput, GenerateOutcome, GenerateRequest};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
-use super::ApiError;
+use super::{validate, ApiError};
 use crate::sessions::Served;
 
 /// Which OpenAI route a request came in on.
@@ -61,6 +61,7 @@ impl Served {
         route: Route,
         request: &Map<String, Value>,
     ) -> Result<Response, ApiError> {
+        validate::check(route, request)?;
         let generate = self.generate_request(route, request)?;
         let stream = request
             .get("stream")
@@ -205,45 +206,27 @@ impl Served {
                 }
             },
         };
-        // The request's own field wins over the model's setting.
+        // The request's own field wins over the model's setting; both are
+        // read by the edge's rules, never cast.
         let field = |names: &[&str]| {
             names
                 .iter()
                 .find_map(|n| request.get(*n).filter(|v| !v.is_null()))
                 .or_else(|| self.defaults.get(names[0]))
         };
-        let number = |names: &[&str], param: &'static str| -> Result<Option<f64>, ApiError> {
-            match field(names) {
-                None => Ok(None),
-                Some(v) => v.as_f64().map(Some).ok_or_else(|| {
-                    ApiError::bad_request(format!("'{param}' must be a number"), Some(param))
-                }),
-            }
-        };
-        let stop = match request.get("stop") {
-            None | Some(Value::Null) => vec![],
-            Some(Value::String(s)) => vec![s.clone()],
-            Some(Value::Array(items)) if items.iter().all(Value::is_string) => items
-                .iter()
-                .filter_map(|s| s.as_str().map(str::to_string))
-                .collect(),
-            Some(_) => {
-                return Err(ApiError::bad_request(
-                    "'stop' must be a string or a list of strings",
-                    Some("stop"),
-                ))
-            }
-        };
         Ok(GenerateRequest {
             input,
-            max_tokens: number(&["max_tokens", "max_completion_tokens"], "max_tokens")?
-                .map(|n| n.max(0.0) as u32),
-            temperature: number(&["temperature"], "temperature")?.map(|n| n as f32),
-            top_p: number(&["top_p"], "top_p")?.map(|n| n as f32),
-            top_k: number(&["top_k"], "top_k")?.map(|n| n.max(0.0) as u32),
-            min_p: number(&["min_p"], "min_p")?.map(|n| n as f32),
-            seed: number(&["seed"], "seed")?.map(|n| n as u64),
-            stop,
+            max_tokens: validate::count(
+                field(&["max_tokens", "max_completion_tokens"]),
+                "max_tokens",
+            )?,
+            temperature: validate::number(field(&["temperature"]), "temperature")?
+                .map(|n| n as f32),
+            top_p: validate::number(field(&["top_p"]), "top_p")?.map(|n| n as f32),
+            top_k: validate::count(field(&["top_k"]), "top_k")?,
+            min_p: validate::number(field(&["min_p"]), "min_p")?.map(|n| n as f32),
+            seed: validate::seed(field(&["seed"]))?,
+            stop: validate::stop(request.get("stop"))?,
         })
     }
 }

@@ -3,38 +3,65 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{ApiError, App};
+use super::{ApiError, App, PathId};
+use crate::metrics::{Gauges, SessionGauges};
 use hangar_engine::models::Discovery;
 
 /// `GET /health`: 503 `loading` until every pinned model is ready, then
-/// 200 `healthy`.
-pub(super) async fn health(State(app): State<Arc<App>>) -> (StatusCode, Json<Value>) {
+/// 200 `healthy` (`loading` while any other model loads). The status for
+/// anyone; with the API key (or without a key set), also what is loading,
+/// the pinned models, every model's state and every session.
+pub(super) async fn health(
+    State(app): State<Arc<App>>,
+    headers: axum::http::HeaderMap,
+) -> (StatusCode, Json<Value>) {
     let loading = app.sessions.loading();
-    let sessions: Vec<_> = app.sessions.list().iter().map(|s| s.info()).collect();
     let pinned = app.scheduler.pinned();
     let ready = pinned.iter().all(|(_, state)| state == "ready");
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let status = if ready && loading.is_empty() {
+        "healthy"
+    } else {
+        "loading"
+    };
+    if !app.authorized(&headers) {
+        return (code, Json(json!({ "status": status })));
+    }
+    let sessions: Vec<_> = app.sessions.list().iter().map(|s| s.info()).collect();
     let pinned: serde_json::Map<String, Value> =
         pinned.into_iter().map(|(id, s)| (id, json!(s))).collect();
-    let status = if !ready {
-        StatusCode::SERVICE_UNAVAILABLE
-    } else {
-        StatusCode::OK
-    };
     (
-        status,
+        code,
         Json(json!({
-            "status": if !ready || !loading.is_empty() { "loading" } else { "healthy" },
+            "status": status,
             "loading": loading,
             "pinned": pinned,
+            "models": model_states(&app),
             "sessions": sessions,
         })),
     )
+}
+
+/// Each model's state (loading, ready, busy, hung, failed), with why for
+/// the last two.
+fn model_states(app: &App) -> Value {
+    let states: serde_json::Map<String, Value> = app
+        .sessions
+        .states()
+        .into_iter()
+        .map(|(id, state, why)| (id, json!({ "state": state, "reason": why })))
+        .collect();
+    Value::Object(states)
 }
 
 /// `GET /api/plugins`.
@@ -127,7 +154,7 @@ fn models_view(app: &App, discovery: &Discovery) -> Json<Value> {
 /// `POST /api/models/{id}/load`.
 pub(super) async fn load(
     State(app): State<Arc<App>>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<Value>, ApiError> {
     let model = app.find_model(&id)?;
     let session = app.scheduler.load(&model).await?;
@@ -137,7 +164,7 @@ pub(super) async fn load(
 /// `POST /api/models/{id}/unload`.
 pub(super) async fn unload(
     State(app): State<Arc<App>>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<Value>, ApiError> {
     if app.scheduler.unload(&id).await {
         Ok(Json(json!({ "unloaded": true, "model": id })))
@@ -151,13 +178,17 @@ pub(super) async fn unload(
 /// `GET /api/sessions`.
 pub(super) async fn sessions(State(app): State<Arc<App>>) -> Json<Value> {
     let sessions: Vec<_> = app.sessions.list().iter().map(|s| s.info()).collect();
-    Json(json!({ "sessions": sessions, "scheduler": app.scheduler.view() }))
+    Json(json!({
+        "sessions": sessions,
+        "models": model_states(&app),
+        "scheduler": app.scheduler.view(),
+    }))
 }
 
 /// `GET /api/sessions/{id}/logs`.
 pub(super) async fn logs(
     State(app): State<Arc<App>>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<Value>, ApiError> {
     let session = app.sessions.by_id(&id).ok_or_else(|| {
         ApiError::not_found(format!(
@@ -179,4 +210,56 @@ pub(super) async fn logs(
 /// `GET /api/events`.
 pub(super) async fn events(State(app): State<Arc<App>>) -> Json<Value> {
     Json(json!({ "events": app.sessions.events() }))
+}
+
+/// `GET /metrics`.
+pub(super) async fn metrics(State(app): State<Arc<App>>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let text = tokio::task::spawn_blocking(move || {
+        let gauges = gauges(&app);
+        app.sessions.metrics().scrape(gauges)
+    })
+    .await
+    .unwrap_or_default();
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// What `/metrics`' gauges show now: the sessions and the scheduler.
+fn gauges(app: &App) -> Gauges {
+    let scheduler = app.scheduler.view();
+    Gauges {
+        states: app
+            .sessions
+            .states()
+            .into_iter()
+            .map(|(id, state, _)| (id, state))
+            .collect(),
+        sessions: app
+            .sessions
+            .list()
+            .iter()
+            .map(|s| SessionGauges {
+                model: s.model.id.clone(),
+                session: s.id.clone(),
+                in_flight: s.info().in_flight,
+                resident_bytes: s.process().and_then(|p| p.resident_bytes()),
+            })
+            .collect(),
+        queued: scheduler
+            .models
+            .iter()
+            .map(|m| (m.model.clone(), m.queued))
+            .collect(),
+        memory_used: scheduler.memory.used_bytes,
+        memory_ceiling: scheduler.memory.ceiling_bytes,
+        guard: scheduler.memory.guard,
+        pressure: scheduler.memory.pressure.is_some(),
+    }
 }

@@ -13,17 +13,22 @@
 //! | `GET/PUT /api/settings` | app defaults, default engines, engine settings |
 //! | `GET/PUT /api/models/{id}/settings`, `GET /api/models/{id}/settings/schema` | one model's settings, and what its engine supports now |
 //! | `GET /api/sessions`, `GET /api/sessions/{id}/logs` | running engines and their output |
-//! | `GET /api/events` | loads, unloads, crashes |
+//! | `GET /api/events` | loads, unloads, crashes, failures, hangs, fallbacks |
+//! | `GET /metrics` | Prometheus (OpenMetrics) text: requests, tokens, token timings, events, states, memory |
 //!
 //! When the host was started with an API key, every route but `/health`
-//! needs `Authorization: Bearer KEY`.
+//! needs `Authorization: Bearer KEY`; `/health` without it gives the status
+//! alone, not model ids, pids and ports.
 
 mod error;
 pub(crate) mod inprocess;
+pub(crate) mod listen;
 mod manage;
 mod openai;
 mod settings;
 mod sse;
+mod upstream;
+pub(crate) mod validate;
 
 use std::sync::Arc;
 
@@ -89,6 +94,23 @@ pub(crate) fn not_a_model<'a>(discovery: &'a Discovery, id: &str) -> Option<&'a 
         .map(|r| r.reason.as_str())
 }
 
+/// The `{id}` segment of a route, percent-decoded; one that is not UTF-8
+/// is a 400 in OpenAI's error shape, like every other refusal.
+pub(crate) struct PathId(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for PathId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let axum::extract::Path(id) =
+            axum::extract::Path::<String>::from_request_parts(parts, state).await?;
+        Ok(PathId(id))
+    }
+}
+
 /// The router over `app`.
 pub(crate) fn router(app: Arc<App>) -> Router {
     Router::new()
@@ -113,6 +135,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/api/sessions", get(manage::sessions))
         .route("/api/sessions/{id}/logs", get(manage::logs))
         .route("/api/events", get(manage::events))
+        .route("/metrics", get(manage::metrics))
         .layer(middleware::from_fn_with_state(app.clone(), authorize))
         .route("/health", get(manage::health))
         .layer(DefaultBodyLimit::max(MAX_BODY_MIB * 1024 * 1024))
@@ -138,19 +161,25 @@ async fn authorize(
     request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    if let Some(key) = &app.api_key {
-        let sent = request
-            .headers()
+    if !app.authorized(request.headers()) {
+        return Err(ApiError::unauthorized());
+    }
+    Ok(next.run(request).await)
+}
+
+impl App {
+    /// Whether `headers` carry the API key (always, when there is none).
+    pub(crate) fn authorized(&self, headers: &axum::http::HeaderMap) -> bool {
+        let Some(key) = &self.api_key else {
+            return true;
+        };
+        let sent = headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.split_once(' '))
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
             .map(|(_, token)| token.trim());
         // Constant-time, so the comparison leaks nothing about the key.
-        let ok = sent.is_some_and(|t| bool::from(t.as_bytes().ct_eq(key.as_bytes())));
-        if !ok {
-            return Err(ApiError::unauthorized());
-        }
+        sent.is_some_and(|t| bool::from(t.as_bytes().ct_eq(key.as_bytes())))
     }
-    Ok(next.run(request).await)
 }

@@ -23,17 +23,20 @@ use serde_json::{json, Map, Value};
 
 use super::inprocess::Route;
 use super::sse::{self, ModelRewrite, SseFramer};
+use super::upstream::{self, Wait};
 use super::{ApiError, App};
-use crate::sessions::{Backend, InFlight, Session};
+use crate::metrics::StreamMetrics;
+use crate::sessions::{Backend, InFlight, Session, Sessions};
+use crate::supervisor::health::State as EngineState;
 use hangar_engine::loader::wasm::{Direction, WasmPlugin};
 use hangar_engine::models::Model;
 
 /// `POST /v1/chat/completions`.
 pub(super) async fn chat_completions(
     State(app): State<Arc<App>>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    forward(app, "/v1/chat/completions", body).await
+    counted(app, "/v1/chat/completions", body).await
 }
 
 /// `POST /v1/completions`.
@@ -41,7 +44,30 @@ pub(super) async fn completions(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    forward(app, "/v1/completions", body?).await
+    counted(app, "/v1/completions", body).await
+}
+
+/// Hook (metrics): forwards the request and counts its answer by model
+/// (`-` until the model is known, so that unknown ids add no series),
+/// route and status.
+async fn counted(
+    app: Arc<App>,
+    path: &'static str,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let mut model = String::from("-");
+    let result = match body {
+        Ok(body) => forward(app.clone(), path, body, &mut model).await,
+        Err(e) => Err(e.into()),
+    };
+    let status = match &result {
+        Ok(r) => r.status(),
+        Err(e) => e.status,
+    };
+    app.sessions
+        .metrics()
+        .request(&model, path, status.as_u16());
+    result
 }
 
 /// `GET /v1/models`: every discovered model, in OpenAI's list shape.
@@ -63,7 +89,13 @@ pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
     Json(json!({ "object": "list", "data": data }))
 }
 
-async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Response, ApiError> {
+async fn forward(
+    app: Arc<App>,
+    path: &'static str,
+    body: Bytes,
+    label: &mut String,
+) -> Result<Response, ApiError> {
+    let started = std::time::Instant::now();
     let mut request: Map<String, Value> = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!("the request body is not a JSON object: {e}"), None)
     })?;
@@ -76,17 +108,19 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
             ))
         }
     };
-    let stream = match request.get("stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "'stream' must be true or false",
-                Some("stream"),
-            ))
-        }
+    let route = if path.ends_with("chat/completions") {
+        Route::Chat
+    } else {
+        Route::Completion
     };
+    let stream = request
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let model = app.find_model(&model_id)?;
+    label.clone_from(&model.id);
+    // Hook (validation): every known field is checked before an engine sees it.
+    super::validate::check(route, &request)?;
     refuse_gated_fields(&app, &model, &request).await?;
     let (session, in_flight) = app.scheduler.admit(&model).await?;
     let (base_url, upstream_model, mapper) = match &session.backend {
@@ -97,11 +131,6 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
             ..
         } => (base_url, upstream_model, mapper),
         Backend::InProcess(served) => {
-            let route = if path.ends_with("chat/completions") {
-                Route::Chat
-            } else {
-                Route::Completion
-            };
             let answer = served.answer(route, &request);
             return tokio::select! {
                 r = answer => r,
@@ -131,8 +160,9 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
         .post(format!("{base_url}{path}"))
         .json(&request)
         .send();
+    // Hook (health): waits past a timeout check the engine (busy or hung).
     let response = tokio::select! {
-        r = send => r,
+        r = upstream::wait(&app.sessions, &session, Wait::FirstByte, send) => r?,
         _ = session.ended.cancelled() => return Err(ended_error(&session)),
     };
     let response = match response {
@@ -146,10 +176,17 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     if status.is_success() && stream && is_sse {
-        return Ok(sse(session, in_flight, response, model_id));
+        return Ok(sse(
+            app.sessions.clone(),
+            session,
+            in_flight,
+            response,
+            model_id,
+            started,
+        ));
     }
     let read = tokio::select! {
-        r = response.bytes() => r,
+        r = upstream::wait(&app.sessions, &session, Wait::More, response.bytes()) => r?,
         _ = session.ended.cancelled() => return Err(ended_error(&session)),
     };
     let bytes = match read {
@@ -165,6 +202,9 @@ async fn forward(app: Arc<App>, path: &'static str, body: Bytes) -> Result<Respo
                 value = map(mapper, Direction::Response, path, value).await?;
             }
             rewrite_model(&mut value, &model_id);
+            if let Some(usage) = value.get("usage") {
+                app.sessions.metrics().usage(&model_id, usage);
+            }
             Ok((status, Json(value)).into_response())
         }
         // The engine's own error, passed on when it is in OpenAI's shape.
@@ -224,12 +264,14 @@ async fn refuse_gated_fields(
 
 /// The error for a request whose session ended under it.
 fn ended_error(session: &Session) -> ApiError {
-    ApiError::engine(
-        session
-            .end_reason()
-            .unwrap_or("the model's engine stopped")
-            .to_string(),
-    )
+    let reason = session
+        .end_reason()
+        .unwrap_or("the model's engine stopped")
+        .to_string();
+    match session.state() {
+        EngineState::Hung => upstream::hung_error(reason),
+        _ => ApiError::engine(reason),
+    }
 }
 
 /// A transport failure: when the engine died, say so (its exit is noticed
@@ -252,14 +294,18 @@ async fn failure(session: &Session, what: &str) -> ApiError {
 /// client's model id put in) as soon as a chunk completes it; a client that
 /// hangs up drops this stream, and with it the upstream request.
 fn sse(
+    sessions: Arc<Sessions>,
     session: Arc<Session>,
     in_flight: InFlight,
     upstream: reqwest::Response,
     model_id: String,
+    started: std::time::Instant,
 ) -> Response {
     let state = Relay {
         body: Box::pin(upstream.bytes_stream()),
         ended: Box::pin(session.ended.clone().cancelled_owned()),
+        timings: sessions.metrics().stream(&model_id, started),
+        sessions,
         session,
         _in_flight: in_flight,
         framer: SseFramer::default(),
@@ -285,6 +331,9 @@ fn sse(
 struct Relay {
     body: std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<Bytes>> + Send>>,
     ended: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    /// Token timings and usage, for the metrics.
+    timings: StreamMetrics,
+    sessions: Arc<Sessions>,
     session: Arc<Session>,
     _in_flight: InFlight,
     framer: SseFramer,
@@ -306,8 +355,18 @@ impl Relay {
             return None;
         }
         loop {
+            // Hook (health): silence past the stream's timeout checks the
+            // engine (busy or hung).
+            let waited =
+                upstream::wait(&self.sessions, &self.session, Wait::More, self.body.next());
             let next = tokio::select! {
-                chunk = self.body.next() => chunk,
+                chunk = waited => match chunk {
+                    Ok(chunk) => chunk,
+                    Err(hung) => {
+                        self.finished = true;
+                        return Some(error_event(&hung));
+                    }
+                },
                 _ = &mut self.ended => {
                     self.finished = true;
                     return Some(error_event(&ended_error(&self.session)));
@@ -321,6 +380,7 @@ impl Relay {
                     }
                     let mut start = 0;
                     for &end in &self.ends {
+                        self.timings.event(&run[start..end]);
                         self.done |= sse::is_done(&run[start..end]);
                         start = end;
                     }

@@ -10,11 +10,11 @@
 use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{ApiError, App};
+use super::{ApiError, App, PathId};
 use crate::settings::{self, AppSettings, Refused, SettingMap, Stored};
 use hangar_engine::models::Model;
 use hangar_engine::registry::{Engine, PluginEntry, Registry};
@@ -26,6 +26,7 @@ pub(super) async fn get_app(State(app): State<Arc<App>>) -> Json<Value> {
         defaults: stored.defaults,
         default_engines: stored.default_engines,
         engines: stored.engines,
+        serving: stored.serving,
     }))
 }
 
@@ -47,6 +48,7 @@ pub(super) async fn put_app(
         .update(|stored| {
             stored.defaults = strip_nulls(new.defaults);
             stored.default_engines = new.default_engines;
+            stored.serving = new.serving;
             stored.engines = new
                 .engines
                 .into_iter()
@@ -60,7 +62,7 @@ pub(super) async fn put_app(
 /// `GET /api/models/{id}/settings`.
 pub(super) async fn get_model(
     State(app): State<Arc<App>>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<Value>, ApiError> {
     let model = app.find_model(&id)?;
     model_view(&app, model).await
@@ -70,7 +72,7 @@ pub(super) async fn get_model(
 /// (`{}` clears them).
 pub(super) async fn put_model(
     State(app): State<Arc<App>>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     body: Result<Json<SettingMap>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Json(map) = body.map_err(|e| {
@@ -105,7 +107,7 @@ pub(super) async fn put_model(
 /// ones it does not, with why.
 pub(super) async fn schema(
     State(app): State<Arc<App>>,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<Value>, ApiError> {
     let model = app.find_model(&id)?;
     let model_id = model.id.clone();
@@ -204,6 +206,7 @@ fn check_app(registry: &Registry, new: &AppSettings) -> Result<(), Refused> {
         Ok(()) => vec![],
         Err(Refused(p)) => p,
     };
+    problems.extend(new.serving.problems());
     for (format, plugin) in &new.default_engines {
         let canonical = registry.canonical_format(format);
         match registry.plugin(plugin) {
@@ -237,8 +240,7 @@ fn check_app(registry: &Registry, new: &AppSettings) -> Result<(), Refused> {
                         None => Some(format!(
                             "engines.{plugin}: plugin '{plugin}' has no setting '{name}'"
                         )),
-                        Some(spec) => spec
-                            .check(value, |_| true)
+                        Some(spec) => settings::check_value(spec, value, |_| true)
                             .err()
                             .map(|e| format!("engines.{plugin}: {e}")),
                     }

@@ -2,9 +2,12 @@
 //!
 //! A model loads on first use. Only one load per model runs at a time;
 //! requests that arrive while it loads wait for that same load and share
-//! its outcome. When an engine exits unexpectedly its session is removed at
-//! once (so its routes go with it), every in-flight request is told why, an
-//! event is recorded, and the next request loads the model again.
+//! its outcome. When an engine exits unexpectedly, or its readiness route
+//! reports failure, or it stops answering (hung), its session is removed at
+//! once (so its routes go with it), an event is recorded, every in-flight
+//! request is told why, and the next request loads the model again. When
+//! the chosen engine fails to load a model, the next compatible one is
+//! tried (fallback).
 
 mod plan;
 mod session;
@@ -22,7 +25,9 @@ use tokio_util::sync::CancellationToken;
 use hangar_engine::models::Model;
 use hangar_engine::registry::{Engine, PluginEntry, Registry};
 
+use crate::metrics::Metrics;
 use crate::settings::SettingsStore;
+use crate::supervisor::health::{Monitor, State};
 pub(crate) use crate::supervisor::STOP_GRACE;
 use crate::supervisor::{free_port, launch, Launch};
 use plan::{plan, How};
@@ -63,6 +68,14 @@ pub(crate) enum LoadError {
         /// What happened, with the engine's last output.
         reason: String,
     },
+    /// Every compatible engine was tried, and each failed (fallback).
+    #[error("no engine could load model '{model}': {}", .failures.join("; then "))]
+    AllFailed {
+        /// The model id.
+        model: String,
+        /// Each engine's failure, in the order tried.
+        failures: Vec<String>,
+    },
     /// An unload arrived while the model was loading.
     #[error(
         "the load of model '{model}' was cancelled by an unload; send the request again to load it"
@@ -92,8 +105,9 @@ pub(crate) enum LoadError {
 pub(crate) struct Event {
     /// Seconds since the epoch.
     pub at: u64,
-    /// `loaded`, `load_failed`, `unloaded` (on request, idle past its TTL,
-    /// or evicted: the message says which), `crashed`.
+    /// `loaded`, `load_failed`, `fallback`, `unloaded` (on request, idle
+    /// past its TTL, or evicted: the message says which), `crashed`,
+    /// `failed`, `hung`.
     pub kind: &'static str,
     /// Model id.
     pub model: String,
@@ -121,6 +135,10 @@ pub(crate) struct Sessions {
     client: reqwest::Client,
     slots: Mutex<HashMap<String, Slot>>,
     events: Mutex<VecDeque<Event>>,
+    /// The host's metrics (`GET /metrics`).
+    metrics: Arc<Metrics>,
+    /// Models whose last session hung or failed, until they load again.
+    troubled: Mutex<HashMap<String, (State, String)>>,
     next_id: AtomicU64,
     /// Cancelled when shutdown begins: no new loads, loads in flight stop.
     closing: CancellationToken,
@@ -149,6 +167,8 @@ impl Sessions {
             client,
             slots: Mutex::new(HashMap::new()),
             events: Mutex::new(VecDeque::new()),
+            metrics: Arc::new(Metrics::new()),
+            troubled: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             closing: CancellationToken::new(),
             resolved: Default::default(),
@@ -171,6 +191,11 @@ impl Sessions {
         self.resolved
             .serving(&self.registry, &self.settings, format)
             .await
+    }
+
+    /// The host's metrics.
+    pub(crate) fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// The HTTP client used to reach engines.
@@ -336,9 +361,13 @@ impl Sessions {
         message: String,
     ) {
         match kind {
-            "crashed" | "load_failed" => tracing::warn!(model, kind, "{message}"),
+            "crashed" | "load_failed" | "failed" | "hung" => {
+                tracing::warn!(model, kind, "{message}")
+            }
             _ => tracing::info!(model, kind, "{message}"),
         }
+        // Every event kind is counted by model, the scheduler's too.
+        self.metrics.event(model, kind);
         let mut events = self.events.lock().expect("events lock");
         if events.len() == EVENTS {
             events.pop_front();
@@ -357,7 +386,7 @@ impl Sessions {
         model: Model,
         cancel: CancellationToken,
     ) -> Result<Arc<Session>, LoadError> {
-        let mut result = self.clone().start(model.clone(), &cancel).await;
+        let mut result = self.start_with_fallback(&model, &cancel).await;
         if let (Ok(session), true) = (&result, cancel.is_cancelled()) {
             session.end(format!("the load of model '{}' was cancelled", model.id));
             session.stop(STOP_GRACE).await;
@@ -370,6 +399,10 @@ impl Sessions {
             Ok(session) => {
                 slots.insert(model.id.clone(), Slot::Ready(session.clone()));
                 drop(slots);
+                self.troubled
+                    .lock()
+                    .expect("troubled lock")
+                    .remove(&model.id);
                 self.record(
                     "loaded",
                     &model.id,
@@ -399,10 +432,77 @@ impl Sessions {
         }
     }
 
+    /// Starts the model on the engine resolution picks; when that engine
+    /// fails to load it (its plugin refuses, or the engine does not start)
+    /// and `[serving] fallback` is on, tries the next compatible engine in
+    /// resolution order, recording each failure as a `fallback` event and
+    /// on the session that finally serves.
+    async fn start_with_fallback(
+        self: &Arc<Self>,
+        model: &Model,
+        cancel: &CancellationToken,
+    ) -> Result<Arc<Session>, LoadError> {
+        let mut tried: Vec<String> = Vec::new();
+        let mut failures: Vec<String> = Vec::new();
+        loop {
+            let result = self
+                .clone()
+                .start(model.clone(), cancel, &tried, &failures)
+                .await;
+            let error = match result {
+                Err(e @ (LoadError::Plan { .. } | LoadError::Start { .. })) => e,
+                other => return other,
+            };
+            let (LoadError::Plan { plugin, .. } | LoadError::Start { plugin, .. }) = &error else {
+                unreachable!("matched above")
+            };
+            tried.push(plugin.clone());
+            if !self.settings.get().serving.fallback || cancel.is_cancelled() {
+                return Err(error);
+            }
+            let next = {
+                let (registry, skip) = (self.registry.clone(), tried.clone());
+                let (format, defaults) =
+                    (model.format.clone(), self.settings.get().default_engines);
+                tokio::task::spawn_blocking(move || {
+                    registry
+                        .serving_except(&format, &defaults, &skip)
+                        .map(|(entry, _)| entry.manifest.id.clone())
+                        .ok()
+                })
+                .await
+                .ok()
+                .flatten()
+            };
+            let reason = error.to_string();
+            let Some(next) = next else {
+                if failures.is_empty() {
+                    return Err(error);
+                }
+                failures.push(reason);
+                return Err(LoadError::AllFailed {
+                    model: model.id.clone(),
+                    failures,
+                });
+            };
+            self.record(
+                "fallback",
+                &model.id,
+                None,
+                format!("{reason}; trying the next compatible engine, '{next}'"),
+            );
+            failures.push(reason);
+        }
+    }
+
+    /// Starts the model on the first engine resolution picks outside
+    /// `skip`; `earlier` are the failures of engines tried before it.
     async fn start(
         self: Arc<Self>,
         model: Model,
         cancel: &CancellationToken,
+        skip: &[String],
+        earlier: &[String],
     ) -> Result<Arc<Session>, LoadError> {
         let registry = self.registry.clone();
         let id = format!("s{}", self.next_id.fetch_add(1, Ordering::Relaxed));
@@ -421,10 +521,12 @@ impl Sessions {
         let port = free_port().map_err(|e| host_err(format!("no free loopback port: {e}")))?;
         let (m, wd, keeper) = (model.clone(), work_dir.clone(), self.keeper.clone());
         let settings = self.settings.clone();
-        let planned =
-            tokio::task::spawn_blocking(move || plan(&registry, &settings, &keeper, &m, port, &wd))
-                .await
-                .map_err(|e| host_err(format!("planning failed: {e}")))?;
+        let skip = skip.to_vec();
+        let planned = tokio::task::spawn_blocking(move || {
+            plan(&registry, &settings, &keeper, &m, port, &wd, &skip)
+        })
+        .await
+        .map_err(|e| host_err(format!("planning failed: {e}")))?;
         let planned = match planned {
             Ok(p) => p,
             Err(e) => {
@@ -439,9 +541,15 @@ impl Sessions {
             engine_version: planned.engine_version.clone(),
             accelerator: planned.accelerator.clone(),
             backend,
-            notes,
+            // Why earlier engines were passed over comes first.
+            notes: earlier
+                .iter()
+                .map(|f| format!("fell back: {f}"))
+                .chain(notes)
+                .collect(),
             started_at: now(),
             ended: CancellationToken::new(),
+            monitor: None,
             end_reason: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
             served: AtomicU64::new(0),
@@ -490,14 +598,24 @@ impl Sessions {
                 });
             }
         };
+        // The engine is polled and checked while it serves.
+        let monitor = Arc::new(Monitor::new(
+            base_url.clone(),
+            plan.readiness.clone(),
+            self.client.clone(),
+            self.settings.get().serving,
+        ));
         let backend = Backend::Process {
             process,
             base_url,
             upstream_model: plan.upstream_model.clone(),
             mapper,
         };
-        let session = Arc::new(session(backend, plan.notes.clone()));
+        let mut session = session(backend, plan.notes.clone());
+        session.monitor = Some(monitor);
+        let session = Arc::new(session);
         tokio::spawn(self.clone().watch(session.clone()));
+        tokio::spawn(self.clone().poll(session.clone()));
         Ok(session)
     }
 
@@ -519,6 +637,35 @@ impl Sessions {
             "engine '{}' serving model '{}' exited unexpectedly ({exit}); the next request loads it again. Last output: {tail}",
             session.plugin, session.model.id
         );
+        self.retire(session, "crashed", reason).await;
+    }
+
+    /// Polls a live session's readiness route; a failed status ends it.
+    async fn poll(self: Arc<Self>, session: Arc<Session>) {
+        let Some(monitor) = session.monitor.clone() else {
+            return;
+        };
+        let Some(why) = monitor.poll_until_failed(session.ended.cancelled()).await else {
+            return;
+        };
+        monitor.set_final(State::Failed);
+        let reason = format!(
+            "engine '{}' serving model '{}' failed: {why}; its requests were ended and the next request starts it afresh",
+            session.plugin, session.model.id
+        );
+        self.retire(session, "failed", reason).await;
+    }
+
+    /// Ends a session nobody asked to end (`crashed`, `failed`, `hung`):
+    /// its slot goes at once (so the next request loads the model afresh),
+    /// the event is recorded, its requests are told `reason`, and its
+    /// process group is killed.
+    pub(crate) async fn retire(
+        self: Arc<Self>,
+        session: Arc<Session>,
+        kind: &'static str,
+        reason: String,
+    ) {
         {
             let mut slots = self.slots.lock().expect("slots lock");
             if matches!(slots.get(&session.model.id), Some(Slot::Ready(s)) if Arc::ptr_eq(s, &session))
@@ -526,10 +673,57 @@ impl Sessions {
                 slots.remove(&session.model.id);
             }
         }
-        session.end(reason.clone());
-        // Reap whatever the engine left in its group.
-        process.stop(Duration::from_millis(200)).await;
-        self.record("crashed", &session.model.id, Some(&session.id), reason);
+        // The first to end a session says why. The event is recorded as the
+        // session goes and before its requests are told, so that whoever
+        // sees it gone or reads the reason also finds the event; reaping
+        // what the engine left in its group comes after.
+        if session.ended.is_cancelled() || session.end_reason.set(reason.clone()).is_err() {
+            return;
+        }
+        let state = match kind {
+            "hung" => Some(State::Hung),
+            "failed" => Some(State::Failed),
+            _ => None,
+        };
+        if let Some(state) = state {
+            let mut troubled = self.troubled.lock().expect("troubled lock");
+            troubled.insert(session.model.id.clone(), (state, reason.clone()));
+        }
+        self.record(kind, &session.model.id, Some(&session.id), reason);
+        session.ended.cancel();
+        if let Some(process) = session.process() {
+            // A hung or failed engine gets no grace; a crashed one's
+            // leftovers are reaped.
+            process.stop(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Every model the host knows the state of, with its state and, when
+    /// it hung or failed, why: loading, ready, busy (requests in flight),
+    /// hung or failed (until the next load).
+    pub(crate) fn states(&self) -> Vec<(String, State, Option<String>)> {
+        let mut out: Vec<(String, State, Option<String>)> = {
+            let troubled = self.troubled.lock().expect("troubled lock");
+            troubled
+                .iter()
+                .map(|(id, (state, why))| (id.clone(), *state, Some(why.clone())))
+                .collect()
+        };
+        let live = self
+            .loading()
+            .into_iter()
+            .map(|id| (id, State::Loading, None))
+            .chain(
+                self.list()
+                    .into_iter()
+                    .map(|s| (s.model.id.clone(), s.state(), None)),
+            );
+        for entry in live {
+            out.retain(|(id, ..)| id != &entry.0);
+            out.push(entry);
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 }
 

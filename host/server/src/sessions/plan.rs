@@ -41,7 +41,8 @@ pub(super) enum How {
 /// Resolves the model's engine and asks its plugin how to serve it
 /// (blocking: plugin calls and probes are synchronous). A plugin that runs
 /// inference itself is hosted by `hangar worker` (the `keeper` binary),
-/// unless the operator set `isolation = "none"` for it.
+/// unless the operator set `isolation = "none"` for it. Engines in `skip`
+/// (tried already: fallback) are passed over.
 pub(super) fn plan(
     registry: &Registry,
     settings: &SettingsStore,
@@ -49,10 +50,11 @@ pub(super) fn plan(
     model: &Model,
     port: u16,
     work_dir: &Path,
+    skip: &[String],
 ) -> Result<Planned, LoadError> {
     let stored = settings.get();
     let (entry, engine) = registry
-        .serving(&model.format, &stored.default_engines)
+        .serving_except(&model.format, &stored.default_engines, skip)
         .map_err(|reason| LoadError::NoEngine {
             model: model.id.clone(),
             format: model.format.clone(),

@@ -14,6 +14,7 @@ use hangar_engine::loader::wasm::WasmPlugin;
 use hangar_engine::models::Model;
 
 use crate::settings::SettingMap;
+use crate::supervisor::health::{Monitor, State};
 use crate::supervisor::EngineProcess;
 
 /// An in-process engine serving one model, with the model's settings as
@@ -49,6 +50,9 @@ pub(crate) struct Session {
     pub started_at: u64,
     /// Cancelled when the session ends (crash, unload, shutdown).
     pub ended: CancellationToken,
+    /// How the engine is checked and what it is doing (engine processes
+    /// only).
+    pub monitor: Option<Arc<Monitor>>,
     pub(super) end_reason: OnceLock<String>,
     pub(super) in_flight: AtomicUsize,
     pub(super) served: AtomicU64,
@@ -89,6 +93,17 @@ impl Session {
         }
     }
 
+    /// What the engine is doing: hung or failed once judged so; busy while
+    /// requests run (or wait past a timeout on an engine that answers);
+    /// else ready.
+    pub(crate) fn state(&self) -> State {
+        let seen = self.monitor.as_ref().map_or(State::Ready, |m| m.state());
+        match seen {
+            State::Ready if self.in_flight.load(Ordering::SeqCst) > 0 => State::Busy,
+            other => other,
+        }
+    }
+
     /// Counts a request in flight until the guard drops.
     pub(crate) fn begin_request(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
@@ -109,6 +124,7 @@ impl Session {
                 Backend::InProcess(_) => "in-process".into(),
             },
             pid: self.process().and_then(EngineProcess::engine_pid),
+            state: self.state(),
             started_at: self.started_at,
             in_flight: self.in_flight.load(Ordering::SeqCst),
             requests_served: self.served.load(Ordering::Relaxed),
@@ -189,6 +205,8 @@ pub(crate) struct SessionInfo {
     pub endpoint: String,
     /// The engine's pid.
     pub pid: Option<u32>,
+    /// ready, busy, hung or failed.
+    pub state: State,
     /// Seconds since the epoch.
     pub started_at: u64,
     /// Requests running now.

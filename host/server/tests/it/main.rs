@@ -1,7 +1,10 @@
 //! Hangar's integration tests: one binary, one module per area.
 
 mod conformance;
+mod fallback;
 mod fixtures;
+mod hardening;
+mod health;
 mod inprocess;
 mod package;
 mod plugin_cmd;

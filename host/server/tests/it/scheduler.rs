@@ -315,6 +315,15 @@ fn at_max_loaded_models_the_least_recently_used_model_is_evicted() {
         events(&server, "unloaded"),
         ["tiny: evicted (least recently used) to make room for 'other'"]
     );
+    // The scheduler's events reach /metrics as every session event does.
+    let metrics = reqwest::blocking::get(format!("{}/metrics", server.url))
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        metrics.contains("hangar_session_events_total{model=\"tiny\",kind=\"unloaded\"} 1"),
+        "{metrics}"
+    );
 }
 
 #[test]

@@ -28,7 +28,7 @@ impl Drop for Server {
 impl Server {
     /// Serves one fake `mlx` model `tiny` with the beta plugin, whose
     /// manifest gets `programs` as given.
-    fn start(programs: &str) -> Server {
+    pub fn start(programs: &str) -> Server {
         Server::with(|s| {
             let probe = s.engine_program("beta-engine", "beta 0.9.0");
             let extra = format!(

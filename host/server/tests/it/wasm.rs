@@ -107,6 +107,9 @@ fn a_guest_that_loops_traps_or_hoards_is_stopped_and_the_host_keeps_serving() {
             allow_python(&["beta", "misbehaves"]),
             s.root.path().join("wasm-cache").display()
         ));
+        // The guest's own failure is what this test reads, not the native
+        // plugin taking its models over.
+        s.settings("[serving]\nfallback = false\n");
     });
     // The native plugin's model serves throughout.
     server.load();

@@ -1,0 +1,78 @@
+//! The HTTP listener under the router: accepts connections, serves them
+//! with hyper, and stops within a deadline.
+//!
+//! `axum::serve` sets no header-read timeout, and its graceful shutdown
+//! waits for every connection however long it takes: a client half-way
+//! through its headers would hold a SIGTERM'd host forever. Here a
+//! connection gets [`HEADER_READ_TIMEOUT`] to send its headers, and
+//! shutdown gives open connections at most a drain period before the host
+//! exits anyway.
+
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// How long a client may take to send a request's headers.
+pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `router` on `listener` until `stop` is cancelled; then stops
+/// accepting, asks open connections to finish, and returns once they have
+/// or `drain` has passed.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    router: Router,
+    stop: CancellationToken,
+    drain: Duration,
+) {
+    let graceful = GracefulShutdown::new();
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    // A streamed answer is many small writes; with Nagle on,
+                    // the first event after the headers waits for the
+                    // client's delayed ACK (about 40 ms on Linux).
+                    if let Err(e) = stream.set_nodelay(true) {
+                        tracing::debug!("cannot turn Nagle's algorithm off on a connection: {e}");
+                    }
+                    stream
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: wait, then go on.
+                    tracing::warn!("accepting a connection failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.cancelled() => break,
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("connection ended: {e}");
+            }
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(drain) => {
+            tracing::warn!("connections still open after {drain:?}; exiting anyway");
+        }
+    }
+}

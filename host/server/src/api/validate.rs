@@ -1,0 +1,450 @@
+//! Request validation at the edge: every OpenAI field Hangar knows is
+//! checked for type and range before any engine sees the request, and a
+//! bad one is a 400 naming the field. Nothing is coerced: a `max_tokens`
+//! of 1e300, 2^64, -5 or 2.5 is refused rather than cast into something an
+//! engine would accept (1e300 as `u32` asks for four billion tokens), and a
+//! `"stop": 5` never reaches an engine whose generation thread it would
+//! kill.
+//!
+//! The same readers give the in-process path its typed values, so that the
+//! rules are written once.
+
+use serde_json::{Map, Value};
+
+use super::inprocess::Route;
+use super::ApiError;
+
+/// What a known field must hold.
+#[derive(Debug, Clone, Copy)]
+enum Rule {
+    /// A whole number in `min..=max`.
+    Count { min: u64, max: u64 },
+    /// Any number in `min..=max`.
+    Number { min: f64, max: f64 },
+    /// A whole number that fits 64 bits, signed or not.
+    Seed,
+    /// `true` or `false`.
+    Bool,
+    /// A string or a list of strings.
+    Stop,
+    /// `{"include_usage": bool}`.
+    StreamOptions,
+}
+
+/// The fields both completion routes share. `n` is capped: each choice is a
+/// whole generation, and no engine here serves more than a handful at once.
+const FIELDS: &[(&str, Rule)] = &[
+    ("max_tokens", COUNT_TOKENS),
+    ("max_completion_tokens", COUNT_TOKENS),
+    (
+        "top_k",
+        Rule::Count {
+            min: 0,
+            max: u32::MAX as u64,
+        },
+    ),
+    ("n", Rule::Count { min: 1, max: 128 }),
+    ("temperature", Rule::Number { min: 0.0, max: 2.0 }),
+    ("top_p", Rule::Number { min: 0.0, max: 1.0 }),
+    ("min_p", Rule::Number { min: 0.0, max: 1.0 }),
+    (
+        "presence_penalty",
+        Rule::Number {
+            min: -2.0,
+            max: 2.0,
+        },
+    ),
+    (
+        "frequency_penalty",
+        Rule::Number {
+            min: -2.0,
+            max: 2.0,
+        },
+    ),
+    ("seed", Rule::Seed),
+    ("stream", Rule::Bool),
+    ("stop", Rule::Stop),
+    ("stream_options", Rule::StreamOptions),
+];
+
+const COUNT_TOKENS: Rule = Rule::Count {
+    min: 1,
+    max: u32::MAX as u64,
+};
+
+/// Checks every known field of a request to `route`; unknown fields pass
+/// through for the engine to judge.
+pub(crate) fn check(route: Route, request: &Map<String, Value>) -> Result<(), ApiError> {
+    match route {
+        Route::Chat => messages(request.get("messages"))?,
+        Route::Completion => prompt(request.get("prompt"))?,
+    }
+    for (name, rule) in FIELDS {
+        if let Some(value) = present(request, name) {
+            apply(name, *rule, value)?;
+        }
+    }
+    Ok(())
+}
+
+/// A token count (`max_tokens`, `top_k`), or `None` when absent.
+pub(crate) fn count(value: Option<&Value>, name: &'static str) -> Result<Option<u32>, ApiError> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let rule = rule_of(name);
+    apply(name, rule, value)?;
+    // `apply` accepted a whole number within u32.
+    Ok(value.as_u64().and_then(|n| u32::try_from(n).ok()))
+}
+
+/// A bounded number (`temperature`, `top_p`, `min_p`), or `None`.
+pub(crate) fn number(value: Option<&Value>, name: &'static str) -> Result<Option<f64>, ApiError> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    apply(name, rule_of(name), value)?;
+    Ok(value.as_f64())
+}
+
+/// The seed as 64 bits (a negative seed keeps its bit pattern), or `None`.
+pub(crate) fn seed(value: Option<&Value>) -> Result<Option<u64>, ApiError> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    apply("seed", Rule::Seed, value)?;
+    Ok(value.as_u64().or_else(|| value.as_i64().map(|n| n as u64)))
+}
+
+/// The stop strings (none when absent).
+pub(crate) fn stop(value: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(vec![]),
+        Some(v) => {
+            apply("stop", Rule::Stop, v)?;
+            Ok(match v {
+                Value::String(s) => vec![s.clone()],
+                Value::Array(items) => items
+                    .iter()
+                    .filter_map(|s| s.as_str().map(str::to_string))
+                    .collect(),
+                _ => vec![],
+            })
+        }
+    }
+}
+
+fn rule_of(name: &str) -> Rule {
+    FIELDS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, r)| *r)
+        .expect("a field with a rule")
+}
+
+fn present<'a>(request: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
+    request.get(name).filter(|v| !v.is_null())
+}
+
+fn apply(name: &'static str, rule: Rule, value: &Value) -> Result<(), ApiError> {
+    let bad = |what: String| Err(ApiError::bad_request(what, Some(name)));
+    match rule {
+        Rule::Count { min, max } => match value.as_u64() {
+            Some(n) if (min..=max).contains(&n) => Ok(()),
+            _ => bad(format!(
+                "'{name}' must be a whole number from {min} to {max}, not {value}"
+            )),
+        },
+        Rule::Number { min, max } => match value.as_f64() {
+            Some(n) if (min..=max).contains(&n) => Ok(()),
+            _ => bad(format!(
+                "'{name}' must be a number from {min} to {max}, not {value}"
+            )),
+        },
+        Rule::Seed if value.is_u64() || value.is_i64() => Ok(()),
+        Rule::Seed => bad(format!(
+            "'{name}' must be a whole number that fits 64 bits, not {value}"
+        )),
+        Rule::Bool if value.is_boolean() => Ok(()),
+        Rule::Bool => bad(format!("'{name}' must be true or false, not {value}")),
+        Rule::Stop => match value {
+            Value::String(_) => Ok(()),
+            Value::Array(items) => match items.iter().position(|s| !s.is_string()) {
+                None => Ok(()),
+                Some(i) => bad(format!(
+                    "'{name}[{i}]' must be a string, not {}; 'stop' is a string or a list of strings",
+                    items[i]
+                )),
+            },
+            _ => bad(format!(
+                "'{name}' must be a string or a list of strings, not {value}"
+            )),
+        },
+        Rule::StreamOptions => match value {
+            Value::Object(options) => match options.get("include_usage") {
+                None | Some(Value::Null) | Some(Value::Bool(_)) => Ok(()),
+                Some(other) => bad(format!(
+                    "'{name}.include_usage' must be true or false, not {other}"
+                )),
+            },
+            _ => bad(format!(
+                "'{name}' must be an object such as {{\"include_usage\": true}}, not {value}"
+            )),
+        },
+    }
+}
+
+/// `messages`: a non-empty list of objects, each with a string `role` and a
+/// `content` that is a string, a list of content parts, or null (an
+/// assistant turn with tool calls).
+fn messages(value: Option<&Value>) -> Result<(), ApiError> {
+    let bad = |what: String| Err(ApiError::bad_request(what, Some("messages")));
+    let items = match value {
+        Some(Value::Array(items)) if !items.is_empty() => items,
+        Some(Value::Array(_)) | None | Some(Value::Null) => {
+            return bad("'messages' must be a non-empty list of messages".into())
+        }
+        Some(other) => return bad(format!("'messages' must be a list, not {other}")),
+    };
+    for (i, item) in items.iter().enumerate() {
+        let Value::Object(message) = item else {
+            return bad(format!(
+                "'messages[{i}]' must be an object with 'role' and 'content', not {item}"
+            ));
+        };
+        match message.get("role") {
+            Some(Value::String(_)) => {}
+            None => return bad(format!("'messages[{i}].role' is missing")),
+            Some(other) => {
+                return bad(format!(
+                    "'messages[{i}].role' must be a string, not {other}"
+                ))
+            }
+        }
+        match message.get("content") {
+            None | Some(Value::Null) | Some(Value::String(_)) => {}
+            Some(Value::Array(parts)) => {
+                if let Some(j) = parts
+                    .iter()
+                    .position(|p| !p.get("type").is_some_and(Value::is_string))
+                {
+                    return bad(format!(
+                        "'messages[{i}].content[{j}]' must be a content part object with a string 'type', not {}",
+                        parts[j]
+                    ));
+                }
+            }
+            Some(other) => {
+                return bad(format!(
+                "'messages[{i}].content' must be a string or a list of content parts, not {other}"
+            ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `prompt`: a string, or a list of strings or of token ids (or of lists of
+/// token ids), not empty.
+fn prompt(value: Option<&Value>) -> Result<(), ApiError> {
+    let bad = |what: String| Err(ApiError::bad_request(what, Some("prompt")));
+    let is_tokens = |v: &Value| {
+        v.as_array()
+            .is_some_and(|t| !t.is_empty() && t.iter().all(Value::is_u64))
+    };
+    match value {
+        Some(Value::String(_)) => Ok(()),
+        Some(Value::Array(items))
+            if !items.is_empty()
+                && (items.iter().all(Value::is_string)
+                    || items.iter().all(Value::is_u64)
+                    || items.iter().all(is_tokens)) =>
+        {
+            Ok(())
+        }
+        None | Some(Value::Null) => bad("'prompt' is required: a string".into()),
+        Some(other) => bad(format!(
+            "'prompt' must be a string, a list of strings or a list of token ids, not {other}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use expect_test::{expect, Expect};
+    use serde_json::json;
+
+    use super::*;
+
+    /// Checks a chat request built from `fields` (with a valid `messages`
+    /// unless `fields` has its own) and renders the verdict.
+    fn check_chat(fields: Value, expect: Expect) {
+        let mut request = json!({ "messages": [{ "role": "user", "content": "hi" }] });
+        for (k, v) in fields.as_object().unwrap() {
+            request[k] = v.clone();
+        }
+        let verdict = match super::check(Route::Chat, request.as_object().unwrap()) {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("{} {:?}: {}", e.status.as_u16(), e.param, e.message),
+        };
+        expect.assert_eq(&verdict);
+    }
+
+    #[test]
+    fn stop_must_be_strings() {
+        check_chat(json!({"stop": "x"}), expect!["ok"]);
+        check_chat(json!({"stop": ["a", "b"]}), expect!["ok"]);
+        check_chat(
+            json!({"stop": 5}),
+            expect![[r#"400 Some("stop"): 'stop' must be a string or a list of strings, not 5"#]],
+        );
+        check_chat(
+            json!({"stop": [1]}),
+            expect![[
+                r#"400 Some("stop"): 'stop[0]' must be a string, not 1; 'stop' is a string or a list of strings"#
+            ]],
+        );
+    }
+
+    #[test]
+    fn messages_must_be_objects_with_text_or_parts() {
+        check_chat(
+            json!({"messages": ["hi"]}),
+            expect![[
+                r#"400 Some("messages"): 'messages[0]' must be an object with 'role' and 'content', not "hi""#
+            ]],
+        );
+        check_chat(
+            json!({"messages": [{"role": "user", "content": 5}]}),
+            expect![[
+                r#"400 Some("messages"): 'messages[0].content' must be a string or a list of content parts, not 5"#
+            ]],
+        );
+        check_chat(
+            json!({"messages": [{"content": "hi"}]}),
+            expect![[r#"400 Some("messages"): 'messages[0].role' is missing"#]],
+        );
+        check_chat(
+            json!({"messages": []}),
+            expect![[r#"400 Some("messages"): 'messages' must be a non-empty list of messages"#]],
+        );
+        check_chat(
+            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}),
+            expect!["ok"],
+        );
+        check_chat(
+            json!({"messages": [{"role": "user", "content": [5]}]}),
+            expect![[
+                r#"400 Some("messages"): 'messages[0].content[0]' must be a content part object with a string 'type', not 5"#
+            ]],
+        );
+    }
+
+    #[test]
+    fn token_counts_are_never_coerced() {
+        check_chat(json!({"max_tokens": 16}), expect!["ok"]);
+        check_chat(
+            json!({"max_tokens": 1e300}),
+            expect![[
+                r#"400 Some("max_tokens"): 'max_tokens' must be a whole number from 1 to 4294967295, not 1e+300"#
+            ]],
+        );
+        check_chat(
+            json!({"max_tokens": 18446744073709551616.0}),
+            expect![[
+                r#"400 Some("max_tokens"): 'max_tokens' must be a whole number from 1 to 4294967295, not 1.8446744073709552e+19"#
+            ]],
+        );
+        check_chat(
+            json!({"max_tokens": -5}),
+            expect![[
+                r#"400 Some("max_tokens"): 'max_tokens' must be a whole number from 1 to 4294967295, not -5"#
+            ]],
+        );
+        check_chat(
+            json!({"max_tokens": 2.5}),
+            expect![[
+                r#"400 Some("max_tokens"): 'max_tokens' must be a whole number from 1 to 4294967295, not 2.5"#
+            ]],
+        );
+        check_chat(
+            json!({"top_k": 1e300}),
+            expect![[
+                r#"400 Some("top_k"): 'top_k' must be a whole number from 0 to 4294967295, not 1e+300"#
+            ]],
+        );
+        check_chat(
+            json!({"top_k": -5}),
+            expect![[
+                r#"400 Some("top_k"): 'top_k' must be a whole number from 0 to 4294967295, not -5"#
+            ]],
+        );
+        check_chat(
+            json!({"top_k": 2.5}),
+            expect![[
+                r#"400 Some("top_k"): 'top_k' must be a whole number from 0 to 4294967295, not 2.5"#
+            ]],
+        );
+        check_chat(json!({"top_k": 0, "max_tokens": null}), expect!["ok"]);
+    }
+
+    #[test]
+    fn sampling_numbers_stay_in_range() {
+        check_chat(
+            json!({"temperature": 0.7, "top_p": 1, "min_p": 0.05, "seed": -1}),
+            expect!["ok"],
+        );
+        check_chat(
+            json!({"temperature": -0.1}),
+            expect![[
+                r#"400 Some("temperature"): 'temperature' must be a number from 0 to 2, not -0.1"#
+            ]],
+        );
+        check_chat(
+            json!({"temperature": "hot"}),
+            expect![[
+                r#"400 Some("temperature"): 'temperature' must be a number from 0 to 2, not "hot""#
+            ]],
+        );
+        check_chat(
+            json!({"top_p": 1.5}),
+            expect![[r#"400 Some("top_p"): 'top_p' must be a number from 0 to 1, not 1.5"#]],
+        );
+        check_chat(
+            json!({"seed": 1.5}),
+            expect![[
+                r#"400 Some("seed"): 'seed' must be a whole number that fits 64 bits, not 1.5"#
+            ]],
+        );
+        check_chat(
+            json!({"stream": "yes"}),
+            expect![[r#"400 Some("stream"): 'stream' must be true or false, not "yes""#]],
+        );
+        check_chat(
+            json!({"stream_options": {"include_usage": 1}}),
+            expect![[
+                r#"400 Some("stream_options"): 'stream_options.include_usage' must be true or false, not 1"#
+            ]],
+        );
+    }
+
+    #[test]
+    fn prompts_are_text_or_tokens() {
+        let verdict = |prompt: Value| match super::check(
+            Route::Completion,
+            json!({ "prompt": prompt }).as_object().unwrap(),
+        ) {
+            Ok(()) => "ok".to_string(),
+            Err(e) => e.message,
+        };
+        assert_eq!(verdict(json!("hi")), "ok");
+        assert_eq!(verdict(json!([1, 2, 3])), "ok");
+        assert_eq!(verdict(json!(["a", "b"])), "ok");
+        expect![[r#"'prompt' must be a string, a list of strings or a list of token ids, not 5"#]]
+            .assert_eq(&verdict(json!(5)));
+        expect![[
+            r#"'prompt' must be a string, a list of strings or a list of token ids, not ["a",1]"#
+        ]]
+        .assert_eq(&verdict(json!(["a", 1])));
+    }
+}

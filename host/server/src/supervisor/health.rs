@@ -1,0 +1,322 @@
+//! Health that knows: what state each engine is in while it serves, and
+//! the checks that tell a busy engine from a hung one.
+//!
+//! While a session lives its engine's readiness route (the launch plan's
+//! [`Readiness`]) is polled; an answer in the plan's `failed_statuses`
+//! (mlx_lm.server's 503 once its generation thread died) marks the session
+//! failed. Requests wait on an engine under three timeouts (connect, first
+//! byte, silence between bytes of a stream); when one passes while the
+//! engine process lives, the engine is asked on its readiness route: an
+//! answer, whatever its status, means it is **busy** (keep waiting, and say
+//! so in `/health` and `/api/sessions`); no answer within the check timeout
+//! means it is **hung**, and the caller kills it.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use hangar_plugin_api::wire::Readiness;
+use serde::{Deserialize, Serialize};
+
+/// The serving settings (`[serving]` in `settings.toml`): timeouts, the
+/// readiness poll, and engine fallback.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct ServingSettings {
+    /// When the chosen engine fails to load a model, try the next
+    /// compatible one in resolution order.
+    pub fallback: bool,
+    /// How long connecting to an engine may take, in milliseconds.
+    pub connect_timeout_ms: u64,
+    /// How long an engine may take to start its answer before it is
+    /// checked, in milliseconds (long prompts take a while to prefill).
+    pub first_byte_timeout_ms: u64,
+    /// How long a stream may stay silent before the engine is checked, in
+    /// milliseconds.
+    pub stream_idle_timeout_ms: u64,
+    /// How often a live session's readiness route is polled, in
+    /// milliseconds.
+    pub health_poll_ms: u64,
+    /// How long the engine has to answer a check before it counts as hung,
+    /// in milliseconds.
+    pub check_timeout_ms: u64,
+}
+
+impl Default for ServingSettings {
+    fn default() -> Self {
+        ServingSettings {
+            fallback: true,
+            connect_timeout_ms: 5_000,
+            first_byte_timeout_ms: 120_000,
+            stream_idle_timeout_ms: 60_000,
+            health_poll_ms: 2_000,
+            check_timeout_ms: 5_000,
+        }
+    }
+}
+
+impl ServingSettings {
+    /// Every problem with the values: each duration must be positive.
+    pub(crate) fn problems(&self) -> Vec<String> {
+        [
+            ("connect_timeout_ms", self.connect_timeout_ms),
+            ("first_byte_timeout_ms", self.first_byte_timeout_ms),
+            ("stream_idle_timeout_ms", self.stream_idle_timeout_ms),
+            ("health_poll_ms", self.health_poll_ms),
+            ("check_timeout_ms", self.check_timeout_ms),
+        ]
+        .into_iter()
+        .filter(|(_, v)| *v == 0 || *v > i64::MAX as u64)
+        .map(|(name, v)| {
+            format!("serving.{name} must be a positive number of milliseconds, not {v}")
+        })
+        .collect()
+    }
+
+    fn ms(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+
+    /// The connect timeout.
+    pub(crate) fn connect(&self) -> Duration {
+        Self::ms(self.connect_timeout_ms)
+    }
+
+    /// The first-byte timeout.
+    pub(crate) fn first_byte(&self) -> Duration {
+        Self::ms(self.first_byte_timeout_ms)
+    }
+
+    /// The stream silence timeout.
+    pub(crate) fn stream_idle(&self) -> Duration {
+        Self::ms(self.stream_idle_timeout_ms)
+    }
+
+    /// The poll interval.
+    pub(crate) fn poll(&self) -> Duration {
+        Self::ms(self.health_poll_ms)
+    }
+
+    /// The check timeout.
+    pub(crate) fn check(&self) -> Duration {
+        Self::ms(self.check_timeout_ms)
+    }
+}
+
+/// What a model's engine is doing, as `/health` and `/api/sessions` show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum State {
+    /// Being started.
+    Loading,
+    /// Serving, answering its checks.
+    Ready,
+    /// A request waited past a timeout, and the engine still answers.
+    Busy,
+    /// The engine stopped answering; it is being killed.
+    Hung,
+    /// Its readiness route reported failure; it is being restarted.
+    Failed,
+}
+
+impl State {
+    fn from_u8(v: u8) -> State {
+        match v {
+            1 => State::Busy,
+            2 => State::Hung,
+            3 => State::Failed,
+            _ => State::Ready,
+        }
+    }
+
+    fn as_u8(self) -> u8 {
+        match self {
+            State::Loading | State::Ready => 0,
+            State::Busy => 1,
+            State::Hung => 2,
+            State::Failed => 3,
+        }
+    }
+}
+
+/// How one session's engine is checked, and what was last seen.
+#[derive(Debug)]
+pub(crate) struct Monitor {
+    base_url: String,
+    readiness: Readiness,
+    client: reqwest::Client,
+    settings: ServingSettings,
+    state: AtomicU8,
+    /// Requests now waiting past a timeout on an engine that answers.
+    waiting: AtomicUsize,
+}
+
+/// Why a wait ended without the awaited thing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Hung {
+    /// The timeout that passed, for the message.
+    pub waited: Duration,
+    /// When (`while its answer was awaited`, `in the middle of its answer`).
+    pub what: &'static str,
+}
+
+/// What the readiness route said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// It answered (any status but a failed one).
+    Answered(u16),
+    /// It answered with a status the plan calls failed.
+    Failed(u16, String),
+    /// No answer within the check timeout.
+    Silent,
+}
+
+impl Monitor {
+    /// A monitor of the engine at `base_url`.
+    pub(crate) fn new(
+        base_url: String,
+        readiness: Readiness,
+        client: reqwest::Client,
+        settings: ServingSettings,
+    ) -> Monitor {
+        Monitor {
+            base_url,
+            readiness,
+            client,
+            settings,
+            state: AtomicU8::new(0),
+            waiting: AtomicUsize::new(0),
+        }
+    }
+
+    /// The serving settings the session started with.
+    pub(crate) fn settings(&self) -> &ServingSettings {
+        &self.settings
+    }
+
+    /// The state now.
+    pub(crate) fn state(&self) -> State {
+        State::from_u8(self.state.load(Ordering::SeqCst))
+    }
+
+    /// Marks the session hung or failed (final: the session is ending).
+    pub(crate) fn set_final(&self, state: State) {
+        self.state.store(state.as_u8(), Ordering::SeqCst);
+    }
+
+    /// Asks the engine's readiness route once.
+    pub(crate) async fn check(&self) -> Check {
+        let url = format!("{}{}", self.base_url, self.readiness.health_path);
+        let answer = self
+            .client
+            .get(url)
+            .timeout(self.settings.check())
+            .send()
+            .await;
+        match answer {
+            Ok(r)
+                if self
+                    .readiness
+                    .failed_statuses
+                    .contains(&r.status().as_u16()) =>
+            {
+                let status = r.status().as_u16();
+                let body = r.text().await.unwrap_or_default();
+                Check::Failed(status, body.chars().take(300).collect())
+            }
+            Ok(r) => Check::Answered(r.status().as_u16()),
+            Err(_) => Check::Silent,
+        }
+    }
+
+    /// Polls the readiness route until it reports failure (returned as a
+    /// sentence) or `ended` resolves. Silence here is not judged: a busy
+    /// single-threaded engine may not answer polls, and requests' own
+    /// timeouts tell busy from hung.
+    pub(crate) async fn poll_until_failed(
+        &self,
+        ended: impl Future<Output = ()>,
+    ) -> Option<String> {
+        tokio::pin!(ended);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(self.settings.poll()) => {}
+                _ = &mut ended => return None,
+            }
+            if let Check::Failed(status, body) = self.check().await {
+                return Some(format!(
+                    "its readiness route {} answered {status} ({body})",
+                    self.readiness.health_path
+                ));
+            }
+        }
+    }
+
+    /// Awaits `future`; each time `period` passes first, checks the engine:
+    /// an answer means busy (the wait goes on, and the session shows
+    /// `busy` meanwhile), silence means hung.
+    pub(crate) async fn watched<F: Future>(
+        &self,
+        future: F,
+        period: Duration,
+        what: &'static str,
+    ) -> Result<F::Output, Hung> {
+        tokio::pin!(future);
+        let mut busy = None;
+        loop {
+            tokio::select! {
+                out = &mut future => return Ok(out),
+                _ = tokio::time::sleep(period) => {}
+            }
+            match self.check().await {
+                Check::Answered(_) => {
+                    if busy.is_none() {
+                        busy = Some(BusyGuard::new(self));
+                        tracing::info!(
+                            "engine at {} is busy: no {what} after {period:?}, but it answers",
+                            self.base_url
+                        );
+                    }
+                }
+                // The poller ends a failed session; this request goes with it.
+                Check::Failed(..) => continue,
+                Check::Silent => {
+                    return Err(Hung {
+                        waited: period,
+                        what,
+                    })
+                }
+            }
+        }
+    }
+}
+
+/// Keeps a session `busy` while one request waits on an engine that
+/// answers its checks.
+struct BusyGuard<'a>(&'a Monitor);
+
+impl<'a> BusyGuard<'a> {
+    fn new(monitor: &'a Monitor) -> BusyGuard<'a> {
+        monitor.waiting.fetch_add(1, Ordering::SeqCst);
+        let _ = monitor.state.compare_exchange(
+            State::Ready.as_u8(),
+            State::Busy.as_u8(),
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+        BusyGuard(monitor)
+    }
+}
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        if self.0.waiting.fetch_sub(1, Ordering::SeqCst) == 1 {
+            let _ = self.0.state.compare_exchange(
+                State::Busy.as_u8(),
+                State::Ready.as_u8(),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            );
+        }
+    }
+}
