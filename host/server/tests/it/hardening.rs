@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::fixtures::{allow_python, make_executable, manifest, Scenario};
-use crate::serve::{alive, Server};
+use crate::serve::{alive, beta, beta_plugin, Server};
 
 /// Posts `body` as raw text (for numbers `json!` cannot write, like 2^64).
 fn raw(server: &Server, path: &str, body: String) -> (u16, Value) {
@@ -97,18 +97,12 @@ fn bad_request_fields_are_refused_on_the_in_process_route_too() {
 #[test]
 fn settings_toml_cannot_hold_are_a_422_at_check_time() {
     let server = Server::with(|s| {
-        let probe = s.engine_program("beta-engine", "beta 0.9.0");
-        let extra = format!(
-            "programs = [\"python3\"]\n[probe]\nprogram = \"{}\"\n\
-             [[settings]]\nname = \"template_args\"\ntype = \"object\"\n\
+        beta_plugin(
+            s,
+            "[\"python3\"]",
+            "[[settings]]\nname = \"template_args\"\ntype = \"object\"\n\
              [[settings]]\nname = \"label\"\ntype = \"string\"\n\
              [[settings]]\nname = \"slots\"\ntype = \"integer\"\n",
-            probe.display()
-        );
-        s.plugin(
-            "beta",
-            &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
-            Some("engine_beta"),
         );
         s.config(&allow_python(&["beta"]));
     });
@@ -336,22 +330,7 @@ fn a_blank_api_key_is_refused() {
 
 #[test]
 fn health_without_the_key_gives_the_status_only() {
-    let server = Server::with_args(
-        |s| {
-            let probe = s.engine_program("beta-engine", "beta 0.9.0");
-            let extra = format!(
-                "programs = [\"python3\"]\n[probe]\nprogram = \"{}\"\n",
-                probe.display()
-            );
-            s.plugin(
-                "beta",
-                &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
-                Some("engine_beta"),
-            );
-            s.config(&allow_python(&["beta"]));
-        },
-        &["--api-key", "sekrit-key"],
-    );
+    let server = Server::with_args(beta, &["--api-key", "sekrit-key"]);
     let keyed = |path: &str| {
         reqwest::blocking::Client::new()
             .get(format!("{}{path}", server.url))

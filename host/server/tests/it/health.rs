@@ -11,23 +11,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::fixtures::manifest;
-use crate::serve::{eventually, pid_of, Server};
+use crate::serve::{beta_plugin, eventually, pid_of, Server};
 
 /// A server whose `tiny` model is served by the unruly stand-in, with
 /// short serving timeouts.
 fn unruly() -> Server {
     Server::with(|s| {
-        let probe = s.engine_program("beta-engine", "beta 0.9.0");
-        let extra = format!(
-            "programs = [\"python3\"]\n[probe]\nprogram = \"{}\"\n",
-            probe.display()
-        );
-        s.plugin(
-            "beta",
-            &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
-            Some("engine_beta"),
-        );
+        beta_plugin(s, "[\"python3\"]", "");
         let script = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../tests/stand-ins/unruly_engine.py")
             .canonicalize()

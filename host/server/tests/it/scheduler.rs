@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use crate::fixtures::{allow_python, manifest, Scenario};
 use crate::inprocess::echo;
-use crate::serve::{alive, eventually, model, pid_of, Server};
+use crate::serve::{alive, beta_plugin, eventually, model, pid_of, Server};
 
 /// A chat request to `tiny` that the echo engine answers in about
 /// `tokens` milliseconds.
@@ -76,21 +76,8 @@ fn slow_alpha(s: &Scenario, delay: u32) {
 /// The `beta` plugin (Python's http.server as the engine), allowed to
 /// run `programs`.
 fn beta_with(s: &Scenario, programs: &str) {
-    let probe = s.engine_program("beta-engine", "beta 0.9.0");
-    let extra = format!(
-        "programs = {programs}\n[probe]\nprogram = \"{}\"\n",
-        probe.display()
-    );
-    s.plugin(
-        "beta",
-        &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
-        Some("engine_beta"),
-    );
+    beta_plugin(s, programs, "");
     s.config(&allow_python(&["beta"]));
-}
-
-fn beta(s: &Scenario) {
-    beta_with(s, "[\"python3\"]");
 }
 
 fn events(server: &Server, kind: &str) -> Vec<String> {

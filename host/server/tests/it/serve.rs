@@ -25,21 +25,34 @@ impl Drop for Server {
     }
 }
 
+/// The `beta` plugin (Python's http.server as the engine, probed as
+/// version 0.9.0) for `mlx` and `gguf`, allowed to run `programs`, with
+/// `more` appended to its manifest (declared settings, say).
+pub fn beta_plugin(s: &Scenario, programs: &str, more: &str) {
+    let probe = s.engine_program("beta-engine", "beta 0.9.0");
+    let extra = format!(
+        "programs = {programs}\n[probe]\nprogram = \"{}\"\n{more}",
+        probe.display()
+    );
+    s.plugin(
+        "beta",
+        &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
+        Some("engine_beta"),
+    );
+}
+
+/// [`beta_plugin`] running `python3`, and a config that allows it.
+pub fn beta(s: &Scenario) {
+    beta_plugin(s, "[\"python3\"]", "");
+    s.config(&allow_python(&["beta"]));
+}
+
 impl Server {
     /// Serves one fake `mlx` model `tiny` with the beta plugin, whose
     /// manifest gets `programs` as given.
     pub fn start(programs: &str) -> Server {
         Server::with(|s| {
-            let probe = s.engine_program("beta-engine", "beta 0.9.0");
-            let extra = format!(
-                "programs = {programs}\n[probe]\nprogram = \"{}\"\n",
-                probe.display()
-            );
-            s.plugin(
-                "beta",
-                &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
-                Some("engine_beta"),
-            );
+            beta_plugin(s, programs, "");
             s.config(&allow_python(&["beta"]));
         })
     }
