@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use super::report::{EngineResult, ModelInfo, Report, SCHEMA};
+use super::report::{EngineResult, ModelInfo, Protocol, Report, SCHEMA};
 use super::stats::{change, percent, Change, Direction, Summary};
 
 /// Why two measurements are not comparable.
@@ -137,13 +137,9 @@ pub(crate) struct Comparison {
     pub unmatched: Vec<String>,
 }
 
-/// Compares `now` with `earlier` (read from `file`), refusing runs that
-/// measured otherwise or, unless allowed, read other model files.
-pub(crate) fn compare(
-    earlier: &Report,
-    file: &str,
-    now: &Report,
-) -> Result<Comparison, NotComparable> {
+/// Checks, before measuring, that a run with `now` would be comparable
+/// with `earlier` (read from `file`).
+pub(crate) fn check_protocol(earlier: &Report, file: &str, now: &Protocol) -> Result<(), NotComparable> {
     let refuse = |reason: String| NotComparable::Protocol {
         file: file.to_string(),
         reason,
@@ -154,7 +150,7 @@ pub(crate) fn compare(
             earlier.schema
         )));
     }
-    let (a, b) = (&earlier.protocol, &now.protocol);
+    let (a, b) = (&earlier.protocol, now);
     if a.warmup != b.warmup {
         return Err(refuse(format!(
             "one run was measured {} and the other {}: one engine warm and another cold",
@@ -201,6 +197,22 @@ pub(crate) fn compare(
     }) {
         return Err(refuse(reason));
     }
+    Ok(())
+}
+
+/// Compares `now` with `earlier` (read from `file`), refusing runs that
+/// measured otherwise or, unless allowed, read other model files.
+pub(crate) fn compare(
+    earlier: &Report,
+    file: &str,
+    now: &Report,
+) -> Result<Comparison, NotComparable> {
+    let refuse = |reason: String| NotComparable::Protocol {
+        file: file.to_string(),
+        reason,
+    };
+    check_protocol(earlier, file, &now.protocol)?;
+    let (a, b) = (&earlier.protocol, &now.protocol);
     let key = |e: &EngineResult| (e.engine.clone(), e.model.id.clone());
     let before: BTreeMap<_, _> = earlier.engines.iter().map(|e| (key(e), e)).collect();
     let mut deltas = Vec::new();
@@ -351,6 +363,7 @@ mod tests {
             prompt_tokens_counted: BTreeMap::new(),
             aggregate_tps: BTreeMap::new(),
             peak_rss_bytes: None,
+            answers_short: 0,
             rss_of: "engine process tree".into(),
         }
     }

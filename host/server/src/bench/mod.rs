@@ -188,6 +188,9 @@ pub(crate) fn run(args: BenchArgs, registry: Registry, cx: Invocation) -> anyhow
         order: "interleaved".into(),
         allow_different_files: args.allow_different_files,
     };
+    if let (Some(earlier), Some(path)) = (&earlier, &args.compare) {
+        compare::check_protocol(earlier, &path.display().to_string(), &protocol)?;
+    }
     let platform = report::PlatformInfo {
         platform: registry.platform().to_string(),
         cpu_model: machine::cpu_model(),
@@ -425,6 +428,7 @@ struct Samples {
     prompt_counted: BTreeMap<u32, u64>,
     aggregate: BTreeMap<u32, Vec<f64>>,
     rss: Vec<f64>,
+    short: u32,
     settings: Value,
 }
 
@@ -535,6 +539,7 @@ async fn rounds(
                 let text = take_prompt(format!("round-{round}-p{p}"), p);
                 let cold = host.complete(&c.model.id, &text, gen, t).await?;
                 let warm = host.complete(&c.model.id, &text, gen, t).await?;
+                s.short += u32::from(cold.tokens < u64::from(gen)) + u32::from(warm.tokens < u64::from(gen));
                 s.ttft_cold.entry(p).or_default().push(cold.ttft);
                 s.ttft_warm.entry(p).or_default().push(warm.ttft);
                 if let Some(tps) = warm.decode_tps() {
@@ -560,7 +565,9 @@ async fn rounds(
                 let wall = started.elapsed().as_secs_f64();
                 let mut tokens = 0;
                 for r in all {
-                    tokens += r?.tokens;
+                    let r = r?;
+                    s.short += u32::from(r.tokens < u64::from(gen));
+                    tokens += r.tokens;
                 }
                 s.aggregate.entry(n).or_default().push(tokens as f64 / wall);
             }
@@ -593,6 +600,7 @@ async fn rounds(
             prompt_tokens_counted: s.prompt_counted,
             aggregate_tps: summarize(&s.aggregate),
             peak_rss_bytes: Summary::of(&s.rss),
+            answers_short: s.short,
             rss_of: "host process tree (the host, its keepers and the engine)".into(),
         })
         .collect();

@@ -123,6 +123,10 @@ pub(crate) struct EngineResult {
     /// The engine's process tree's peak resident memory per round (bytes);
     /// for an engine inside the host, the host's.
     pub peak_rss_bytes: Option<Summary>,
+    /// Answers that ended before `gen_tokens` (an end-of-sequence token):
+    /// their rates cover fewer tokens.
+    #[serde(default)]
+    pub answers_short: u32,
     /// What the memory measures: `engine process tree` or `host process`.
     pub rss_of: String,
 }
@@ -226,6 +230,12 @@ fn footer(report: &Report) -> Vec<String> {
             report.ended_at
         ),
     ];
+    for e in report.engines.iter().filter(|e| e.answers_short > 0) {
+        lines.push(format!(
+            "{} on {}: {} answer(s) ended before {} tokens (end of sequence); its rates cover fewer tokens",
+            e.engine, e.model.id, e.answers_short, p.gen_tokens
+        ));
+    }
     if p.allow_different_files {
         lines.push(
             "different model files per engine were allowed (--allow-different-files):".into(),
