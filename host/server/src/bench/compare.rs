@@ -139,7 +139,11 @@ pub(crate) struct Comparison {
 
 /// Checks, before measuring, that a run with `now` would be comparable
 /// with `earlier` (read from `file`).
-pub(crate) fn check_protocol(earlier: &Report, file: &str, now: &Protocol) -> Result<(), NotComparable> {
+pub(crate) fn check_protocol(
+    earlier: &Report,
+    file: &str,
+    now: &Protocol,
+) -> Result<(), NotComparable> {
     let refuse = |reason: String| NotComparable::Protocol {
         file: file.to_string(),
         reason,
@@ -322,83 +326,9 @@ pub(crate) fn render(c: &Comparison) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::files::FileFingerprint;
-    use super::super::report::{LoadAverage, PlatformInfo, Protocol};
+    use super::super::fixtures::{engine, model, report};
     use super::*;
     use expect_test::{expect, Expect};
-
-    fn model(id: &str, weights_hash: &str) -> ModelInfo {
-        ModelInfo {
-            id: id.into(),
-            format: "mlx".into(),
-            path: format!("/m/{id}"),
-            files: vec![
-                FileFingerprint {
-                    name: "config.json".into(),
-                    size: 10,
-                    hashed: "file".into(),
-                    sha256: Some("aaaaaaaaaaaaaaaa".into()),
-                },
-                FileFingerprint {
-                    name: "model.safetensors".into(),
-                    size: 99,
-                    hashed: "header".into(),
-                    sha256: Some(weights_hash.into()),
-                },
-            ],
-        }
-    }
-
-    fn engine(id: &str, m: ModelInfo, decode: &[f64], ttft: &[f64]) -> EngineResult {
-        EngineResult {
-            engine: id.into(),
-            plugin_version: "0.1.0".into(),
-            engine_version: Some("1.0.0".into()),
-            model: m,
-            settings: serde_json::json!({}),
-            load_s: Summary::of(&[1.0, 1.1]),
-            ttft_cold_s: [(8, Summary::of(ttft).unwrap())].into(),
-            ttft_warm_s: BTreeMap::new(),
-            decode_tps: [(8, Summary::of(decode).unwrap())].into(),
-            prompt_tokens_counted: BTreeMap::new(),
-            aggregate_tps: BTreeMap::new(),
-            peak_rss_bytes: None,
-            answers_short: 0,
-            rss_of: "engine process tree".into(),
-        }
-    }
-
-    fn report(warmup: bool, gen: u32, engines: Vec<EngineResult>) -> Report {
-        Report {
-            schema: SCHEMA,
-            hangar_version: "0.1.0".into(),
-            started_at: "t0".into(),
-            ended_at: "t1".into(),
-            load_average: LoadAverage {
-                start: None,
-                end: None,
-            },
-            platform: PlatformInfo {
-                platform: "linux/x86_64/cpu".into(),
-                cpu_model: None,
-                cpus: 2,
-                memory_bytes: None,
-            },
-            protocol: Protocol {
-                rounds: 2,
-                warmup,
-                prompt_tokens: vec![8],
-                gen_tokens: gen,
-                concurrency: vec![1],
-                temperature: 0.0,
-                seed: 1,
-                order: "interleaved".into(),
-                allow_different_files: false,
-            },
-            prompts: vec![],
-            engines,
-        }
-    }
 
     fn check(result: Result<String, NotComparable>, expected: Expect) {
         expected.assert_eq(&result.unwrap_or_else(|e| format!("refused: {e}")));

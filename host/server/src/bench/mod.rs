@@ -539,7 +539,8 @@ async fn rounds(
                 let text = take_prompt(format!("round-{round}-p{p}"), p);
                 let cold = host.complete(&c.model.id, &text, gen, t).await?;
                 let warm = host.complete(&c.model.id, &text, gen, t).await?;
-                s.short += u32::from(cold.tokens < u64::from(gen)) + u32::from(warm.tokens < u64::from(gen));
+                s.short += u32::from(cold.tokens < u64::from(gen))
+                    + u32::from(warm.tokens < u64::from(gen));
                 s.ttft_cold.entry(p).or_default().push(cold.ttft);
                 s.ttft_warm.entry(p).or_default().push(warm.ttft);
                 if let Some(tps) = warm.decode_tps() {
@@ -663,6 +664,87 @@ async fn unload(host: &Host, c: &Contestant) -> anyhow::Result<()> {
     )
     .await
     .map(drop)
+}
+
+/// Records for tests: a model, an engine's results, a run.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::files::FileFingerprint;
+    use super::report::{LoadAverage, PlatformInfo};
+    use super::*;
+
+    pub(crate) fn model(id: &str, weights_hash: &str) -> ModelInfo {
+        ModelInfo {
+            id: id.into(),
+            format: "mlx".into(),
+            path: format!("/m/{id}"),
+            files: vec![
+                FileFingerprint {
+                    name: "config.json".into(),
+                    size: 10,
+                    hashed: "file".into(),
+                    sha256: Some("aaaaaaaaaaaaaaaa".into()),
+                },
+                FileFingerprint {
+                    name: "model.safetensors".into(),
+                    size: 99,
+                    hashed: "header".into(),
+                    sha256: Some(weights_hash.into()),
+                },
+            ],
+        }
+    }
+
+    pub(crate) fn engine(id: &str, m: ModelInfo, decode: &[f64], ttft: &[f64]) -> EngineResult {
+        EngineResult {
+            engine: id.into(),
+            plugin_version: "0.1.0".into(),
+            engine_version: Some("1.0.0".into()),
+            model: m,
+            settings: serde_json::json!({}),
+            load_s: Summary::of(&[1.0, 1.1]),
+            ttft_cold_s: [(8, Summary::of(ttft).unwrap())].into(),
+            ttft_warm_s: BTreeMap::new(),
+            decode_tps: [(8, Summary::of(decode).unwrap())].into(),
+            prompt_tokens_counted: BTreeMap::new(),
+            aggregate_tps: BTreeMap::new(),
+            peak_rss_bytes: None,
+            answers_short: 0,
+            rss_of: "engine process tree".into(),
+        }
+    }
+
+    pub(crate) fn report(warmup: bool, gen: u32, engines: Vec<EngineResult>) -> Report {
+        Report {
+            schema: report::SCHEMA,
+            hangar_version: "0.1.0".into(),
+            started_at: "t0".into(),
+            ended_at: "t1".into(),
+            load_average: LoadAverage {
+                start: None,
+                end: None,
+            },
+            platform: PlatformInfo {
+                platform: "linux/x86_64/cpu".into(),
+                cpu_model: None,
+                cpus: 2,
+                memory_bytes: None,
+            },
+            protocol: Protocol {
+                rounds: 2,
+                warmup,
+                prompt_tokens: vec![8],
+                gen_tokens: gen,
+                concurrency: vec![1],
+                temperature: 0.0,
+                seed: 1,
+                order: "interleaved".into(),
+                allow_different_files: false,
+            },
+            prompts: vec![],
+            engines,
+        }
+    }
 }
 
 #[cfg(test)]

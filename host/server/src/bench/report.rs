@@ -158,9 +158,12 @@ pub(crate) fn cell(s: Option<&Summary>, scale: f64, digits: usize) -> String {
     }
 }
 
-/// The columns of the table: (header, cell for an engine).
-fn columns(report: &Report) -> Vec<(String, Box<dyn Fn(&EngineResult) -> String + '_>)> {
-    let mut cols: Vec<(String, Box<dyn Fn(&EngineResult) -> String>)> = vec![
+/// A column of the table: its header, and its cell for an engine.
+type Column = (String, Box<dyn Fn(&EngineResult) -> String>);
+
+/// The columns of the table.
+fn columns(report: &Report) -> Vec<Column> {
+    let mut cols: Vec<Column> = vec![
         (
             "engine".into(),
             Box::new(|e: &EngineResult| {
@@ -346,4 +349,50 @@ pub(crate) fn markdown(report: &Report) -> String {
             .join("; ")
     ));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::{engine, model, report};
+    use super::*;
+    use expect_test::expect;
+
+    #[test]
+    fn table_and_markdown() {
+        let mut e = engine(
+            "mlx-lm",
+            model("tiny", "1111111111111111"),
+            &[100.0, 120.0],
+            &[0.0101, 0.0125],
+        );
+        e.answers_short = 1;
+        let run = report(true, 16, vec![e]);
+        expect![[r#"
+             engine        model  load s            TTFT cold ms @8   TTFT warm ms @8  decode tok/s @8      tok/s x1  peak RSS MiB 
+             mlx-lm 1.0.0  tiny   1.05 (1.00–1.10)  11.3 (10.1–12.5)  -                110.0 (100.0–120.0)  -         -            
+            median (min–max) of 2 interleaved round(s) after a warm-up; 16 tokens per answer, temperature 0, seed 1
+            hangar 0.1.0 on linux/x86_64/cpu (unknown CPU, 2 CPUs, ? MiB); t0 → t1
+            mlx-lm on tiny: 1 answer(s) ended before 16 tokens (end of sequence); its rates cover fewer tokens"#]]
+        .assert_eq(&text_table(&run));
+        expect![[r#"
+            # hangar bench
+
+            | engine | model | load s | TTFT cold ms @8 | TTFT warm ms @8 | decode tok/s @8 | tok/s x1 | peak RSS MiB |
+            | --- | --- | --- | --- | --- | --- | --- | --- |
+            | mlx-lm 1.0.0 | tiny | 1.05 (1.00–1.10) | 11.3 (10.1–12.5) | - | 110.0 (100.0–120.0) | - | - |
+
+            - median (min–max) of 2 interleaved round(s) after a warm-up; 16 tokens per answer, temperature 0, seed 1
+            - hangar 0.1.0 on linux/x86_64/cpu (unknown CPU, 2 CPUs, ? MiB); t0 → t1
+            - mlx-lm on tiny: 1 answer(s) ended before 16 tokens (end of sequence); its rates cover fewer tokens
+
+            ## Provenance
+
+            - **mlx-lm** (plugin 0.1.0, engine 1.0.0) on `tiny` (mlx, `/m/tiny`); settings `{}`
+              - `config.json` 10 bytes, file sha256 `aaaaaaaaaaaaaaaa`
+              - `model.safetensors` 99 bytes, header sha256 `1111111111111111`
+            - load average: ? at the start, ? at the end
+            - prompts (seed 1): 
+        "#]]
+        .assert_eq(&markdown(&run));
+    }
 }

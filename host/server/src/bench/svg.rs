@@ -156,3 +156,45 @@ mod tests {
         assert_eq!(escape(r#"a<b & "c">"#), "a&lt;b &amp; &quot;c&quot;&gt;");
     }
 }
+
+#[cfg(test)]
+mod chart_tests {
+    use super::super::fixtures::{engine, model, report};
+    use super::*;
+
+    #[test]
+    fn bars_scale_to_the_largest_value_with_whiskers() {
+        let m = model("t<1>", "1111111111111111");
+        let run = report(
+            true,
+            16,
+            vec![
+                engine("a", m.clone(), &[100.0, 200.0], &[0.010, 0.020]),
+                engine("b", m, &[50.0], &[0.005]),
+            ],
+        );
+        let svg = chart(&run);
+        assert!(
+            svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""),
+            "{svg}"
+        );
+        assert!(svg.contains("a on t&lt;1&gt; · decode @8"), "{svg}");
+        // Two panels, two engines, one bar each: four bars and whiskers.
+        assert_eq!(svg.matches("<line ").count(), 4, "{svg}");
+        // The largest maximum (200 tok/s) spans the bar area; a's median
+        // (150) three quarters of it, b's (50) a quarter.
+        let area = WIDTH - LABEL_W - 90.0;
+        assert!(
+            svg.contains(&format!("width=\"{:.1}\"", area * 0.75)),
+            "{svg}"
+        );
+        assert!(
+            svg.contains(&format!("width=\"{:.1}\"", area * 0.25)),
+            "{svg}"
+        );
+        assert!(
+            svg.contains(&format!("x2=\"{:.1}\"", LABEL_W + area)),
+            "{svg}"
+        );
+    }
+}
