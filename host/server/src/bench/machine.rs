@@ -35,9 +35,10 @@ fn kib_field(text: &str, key: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// The resident memory of `root` and every process below it, in bytes;
-/// `None` where `/proc` cannot say (not Linux, or `root` is gone).
-pub(crate) fn tree_rss_bytes(root: u32) -> Option<u64> {
+/// The resident memory of process `root`, and of every process below it
+/// (its children, theirs, …), in bytes; `None` where `/proc` cannot say
+/// (not Linux, or `root` is gone).
+pub(crate) fn tree_rss_bytes(root: u32) -> Option<(u64, u64)> {
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Some(pid) = entry
@@ -55,13 +56,14 @@ pub(crate) fn tree_rss_bytes(root: u32) -> Option<u64> {
             children.entry(ppid).or_default().push(pid);
         }
     }
-    let mut total = rss_bytes(root)?;
+    let own = rss_bytes(root)?;
+    let mut below = 0;
     let mut todo = children.remove(&root).unwrap_or_default();
     while let Some(pid) = todo.pop() {
-        total += rss_bytes(pid).unwrap_or(0);
+        below += rss_bytes(pid).unwrap_or(0);
         todo.extend(children.remove(&pid).unwrap_or_default());
     }
-    Some(total)
+    Some((own, below))
 }
 
 /// The parent pid in a `/proc/PID/stat` line: the fourth field, counted
@@ -125,8 +127,20 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn this_process_has_a_tree_with_memory() {
-        let rss = tree_rss_bytes(std::process::id()).unwrap();
-        assert!(rss > 1024 * 1024, "{rss}");
+        let child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let (own, below) = tree_rss_bytes(std::process::id()).unwrap();
+        let (sleep, _) = tree_rss_bytes(child.id()).unwrap();
+        assert!(
+            own > 1024 * 1024 && below >= sleep && sleep > 0,
+            "{own} {below} {sleep}"
+        );
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
         assert!(load_average().is_some() && memory_bytes().is_some());
     }
 }

@@ -5,7 +5,8 @@
 //! (A B A B …), each loading the engine afresh: load time, time to first
 //! token of a never-seen prompt (cold) and of the same prompt again
 //! (warm), decode tokens/s, aggregate tokens/s at each concurrency, and the
-//! peak resident memory of the host's process tree (host and engine).
+//! peak resident memory of the engine's processes (for an engine inside
+//! the host, the host's).
 //! Every measure is a median with its min–max; the record keeps the
 //! provenance (versions, platform, settings, model files, prompts, times).
 
@@ -254,7 +255,22 @@ fn plan(args: &BenchArgs, registry: &Registry) -> anyhow::Result<(Vec<Contestant
     let mut model_dirs: Vec<PathBuf> = args.model_dirs.clone();
     model_dirs.extend(registry.config().model_dirs.iter().cloned());
     let mut found = Vec::new();
-    let mut host_dirs = model_dirs.clone();
+    // The host reads the config's model dirs itself: pass it only the
+    // others, each once, absolute.
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let configured: Vec<PathBuf> = registry
+        .config()
+        .model_dirs
+        .iter()
+        .map(|d| absolute(d))
+        .collect();
+    let mut host_dirs: Vec<PathBuf> = Vec::new();
+    for dir in &args.model_dirs {
+        let dir = absolute(dir);
+        if !configured.contains(&dir) && !host_dirs.contains(&dir) {
+            host_dirs.push(dir);
+        }
+    }
     let discovery =
         (!model_dirs.is_empty()).then(|| models::discover(&model_dirs, registry.rules()));
     for arg in &args.models {
@@ -264,7 +280,7 @@ fn plan(args: &BenchArgs, registry: &Registry) -> anyhow::Result<(Vec<Contestant
             let model = models::recognize(&path, registry.rules())
                 .map_err(|e| anyhow::anyhow!("{arg} is not a model: {e}"))?;
             let parent = path.parent().map(Path::to_path_buf).unwrap_or_default();
-            if !host_dirs.contains(&parent) {
+            if !configured.contains(&parent) && !host_dirs.contains(&parent) {
                 host_dirs.push(parent);
             }
             found.push(model);
@@ -385,36 +401,43 @@ fn prompt(seed: u64, purpose: &str, words: u32) -> String {
     out.join(" ")
 }
 
-/// Samples the resident memory of a process tree until stopped; returns
-/// the peak.
+/// Samples the resident memory of the host and of its process tree below
+/// it until stopped; returns both peaks.
 struct RssSampler {
     stop: Arc<AtomicBool>,
-    peak: Arc<AtomicU64>,
+    peaks: Arc<[AtomicU64; 2]>,
     thread: std::thread::JoinHandle<()>,
 }
 
 impl RssSampler {
-    fn start(root: u32) -> RssSampler {
+    fn start(host: u32) -> RssSampler {
         let stop = Arc::new(AtomicBool::new(false));
-        let peak = Arc::new(AtomicU64::new(0));
+        let peaks = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
         let thread = {
-            let (stop, peak) = (stop.clone(), peak.clone());
+            let (stop, peaks) = (stop.clone(), peaks.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    if let Some(rss) = machine::tree_rss_bytes(root) {
-                        peak.fetch_max(rss, Ordering::Relaxed);
+                    if let Some((own, below)) = machine::tree_rss_bytes(host) {
+                        peaks[0].fetch_max(own, Ordering::Relaxed);
+                        peaks[1].fetch_max(below, Ordering::Relaxed);
                     }
                     std::thread::sleep(Duration::from_millis(50));
                 }
             })
         };
-        RssSampler { stop, peak, thread }
+        RssSampler {
+            stop,
+            peaks,
+            thread,
+        }
     }
 
-    fn finish(self) -> Option<u64> {
+    /// The peak of the host process (`in_host`: the engine runs inside it),
+    /// or of the processes below it (the engine's, under its keeper).
+    fn finish(self, in_host: bool) -> Option<u64> {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.thread.join();
-        Some(self.peak.load(Ordering::Relaxed)).filter(|p| *p > 0)
+        Some(self.peaks[usize::from(!in_host)].load(Ordering::Relaxed)).filter(|p| *p > 0)
     }
 }
 
@@ -429,6 +452,7 @@ struct Samples {
     aggregate: BTreeMap<u32, Vec<f64>>,
     rss: Vec<f64>,
     short: u32,
+    in_host: bool,
     settings: Value,
 }
 
@@ -532,8 +556,9 @@ async fn rounds(
             s.settings = select(host, c).await?;
             let sampler = RssSampler::start(host_pid);
             let started = Instant::now();
-            load(host, c).await?;
+            let in_host = load(host, c).await?;
             s.load.push(started.elapsed().as_secs_f64());
+            s.in_host = in_host;
             for &p in &protocol.prompt_tokens {
                 bar.set_message(format!("{label}: prompt of {p} words"));
                 let text = take_prompt(format!("round-{round}-p{p}"), p);
@@ -573,7 +598,7 @@ async fn rounds(
                 s.aggregate.entry(n).or_default().push(tokens as f64 / wall);
             }
             unload(host, c).await?;
-            if let Some(peak) = sampler.finish() {
+            if let Some(peak) = sampler.finish(in_host) {
                 s.rss.push(peak as f64);
             }
             bar.inc(1);
@@ -602,7 +627,11 @@ async fn rounds(
             aggregate_tps: summarize(&s.aggregate),
             peak_rss_bytes: Summary::of(&s.rss),
             answers_short: s.short,
-            rss_of: "host process tree (the host, its keepers and the engine)".into(),
+            rss_of: if s.in_host {
+                "host process (the engine runs inside it)".into()
+            } else {
+                "engine process tree (under its keeper)".into()
+            },
         })
         .collect();
     Ok((results, prompts.into_values().collect()))
@@ -627,7 +656,9 @@ async fn select(host: &Host, c: &Contestant) -> anyhow::Result<Value> {
     .await
 }
 
-async fn load(host: &Host, c: &Contestant) -> anyhow::Result<()> {
+/// Loads `c` and checks that its engine serves it; returns whether the
+/// engine runs inside the host.
+async fn load(host: &Host, c: &Contestant) -> anyhow::Result<bool> {
     let answer = host
         .call(
             Method::POST,
@@ -653,7 +684,7 @@ async fn load(host: &Host, c: &Contestant) -> anyhow::Result<()> {
             c.engine
         );
     }
-    Ok(())
+    Ok(answer.pointer("/session/endpoint").and_then(Value::as_str) == Some("in-process"))
 }
 
 async fn unload(host: &Host, c: &Contestant) -> anyhow::Result<()> {
