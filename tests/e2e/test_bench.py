@@ -101,7 +101,7 @@ def test_markdown_and_svg_are_written(bench, record):
 
 
 def test_compare_marks_noise_and_lists_unmatched_engines(bench, record):
-    r = bench(bench.llama, "--engines", "native-mlx", "--rounds", "1", "--no-warmup", *SMALL, "--compare", "run.json")
+    r = bench(bench.llama, "--engines", "native-mlx", "--rounds", "1", *SMALL, "--compare", "run.json")
     assert r.returncode == 0, r.stderr
     assert "compared with run.json" in r.stdout, r.stdout
     assert "native-mlx on tiny-llama" in r.stdout and "decode tok/s @8" in r.stdout, r.stdout
@@ -110,6 +110,8 @@ def test_compare_marks_noise_and_lists_unmatched_engines(bench, record):
     r = bench(bench.llama, "--engines", "native-mlx", "--prompt-tokens", "8", "--gen-tokens", "5",
               "--concurrency", "1,2", "--compare", "run.json")
     assert r.returncode == 1 and "not comparable with run.json: it measured answers of 4 tokens, this run 5 tokens" in r.stderr, r.stderr
+    r = bench(bench.llama, "--engines", "native-mlx", "--no-warmup", *SMALL, "--compare", "run.json")
+    assert r.returncode == 1 and "one engine warm and another cold" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("args, message", [

@@ -127,7 +127,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn this_process_has_a_tree_with_memory() {
-        let child = std::process::Command::new("sleep")
+        let mut child = std::process::Command::new("sleep")
             .arg("5")
             .spawn()
             .unwrap();
@@ -137,10 +137,8 @@ mod tests {
             own > 1024 * 1024 && below >= sleep && sleep > 0,
             "{own} {below} {sleep}"
         );
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+        child.kill().unwrap();
+        child.wait().unwrap();
         assert!(load_average().is_some() && memory_bytes().is_some());
     }
 }
