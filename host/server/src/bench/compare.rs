@@ -300,6 +300,16 @@ pub(crate) fn compare(
     Ok(Comparison { deltas, unmatched })
 }
 
+/// A median as the table shows it: four decimals for small values, none
+/// for large ones (bytes).
+fn number(v: f64) -> String {
+    if v.abs() >= 1000.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.4}")
+    }
+}
+
 /// The comparison as lines of text.
 pub(crate) fn render(c: &Comparison) -> String {
     let mut t = hangar_engine::text::table(&["engine", "measure", "earlier", "now", "change", ""]);
@@ -307,8 +317,8 @@ pub(crate) fn render(c: &Comparison) -> String {
         t.add_row(vec![
             d.pair.clone(),
             d.measure.clone(),
-            format!("{:.4}", d.before.median),
-            format!("{:.4}", d.after.median),
+            number(d.before.median),
+            number(d.after.median),
             percent(&d.before, &d.after).map_or("-".into(), |p| format!("{p:+.1}%")),
             match d.change {
                 Change::Noise => "noise (within the spread)".into(),
