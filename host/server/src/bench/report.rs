@@ -311,14 +311,24 @@ pub(crate) fn markdown(report: &Report) -> String {
     out.push_str("\n## Provenance\n\n");
     for e in &report.engines {
         out.push_str(&format!(
-            "- **{}** (plugin {}, engine {}) on `{}` ({}, `{}`); settings `{}`\n",
+            "- **{}** (plugin {}, engine {}) on `{}` ({}, `{}`); settings `{}`; prompt tokens the engine counted: {}; memory of the {}\n",
             e.engine,
             e.plugin_version,
             e.engine_version.as_deref().unwrap_or("unknown"),
             e.model.id,
             e.model.format,
             e.model.path,
-            e.settings
+            e.settings,
+            if e.prompt_tokens_counted.is_empty() {
+                "not reported".to_string()
+            } else {
+                e.prompt_tokens_counted
+                    .iter()
+                    .map(|(words, n)| format!("{n} for {words} words"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+            e.rss_of
         ));
         for f in &e.model.files {
             out.push_str(&format!(
@@ -387,7 +397,7 @@ mod tests {
 
             ## Provenance
 
-            - **mlx-lm** (plugin 0.1.0, engine 1.0.0) on `tiny` (mlx, `/m/tiny`); settings `{}`
+            - **mlx-lm** (plugin 0.1.0, engine 1.0.0) on `tiny` (mlx, `/m/tiny`); settings `{}`; prompt tokens the engine counted: not reported; memory of the engine process tree
               - `config.json` 10 bytes, file sha256 `aaaaaaaaaaaaaaaa`
               - `model.safetensors` 99 bytes, header sha256 `1111111111111111`
             - load average: ? at the start, ? at the end
