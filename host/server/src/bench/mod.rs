@@ -62,7 +62,8 @@ pub struct BenchArgs {
     /// after the first).
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(2..=1_000_000))]
     pub gen_tokens: u32,
-    /// Concurrent streams, comma-separated: aggregate tokens/s at each.
+    /// Concurrent streams, comma-separated: aggregate tokens/s at each
+    /// (each stream a fresh prompt of the first --prompt-tokens size).
     #[arg(long, default_value = "1,4", value_delimiter = ',', value_parser = positive("--concurrency", 256))]
     pub concurrency: Vec<u32>,
     /// Measured rounds per engine.
