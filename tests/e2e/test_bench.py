@@ -125,9 +125,10 @@ def test_compare_marks_noise_and_lists_unmatched_engines(bench, record):
     (["--engines", "llama-server"], "--engines: 'llama-server' cannot serve any of the models"),
     (["--prompt-tokens", "8,8"], "--prompt-tokens lists a value twice"),
     (["--json-file", "no/such/dir/x.json"], "folder no/such/dir does not exist"),
-    (["--compare", "missing.json"], "cannot read --compare file missing.json"),
+    (["--compare", "missing.json"], "cannot read missing.json: No such file"),
+    (["--compare", "run.md"], "--compare file run.md is not a hangar bench record"),
 ])
-def test_bad_flags_and_incomparable_runs_are_refused_with_a_reason(bench, args, message):
+def test_bad_flags_and_incomparable_runs_are_refused_with_a_reason(bench, record, args, message):
     args = [bench.gguf if a == "GGUF" else a for a in args]
     r = bench(bench.llama, *args, timeout=30)
     assert r.returncode != 0 and message in r.stderr, r.stderr

@@ -80,16 +80,16 @@ pub struct BenchArgs {
     #[arg(long)]
     pub allow_different_files: bool,
     /// Write the record as JSON (what --compare reads).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = writable)]
     pub json_file: Option<PathBuf>,
     /// Write the results as Markdown.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = writable)]
     pub markdown: Option<PathBuf>,
     /// Draw tokens/s and time to first token per engine as SVG.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = writable)]
     pub svg: Option<PathBuf>,
     /// Compare with an earlier run's JSON record.
-    #[arg(long, value_name = "EARLIER.json")]
+    #[arg(long, value_name = "EARLIER.json", value_parser = readable)]
     pub compare: Option<PathBuf>,
 }
 
@@ -100,6 +100,33 @@ fn positive(flag: &'static str, max: u32) -> impl Fn(&str) -> Result<u32, String
         _ => Err(format!(
             "{flag} takes whole numbers from 1 to {max}, comma-separated; got '{s}'"
         )),
+    }
+}
+
+/// A value parser for an output file: its folder must exist, so that a run
+/// of minutes does not end unable to write.
+fn writable(s: &str) -> Result<PathBuf, String> {
+    let file = PathBuf::from(s);
+    let parent = file
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if parent.is_dir() {
+        Ok(file)
+    } else {
+        Err(format!(
+            "folder {} does not exist; create it first",
+            parent.display()
+        ))
+    }
+}
+
+/// A value parser for an input file: it must be a readable file.
+fn readable(s: &str) -> Result<PathBuf, String> {
+    match std::fs::metadata(s) {
+        Ok(m) if m.is_file() => Ok(PathBuf::from(s)),
+        Ok(_) => Err(format!("{s} is not a file")),
+        Err(e) => Err(format!("cannot read {s}: {e}")),
     }
 }
 
@@ -143,22 +170,6 @@ pub(crate) fn run(args: BenchArgs, registry: Registry, cx: Invocation) -> anyhow
         sorted.dedup();
         if sorted.len() != list.len() {
             bail!("{flag} lists a value twice ({list:?}); name each once");
-        }
-    }
-    for file in [&args.json_file, &args.markdown, &args.svg]
-        .into_iter()
-        .flatten()
-    {
-        let parent = file
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        if !parent.is_dir() {
-            bail!(
-                "cannot write {}: folder {} does not exist; create it first",
-                file.display(),
-                parent.display()
-            );
         }
     }
     let earlier: Option<Report> = match &args.compare {
