@@ -1,5 +1,5 @@
 //! The command line: `hangar plugins`, `hangar resolve`, `hangar platform`,
-//! `hangar serve`, and the plugin author's `hangar plugin …`.
+//! `hangar serve`, `hangar bench`, and the plugin author's `hangar plugin …`.
 //!
 //! Every command prints a human-readable table by default and JSON with
 //! `--json`, for scripts.
@@ -66,6 +66,9 @@ pub enum Command {
     Platform,
     /// Serve every model of the model dirs behind one OpenAI-compatible API.
     Serve(ServeArgs),
+    /// Compare engines on the same model: load time, time to first token
+    /// (cold and warm), tokens/s, memory, with provenance.
+    Bench(crate::bench::BenchArgs),
     /// Write, check, pack and install plugins.
     Plugin {
         #[command(subcommand)]
@@ -259,6 +262,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     dirs.extend(config::default_plugins_dir());
     let registry = Registry::scan(&dirs, &required, config, machine);
     match cli.command {
+        Command::Bench(args) => crate::bench::run(
+            args,
+            registry,
+            crate::bench::Invocation {
+                plugins_dirs: cli.global.plugins_dirs.clone(),
+                config: cli.global.config.clone(),
+                settings: config::settings_path(cli.global.config.as_deref()),
+                json: cli.global.json,
+            },
+        ),
         Command::Serve(args) => {
             let settings =
                 SettingsStore::open(config::settings_path(cli.global.config.as_deref()))?;

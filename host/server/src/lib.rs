@@ -35,6 +35,7 @@
 #![warn(unreachable_pub)]
 
 pub(crate) mod api;
+pub(crate) mod bench;
 pub(crate) mod catalog;
 pub mod cli;
 pub(crate) mod metrics;
