@@ -429,7 +429,7 @@ impl RssSampler {
             let (stop, peaks) = (stop.clone(), peaks.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    if let Some((own, below)) = machine::tree_rss_bytes(host) {
+                    if let Some((own, below)) = crate::supervisor::rss::tree_rss_parts(host) {
                         peaks[0].fetch_max(own, Ordering::Relaxed);
                         peaks[1].fetch_max(below, Ordering::Relaxed);
                     }

@@ -10,7 +10,7 @@ pub(crate) mod health;
 pub(crate) mod keeper;
 mod launch;
 mod log;
-mod rss;
+pub(crate) mod rss;
 pub(crate) mod signal;
 
 use std::collections::BTreeMap;

@@ -6,6 +6,11 @@ use std::collections::HashMap;
 /// Resident bytes of `root` and all its descendants; `None` where `/proc`
 /// cannot be read (macOS) or `root` is gone.
 pub(crate) fn tree_rss(root: u32) -> Option<u64> {
+    tree_rss_parts(root).map(|(own, below)| own + below)
+}
+
+/// Resident bytes of `root` itself and of all its descendants together.
+pub(crate) fn tree_rss_parts(root: u32) -> Option<(u64, u64)> {
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Some(pid) = entry
@@ -23,15 +28,14 @@ pub(crate) fn tree_rss(root: u32) -> Option<u64> {
             children.entry(ppid).or_default().push(pid);
         }
     }
-    let mut total = rss(root)?;
-    let mut stack = children.get(&root).cloned().unwrap_or_default();
+    let own = rss(root)?;
+    let mut below = 0;
+    let mut stack = children.remove(&root).unwrap_or_default();
     while let Some(pid) = stack.pop() {
-        total += rss(pid).unwrap_or(0);
-        if let Some(more) = children.get(&pid) {
-            stack.extend(more);
-        }
+        below += rss(pid).unwrap_or(0);
+        stack.extend(children.remove(&pid).unwrap_or_default());
     }
-    Some(total)
+    Some((own, below))
 }
 
 /// The parent pid from a `/proc/PID/stat` line (the command name, in
@@ -60,5 +64,22 @@ mod tests {
     fn this_process_holds_some_memory() {
         let own = super::tree_rss(std::process::id()).expect("/proc is readable here");
         assert!(own > 1 << 20, "{own}");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_child_counts_below_its_parent() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let (own, below) = super::tree_rss_parts(std::process::id()).unwrap();
+        let (sleep, _) = super::tree_rss_parts(child.id()).unwrap();
+        assert!(
+            own > 1024 * 1024 && below >= sleep && sleep > 0,
+            "{own} {below} {sleep}"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use crate::fixtures::{allow_python, manifest, Scenario};
 use crate::inprocess::echo;
-use crate::serve::{alive, beta_plugin, eventually, model, pid_of, Server};
+use crate::serve::{alive, beta, beta_plugin, eventually, model, pid_of, Server};
 
 /// A chat request to `tiny` that the echo engine answers in about
 /// `tokens` milliseconds.
