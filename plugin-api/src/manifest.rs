@@ -526,6 +526,19 @@ impl Manifest {
                 ),
             );
         }
+        for p in &self.platforms {
+            if let Some(f) = p.formats.iter().find(|f| !self.formats.contains(f)) {
+                return invalid(
+                    "platforms",
+                    format!(
+                        "the entry for {}/{} lists format '{f}', which is not one of the plugin's formats [{}]",
+                        p.os,
+                        p.arch,
+                        self.formats.join(", ")
+                    ),
+                );
+            }
+        }
         if let Some(bad) = self
             .capabilities
             .keys()
