@@ -9,6 +9,7 @@ mod inprocess;
 mod package;
 mod plugin_cmd;
 mod registry;
+mod request_gates;
 mod scheduler;
 mod serve;
 mod wasm;
