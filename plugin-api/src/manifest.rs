@@ -19,6 +19,7 @@
 //! os = "linux"
 //! arch = "x86_64"
 //! accelerators = ["cpu", "cuda13"]
+//! # formats = ["mlx"]   # optional (1.x): the formats this build serves
 //!
 //! [probe]
 //! program = "python3"
