@@ -664,7 +664,10 @@ pub(crate) fn effective(
             if layer == Layer::Model && is_residency(name) {
                 continue; // the host's own: the scheduler reads it
             }
-            if let Some((_, cap)) = REQUEST_DEFAULTS.iter().find(|(n, _)| n == name) {
+            if let Some((_, cap)) = REQUEST_DEFAULTS
+                .iter()
+                .find(|(n, _)| layer == Layer::AppDefault && n == name)
+            {
                 // Not a launch setting: the host adds it to each request.
                 if let Some(reason) = request_default_off(entry, engine, cap) {
                     notes.push(format!(
