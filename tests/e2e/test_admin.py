@@ -148,6 +148,7 @@ def test_admin_page_drives_a_real_engine(env, tmp_path, browser):
         click(b, f"#models-body tr[data-model='{MODEL}'] input.pin")
         wait("the pin to be stored", lambda: http(
             f"{srv.url}/api/models/{MODEL}/settings", headers=auth)[1]["stored"].get("pin") is True)
+        wait("when the pin applies", lambda: "applies on the model's next load" in text(b, "#status"))
         wait("the pin box to stay checked", lambda: css(
             b, f"#models-body tr[data-model='{MODEL}'] input.pin").is_selected())
         # Stored settings apply from the next load: unload, load, pinned.
@@ -190,8 +191,11 @@ def test_admin_page_drives_a_real_engine(env, tmp_path, browser):
         # Nothing went wrong in the page but the refusal it was sent.
         only_the_refusal(b)
     finally:
+        # The page still holds its event and log streams open: they must
+        # not keep the host from stopping.
         problems = srv.stop()
     assert problems == [], problems
+    assert srv.stop_seconds is not None and srv.stop_seconds < 10, srv.stop_seconds
 
 
 def test_admin_page_shows_a_gated_setting_and_its_refusal(env, tmp_path, browser):

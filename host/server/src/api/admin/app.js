@@ -158,8 +158,10 @@ async function changeStored(id, change) {
 async function act(what, run) {
   try {
     status(`${what}…`);
-    await run();
-    status(`${what}: done`);
+    const result = await run();
+    // A settings change says when it takes effect (stored settings apply
+    // from the model's next load).
+    status(`${what}: done${result?.applies ? `; applies ${result.applies}` : ""}`);
   } catch (e) {
     status(`${what}: ${e.message}`, true);
   }
