@@ -122,7 +122,8 @@ async function showEngines() {
           p.capabilities_on.join(", "),
           p.capabilities_off.length ? el("small", {}, ` (off: ${p.capabilities_off.join(", ")})`) : "",
         ),
-        el("td", { class: "why" }, p.detail ?? ""),
+        // For a ready engine the detail is what the probe found; otherwise, why not.
+        el("td", { class: p.status === "ready" ? "" : "why" }, p.detail ?? ""),
       ),
     ),
   );
@@ -407,6 +408,7 @@ async function showSettings() {
   $("settings-unavailable").replaceChildren(
     ...schema.unavailable.map((u) => el("li", { "data-setting": u.name }, el("strong", {}, u.name), ` (${u.capability}): ${u.reason}`)),
   );
+  if (!schema.unavailable.length) $("settings-unavailable").append(el("li", { class: "notes" }, "none: this engine takes every setting its plugin declares"));
   $("settings-json").value = JSON.stringify(mine, null, 2);
   $("settings-notes").replaceChildren(...(view.notes ?? []).map((n) => el("li", {}, n)));
 }
