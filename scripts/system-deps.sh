@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the system packages the build needs, once: libclang-dev (bindgen,
-# for native-mlx's mlx-sys). Idempotent; uses sudo when not root.
+# for native-mlx's mlx-sys); chromium and chromium-driver (the /admin page's
+# browser test, through selenium). Idempotent; uses sudo when not root.
 set -euo pipefail
 missing=()
-for pkg in libclang-dev; do
+for pkg in libclang-dev chromium chromium-driver; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 [[ ${#missing[@]} -eq 0 ]] && exit 0

@@ -15,7 +15,10 @@ pub const PROMPT_CACHE: &str = "prompt_cache";
 pub const APC: &str = "apc";
 /// A per-request or per-session budget of reasoning tokens.
 pub const REASONING_BUDGET: &str = "reasoning_budget";
-/// Audio parts in chat messages.
+/// OpenAI's `reasoning_effort` chat request field (`low`, `medium`,
+/// `high`). Added in 1.x.
+pub const REASONING_EFFORT: &str = "reasoning_effort";
+/// Audio parts in chat messages (OpenAI's `input_audio` content parts).
 pub const AUDIO_INPUT: &str = "audio_input";
 /// Tensor parallelism across local devices.
 pub const TENSOR_PARALLEL: &str = "tensor_parallel";
@@ -35,6 +38,7 @@ pub const KNOWN: &[&str] = &[
     PROMPT_CACHE,
     APC,
     REASONING_BUDGET,
+    REASONING_EFFORT,
     AUDIO_INPUT,
     TENSOR_PARALLEL,
     DISTRIBUTED_PIPELINE,

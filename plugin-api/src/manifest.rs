@@ -19,6 +19,7 @@
 //! os = "linux"
 //! arch = "x86_64"
 //! accelerators = ["cpu", "cuda13"]
+//! # formats = ["mlx"]   # optional (1.x): the formats this build serves
 //!
 //! [probe]
 //! program = "python3"
@@ -525,6 +526,19 @@ impl Manifest {
                     p.os, p.arch
                 ),
             );
+        }
+        for p in &self.platforms {
+            if let Some(f) = p.formats.iter().find(|f| !self.formats.contains(f)) {
+                return invalid(
+                    "platforms",
+                    format!(
+                        "the entry for {}/{} lists format '{f}', which is not one of the plugin's formats [{}]",
+                        p.os,
+                        p.arch,
+                        self.formats.join(", ")
+                    ),
+                );
+            }
         }
         if let Some(bad) = self
             .capabilities

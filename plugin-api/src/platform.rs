@@ -152,6 +152,12 @@ pub struct PlatformSpec {
     pub arch: String,
     /// Accelerators this build can use.
     pub accelerators: Vec<Accelerator>,
+    /// The plugin's formats this build serves; empty (the default) is every
+    /// one of them. Added in 1.x: an engine that reads a format only on
+    /// some platforms (mlx-lm reads `gguf` only on macOS arm64) says so
+    /// here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub formats: Vec<String>,
 }
 
 impl PlatformSpec {
@@ -167,12 +173,21 @@ impl PlatformSpec {
             .find(|a| self.accelerators.contains(a))
             .cloned()
     }
+
+    /// Whether this entry serves `format` (one of the plugin's formats).
+    pub fn serves(&self, format: &str) -> bool {
+        self.formats.is_empty() || self.formats.iter().any(|f| f == format)
+    }
 }
 
 impl fmt::Display for PlatformSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let accs: Vec<&str> = self.accelerators.iter().map(Accelerator::as_str).collect();
-        write!(f, "{}/{}/{}", self.os, self.arch, accs.join(","))
+        write!(f, "{}/{}/{}", self.os, self.arch, accs.join(","))?;
+        if !self.formats.is_empty() {
+            write!(f, " ({})", self.formats.join(", "))?;
+        }
+        Ok(())
     }
 }
 
@@ -194,6 +209,7 @@ mod tests {
             os: "linux".into(),
             arch: "x86_64".into(),
             accelerators: vec![Accelerator::Cpu, Accelerator::Cuda13],
+            formats: vec![],
         };
         assert_eq!(spec.best_match(&machine), Some(Accelerator::Cuda13));
         let mac = Platform::parse_compact("macos/aarch64/metal").unwrap();

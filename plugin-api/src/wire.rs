@@ -150,6 +150,10 @@ pub mod settings {
     pub const TOP_K: &str = "top_k";
     /// Default min-p (number).
     pub const MIN_P: &str = "min_p";
+    /// Default reasoning effort (`low`, `medium`, `high`): added in 1.x; an
+    /// app default the host puts into chat requests that carry none, for
+    /// engines with the `reasoning_effort` capability.
+    pub const REASONING_EFFORT: &str = "reasoning_effort";
     /// Draft model folder for speculative decoding (string path).
     pub const DRAFT_MODEL: &str = "draft_model";
     /// Tokens drafted per step (integer).

@@ -27,7 +27,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
-use hangar_plugin_api::settings::{SettingSpec, SettingType};
+use hangar_plugin_api::capability;
+use hangar_plugin_api::settings::{EnumValue, SettingSpec, SettingType};
 use hangar_plugin_api::wire::settings as names;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -134,7 +135,60 @@ pub(crate) fn generation() -> Vec<SettingSpec> {
             Some(1.0),
             "default min-p",
         ),
+        SettingSpec {
+            kind: SettingType::Enum,
+            values: REASONING_EFFORTS.iter().map(|v| EnumValue::Plain(v.to_string())).collect(),
+            ..spec(
+                names::REASONING_EFFORT,
+                SettingType::Enum,
+                None,
+                None,
+                "default reasoning effort of chat requests, for engines with the reasoning_effort capability",
+            )
+        },
     ]
+}
+
+/// The values of `reasoning_effort`, as OpenAI's chat API takes them.
+pub(crate) const REASONING_EFFORTS: &[&str] = &["low", "medium", "high"];
+
+/// The app defaults the host puts into each chat request that lacks them
+/// (rather than passing to the engine at load), each with the capability
+/// an engine needs to take it.
+const REQUEST_DEFAULTS: &[(&str, &str)] =
+    &[(names::REASONING_EFFORT, capability::REASONING_EFFORT)];
+
+/// Why the app default `name` (one of [`REQUEST_DEFAULTS`]) does not reach
+/// requests to this engine, or `None` when it does.
+fn request_default_off(entry: &PluginEntry, engine: &Engine, capability: &str) -> Option<String> {
+    if entry.manifest.capabilities.contains_key(capability) {
+        capability_off(entry, engine, capability)
+    } else {
+        Some(format!(
+            "plugin '{}' does not declare the {capability} capability",
+            entry.manifest.id
+        ))
+    }
+}
+
+/// The fields the app defaults add to a chat request for this engine:
+/// those the request does not set and the engine can take.
+pub(crate) fn request_defaults(
+    stored: &Stored,
+    entry: &PluginEntry,
+    engine: &Engine,
+    request: &serde_json::Map<String, Value>,
+) -> Vec<(String, Value)> {
+    REQUEST_DEFAULTS
+        .iter()
+        .filter(|(name, _)| request.get(*name).is_none_or(Value::is_null))
+        .filter_map(|(name, cap)| {
+            let value = stored.defaults.get(*name).filter(|v| !v.is_null())?;
+            request_default_off(entry, engine, cap)
+                .is_none()
+                .then(|| (name.to_string(), value.clone()))
+        })
+        .collect()
 }
 
 /// The host's own per-model settings (under `[models.<id>]`, beside the
@@ -610,6 +664,18 @@ pub(crate) fn effective(
             if layer == Layer::Model && is_residency(name) {
                 continue; // the host's own: the scheduler reads it
             }
+            if let Some((_, cap)) = REQUEST_DEFAULTS
+                .iter()
+                .find(|(n, _)| layer == Layer::AppDefault && n == name)
+            {
+                // Not a launch setting: the host adds it to each request.
+                if let Some(reason) = request_default_off(entry, engine, cap) {
+                    notes.push(format!(
+                        "app default '{name}' is not passed to this model's requests: {reason}"
+                    ));
+                }
+                continue;
+            }
             if layer == Layer::AppDefault && entry.manifest.setting(name).is_none() {
                 continue; // a generation default this engine has no setting for
             }
@@ -630,6 +696,38 @@ pub(crate) fn effective(
         }
     }
     (out, notes)
+}
+
+/// The content parts that need a capability: OpenAI's `input_audio`
+/// parts need `audio_input`.
+const GATED_PARTS: &[(&str, &str)] = &[("input_audio", capability::AUDIO_INPUT)];
+
+/// The chat message parts an engine cannot take now (audio to an engine
+/// without audio input): a sentence for each kind, naming the first part.
+pub(crate) fn refused_request_parts(
+    entry: &PluginEntry,
+    engine: &Engine,
+    request: &serde_json::Map<String, Value>,
+) -> Vec<String> {
+    let Some(messages) = request.get("messages").and_then(Value::as_array) else {
+        return vec![];
+    };
+    GATED_PARTS
+        .iter()
+        .filter_map(|(kind, cap)| {
+            let at = messages.iter().enumerate().find_map(|(m, message)| {
+                let parts = message.get("content")?.as_array()?;
+                let p = parts
+                    .iter()
+                    .position(|part| part.get("type").and_then(Value::as_str) == Some(*kind))?;
+                Some(format!("messages[{m}].content[{p}]"))
+            })?;
+            let reason = request_default_off(entry, engine, cap)?;
+            Some(format!(
+                "{at} is an {kind} part, which needs the {cap} capability: {reason}; send text only, or serve the model with an engine that takes audio"
+            ))
+        })
+        .collect()
 }
 
 /// The request fields an engine cannot take now: a sentence for each.

@@ -37,9 +37,14 @@ use serde_json::Value;
 /// This plugin's id, as in `plugin.toml`.
 const ID: &str = "mlx-lm";
 
-/// The one format mlx_lm.server serves: a folder with `config.json`, a
-/// tokenizer and `*.safetensors` shards.
+/// The format mlx_lm.server serves everywhere: a folder with `config.json`,
+/// a tokenizer and `*.safetensors` shards.
 const FORMAT: &str = "mlx";
+
+/// A single-file GGUF model, which mlx (and so mlx_lm.server) reads on
+/// macOS arm64 only: `plugin.toml` declares it for that platform alone, so
+/// the host never resolves a GGUF model to this plugin elsewhere.
+const GGUF: &str = "gguf";
 
 /// Server-wide default sampling flags (`--temp`, `--top-p`, `--top-k`,
 /// `--min-p`, `--max-tokens`); mlx-lm 0.23.0 and older have none of them.
@@ -69,7 +74,7 @@ pub struct MlxLm;
 
 impl Plugin for MlxLm {
     fn describe() -> Description {
-        hangar_sdk::describe!(ID, formats: [FORMAT],
+        hangar_sdk::describe!(ID, formats: [FORMAT, GGUF],
             aliases: {"safetensors" => FORMAT},
             capabilities: [SAMPLING_DEFAULTS, SPECULATIVE, CHAT_TEMPLATE_ARGS,
                 PROMPT_CACHE, KV_CACHE_QUANTIZATION])
@@ -241,15 +246,19 @@ const FLAGS: &[Flag] = &[
 /// Plans `python -m mlx_lm.server` for one model.
 pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
     let model = &request.model_id;
-    if request.format != FORMAT {
-        return Err(format!(
-            "model '{model}': plugin '{ID}' serves only the '{FORMAT}' format, not '{}'",
-            request.format
-        ));
-    }
-    let model_path = existing_folder(&request.model_path).map_err(|reason| {
-        format!("model '{model}': the model path {reason}; mlx_lm.server serves an MLX model folder (config.json, tokenizer, *.safetensors)")
-    })?;
+    let model_path = match request.format.as_str() {
+        FORMAT => existing_folder(&request.model_path).map_err(|reason| {
+            format!("model '{model}': the model path {reason}; mlx_lm.server serves an MLX model folder (config.json, tokenizer, *.safetensors)")
+        })?,
+        GGUF => gguf_file(&request.model_path).map_err(|reason| {
+            format!("model '{model}': the model path {reason}; mlx_lm.server serves a GGUF model as one *.gguf file")
+        })?,
+        other => {
+            return Err(format!(
+                "model '{model}': plugin '{ID}' serves the '{FORMAT}' and '{GGUF}' formats, not '{other}'"
+            ))
+        }
+    };
 
     // `-m mlx_lm.server` runs on every release; newer ones print a
     // deprecation line for it on stdout and behave the same.
@@ -433,6 +442,36 @@ fn existing_folder(path: &str) -> Result<String, String> {
         ));
     }
     Ok(absolute.display().to_string())
+}
+
+/// The absolute path of a `*.gguf` file: `path` itself, or the only one in
+/// the folder `path`.
+fn gguf_file(path: &str) -> Result<String, String> {
+    let absolute = std::path::absolute(Path::new(path))
+        .map_err(|e| format!("'{path}' cannot be made absolute: {e}"))?;
+    let is_gguf = |p: &Path| p.is_file() && p.extension().is_some_and(|e| e == GGUF);
+    if is_gguf(&absolute) {
+        return Ok(absolute.display().to_string());
+    }
+    let found: Vec<std::path::PathBuf> = std::fs::read_dir(&absolute)
+        .map_err(|_| {
+            format!(
+                "'{}' is neither a *.gguf file nor a folder",
+                absolute.display()
+            )
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| is_gguf(p))
+        .collect();
+    match found.as_slice() {
+        [one] => Ok(one.display().to_string()),
+        [] => Err(format!("'{}' holds no *.gguf file", absolute.display())),
+        _ => Err(format!(
+            "'{}' holds {} *.gguf files; point the model at one",
+            absolute.display(),
+            found.len()
+        )),
+    }
 }
 
 fn local_folder(value: &Value) -> Result<String, String> {

@@ -194,7 +194,18 @@ fn check_plan(version: Option<&str>, capabilities: &[&str], settings: Value, exp
 
 /// Plans a launch for a request that `edit` changes from a plain one.
 fn check_request(edit: impl FnOnce(&mut LoadRequest), expect: Expect) {
-    let mut request = LoadRequest {
+    let mut request = request();
+    edit(&mut request);
+    let actual = match plan_launch(&request) {
+        Ok(plan) => render(&plan),
+        Err(error) => format!("error: {error}\n"),
+    };
+    expect.assert_eq(&actual.replace(CRATE, "$CRATE"));
+}
+
+/// A plain load request for `$CRATE` as an mlx model.
+fn request() -> LoadRequest {
+    LoadRequest {
         model_id: "tiny".into(),
         model_path: CRATE.into(),
         model_files: vec![],
@@ -213,13 +224,7 @@ fn check_request(edit: impl FnOnce(&mut LoadRequest), expect: Expect) {
         host: "127.0.0.1".into(),
         port: 8181,
         work_dir: "/work/s1".into(),
-    };
-    edit(&mut request);
-    let actual = match plan_launch(&request) {
-        Ok(plan) => render(&plan),
-        Err(error) => format!("error: {error}\n"),
-    };
-    expect.assert_eq(&actual.replace(CRATE, "$CRATE"));
+    }
 }
 
 fn render(plan: &LaunchPlan) -> String {
@@ -533,11 +538,38 @@ fn a_model_that_is_not_an_mlx_folder_is_refused() {
         "#]],
     );
     check_request(
-        |r| r.format = "gguf".into(),
+        |r| r.format = "exl2".into(),
         expect![[r#"
-            error: model 'tiny': plugin 'mlx-lm' serves only the 'mlx' format, not 'gguf'
+            error: model 'tiny': plugin 'mlx-lm' serves the 'mlx' and 'gguf' formats, not 'exl2'
         "#]],
     );
+}
+
+#[test]
+fn a_gguf_model_is_served_as_its_one_file() {
+    let dir = std::env::temp_dir().join(format!("mlx-lm-gguf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tiny.gguf"), b"GGUF").unwrap();
+    let folder = dir.display().to_string();
+    let plan = plan_launch(&LoadRequest {
+        format: "gguf".into(),
+        model_path: folder.clone(),
+        ..request()
+    })
+    .expect("a folder with one gguf file is served");
+    assert_eq!(
+        plan.args[2..4],
+        ["--model".to_string(), format!("{folder}/tiny.gguf")]
+    );
+    std::fs::write(dir.join("other.gguf"), b"GGUF").unwrap();
+    let refused = plan_launch(&LoadRequest {
+        format: "gguf".into(),
+        model_path: folder.clone(),
+        ..request()
+    })
+    .unwrap_err();
+    assert!(refused.contains("holds 2 *.gguf files"), "{refused}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -550,7 +582,9 @@ fn describe_agrees_with_the_manifest() {
     capabilities.sort();
     assert_eq!(description.id, manifest.id);
     assert_eq!(description.version, manifest.version.to_string());
-    assert_eq!(formats, manifest.formats);
+    let mut declared = manifest.formats.clone();
+    declared.sort();
+    assert_eq!(formats, declared);
     assert_eq!(description.aliases, manifest.aliases);
     assert_eq!(
         capabilities,
@@ -565,4 +599,17 @@ fn describe_agrees_with_the_manifest() {
             flag.capability
         );
     }
+}
+
+#[test]
+fn gguf_is_declared_for_macos_arm64_only() {
+    let manifest = manifest().expect("plugin.toml parses");
+    let serving: Vec<String> = manifest
+        .platforms
+        .iter()
+        .filter(|p| p.serves("gguf"))
+        .map(|p| format!("{}/{}", p.os, p.arch))
+        .collect();
+    assert_eq!(serving, ["macos/aarch64"]);
+    assert!(manifest.platforms.iter().all(|p| p.serves("mlx")));
 }

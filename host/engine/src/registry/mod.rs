@@ -63,6 +63,17 @@ pub struct PluginEntry {
     state: OnceLock<EngineState>,
 }
 
+impl PluginEntry {
+    /// Whether a platform entry that fits `machine` serves `format` (a
+    /// plugin may read some formats only on some platforms).
+    pub fn serves_here(&self, format: &str, machine: &Platform) -> bool {
+        self.manifest
+            .platforms
+            .iter()
+            .any(|p| p.serves(format) && p.best_match(machine).is_some())
+    }
+}
+
 /// What loading and probing a plugin gave.
 #[derive(Debug, Clone)]
 pub enum EngineState {

@@ -81,6 +81,15 @@ pub enum Rejection<'r> {
         /// This machine.
         machine: &'r Platform,
     },
+    /// It runs on this machine, but serves the format only on others.
+    FormatElsewhere {
+        /// The platforms it runs on (those serving the format are named).
+        runs_on: &'r [PlatformSpec],
+        /// The format asked for, canonical.
+        format: Cow<'r, str>,
+        /// This machine.
+        machine: &'r Platform,
+    },
     /// Its artifact or code is broken.
     Broken(&'r str),
     /// Its engine is not available here (from the probe).
@@ -102,6 +111,22 @@ impl fmt::Display for Rejection<'_> {
                     write!(f, "{spec}")?;
                 }
                 write!(f, "], not on this machine ({machine})")
+            }
+            Rejection::FormatElsewhere {
+                runs_on,
+                format,
+                machine,
+            } => {
+                let on: Vec<String> = runs_on
+                    .iter()
+                    .filter(|p| p.serves(format))
+                    .map(|p| format!("{}/{}", p.os, p.arch))
+                    .collect();
+                write!(
+                    f,
+                    "serves {format} only on [{}], not on this machine ({machine})",
+                    on.join(", ")
+                )
             }
             Rejection::Broken(reason) => write!(f, "plugin is broken: {reason}"),
             Rejection::Unavailable(reason) => write!(f, "engine unavailable: {reason}"),
@@ -151,6 +176,12 @@ impl Registry {
             } else if entry.accelerator.is_none() {
                 Rejection::Platform {
                     runs_on: &m.platforms,
+                    machine: self.platform(),
+                }
+            } else if !entry.serves_here(&canonical, self.platform()) {
+                Rejection::FormatElsewhere {
+                    runs_on: &m.platforms,
+                    format: canonical.clone(),
                     machine: self.platform(),
                 }
             } else {

@@ -14,15 +14,19 @@
 //! | `GET/PUT /api/models/{id}/settings`, `GET /api/models/{id}/settings/schema` | one model's settings, and what its engine supports now |
 //! | `GET /api/sessions`, `GET /api/sessions/{id}/logs` | running engines and their output |
 //! | `GET /api/events` | loads, unloads, crashes, failures, hangs, fallbacks |
+//! | `GET /api/events/stream`, `GET /api/sessions/{id}/logs/stream` | the same, live (server-sent events) |
+//! | `GET /admin` | the operator's page (public; its calls need the key) |
 //! | `GET /metrics` | Prometheus (OpenMetrics) text: requests, tokens, token timings, events, states, memory |
 //!
 //! When the host was started with an API key, every route but `/health`
 //! needs `Authorization: Bearer KEY`; `/health` without it gives the status
 //! alone, not model ids, pids and ports.
 
+mod admin;
 mod error;
 pub(crate) mod inprocess;
 pub(crate) mod listen;
+mod live;
 mod manage;
 mod openai;
 mod settings;
@@ -135,9 +139,14 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/api/sessions", get(manage::sessions))
         .route("/api/sessions/{id}/logs", get(manage::logs))
         .route("/api/events", get(manage::events))
+        .route("/api/events/stream", get(live::events))
+        .route("/api/sessions/{id}/logs/stream", get(live::logs))
         .route("/metrics", get(manage::metrics))
         .layer(middleware::from_fn_with_state(app.clone(), authorize))
         .route("/health", get(manage::health))
+        .route("/admin", get(admin::page))
+        .route("/admin/app.js", get(admin::script))
+        .route("/admin/style.css", get(admin::style))
         .layer(DefaultBodyLimit::max(MAX_BODY_MIB * 1024 * 1024))
         .fallback(|| async { ApiError::not_found("no such route; see GET /v1/models and /api/*") })
         .method_not_allowed_fallback(|| async {

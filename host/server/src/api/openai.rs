@@ -121,7 +121,7 @@ async fn forward(
     label.clone_from(&model.id);
     // Hook (validation): every known field is checked before an engine sees it.
     super::validate::check(route, &request)?;
-    refuse_gated_fields(&app, &model, &request).await?;
+    gate_request(&app, &model, route, &mut request).await?;
     let (session, in_flight) = app.scheduler.admit(&model).await?;
     let (base_url, upstream_model, mapper) = match &session.backend {
         Backend::Process {
@@ -243,23 +243,35 @@ async fn map(
     .map_err(|e| ApiError::engine(format!("the engine's plugin did not answer: {e}")))?
 }
 
-/// A request field whose capability is off for the serving engine is
-/// refused (422) before anything loads, rather than sent to an engine
-/// version that does not know it.
-async fn refuse_gated_fields(
+/// A request field or content part whose capability is off for the
+/// serving engine is refused (422) before anything loads, rather than sent
+/// to an engine version that does not know it; then the app defaults the
+/// host passes per request (`reasoning_effort`) fill what a chat request
+/// leaves out, where the engine takes them.
+async fn gate_request(
     app: &App,
     model: &Model,
-    request: &Map<String, Value>,
+    route: Route,
+    request: &mut Map<String, Value>,
 ) -> Result<(), ApiError> {
     // Without an engine, loading reports the missing one with the whole story.
     let Some((entry, engine)) = app.sessions.serving(&model.format).await else {
         return Ok(());
     };
-    let refused = crate::settings::refused_request_fields(entry, engine, request);
-    match refused.is_empty() {
-        true => Ok(()),
-        false => Err(ApiError::unprocessable(refused.join("; "))),
+    let mut refused = crate::settings::refused_request_fields(entry, engine, request);
+    refused.extend(crate::settings::refused_request_parts(
+        entry, engine, request,
+    ));
+    if !refused.is_empty() {
+        return Err(ApiError::unprocessable(refused.join("; ")));
     }
+    if route == Route::Chat {
+        let stored = app.sessions.settings().get();
+        request.extend(crate::settings::request_defaults(
+            &stored, entry, engine, request,
+        ));
+    }
+    Ok(())
 }
 
 /// The error for a request whose session ended under it.

@@ -135,6 +135,8 @@ pub(crate) struct Sessions {
     client: reqwest::Client,
     slots: Mutex<HashMap<String, Slot>>,
     events: Mutex<VecDeque<Event>>,
+    /// Each event as it is recorded, for `GET /api/events/stream`.
+    event_feed: tokio::sync::broadcast::Sender<Event>,
     /// The host's metrics (`GET /metrics`).
     metrics: Arc<Metrics>,
     /// Models whose last session hung or failed, until they load again.
@@ -167,6 +169,7 @@ impl Sessions {
             client,
             slots: Mutex::new(HashMap::new()),
             events: Mutex::new(VecDeque::new()),
+            event_feed: tokio::sync::broadcast::channel(EVENTS).0,
             metrics: Arc::new(Metrics::new()),
             troubled: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
@@ -310,6 +313,11 @@ impl Sessions {
         true
     }
 
+    /// Cancelled when shutdown begins (live streams end on it).
+    pub(crate) fn closing(&self) -> CancellationToken {
+        self.closing.clone()
+    }
+
     /// Stops every session (host shutdown): refuses new loads, stops the
     /// loads in flight, then stops every engine.
     pub(crate) async fn shutdown(&self) {
@@ -372,13 +380,26 @@ impl Sessions {
         if events.len() == EVENTS {
             events.pop_front();
         }
-        events.push_back(Event {
+        let event = Event {
             at: now(),
             kind,
             model: model.to_string(),
             session: session.map(str::to_string),
             message,
-        });
+        };
+        // Sent under the lock, so a subscriber's snapshot and feed meet
+        // without a gap or a repeat; no subscriber is no error.
+        let _ = self.event_feed.send(event.clone());
+        events.push_back(event);
+    }
+
+    /// The recorded events and every later one as it happens.
+    pub(crate) fn subscribe_events(&self) -> (Vec<Event>, tokio::sync::broadcast::Receiver<Event>) {
+        let events = self.events.lock().expect("events lock");
+        (
+            events.iter().cloned().collect(),
+            self.event_feed.subscribe(),
+        )
     }
 
     async fn load(

@@ -8,6 +8,8 @@ use std::sync::Mutex;
 pub(crate) struct EngineLog {
     inner: Mutex<Inner>,
     capacity: usize,
+    /// Each line as it is pushed, for `GET /api/sessions/{id}/logs/stream`.
+    feed: tokio::sync::broadcast::Sender<String>,
 }
 
 #[derive(Debug, Default)]
@@ -25,6 +27,7 @@ impl EngineLog {
         EngineLog {
             inner: Mutex::new(Inner::default()),
             capacity,
+            feed: tokio::sync::broadcast::channel(capacity.max(1)).0,
         }
     }
 
@@ -44,7 +47,16 @@ impl EngineLog {
             inner.lines.pop_front();
             inner.dropped += 1;
         }
+        // Sent under the lock: see `subscribe`. No subscriber is no error.
+        let _ = self.feed.send(line.clone());
         inner.lines.push_back(line);
+    }
+
+    /// Every kept line and every later one as it is pushed (taken under
+    /// the lock pushes send under, so nothing is missed or repeated).
+    pub(crate) fn subscribe(&self) -> (Vec<String>, tokio::sync::broadcast::Receiver<String>) {
+        let inner = self.inner.lock().expect("log lock");
+        (inner.lines.iter().cloned().collect(), self.feed.subscribe())
     }
 
     /// Every kept line, oldest first, and how many were dropped before them.

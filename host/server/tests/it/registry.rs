@@ -526,3 +526,77 @@ fn output_into_a_closed_pipe_ends_quietly() {
         );
     }
 }
+
+/// A plugin may serve a format on some of its platforms only (mlx-lm reads
+/// `gguf` on macOS arm64 alone): elsewhere resolution rejects it for that
+/// format, naming where it serves it, and still picks it for the others.
+#[test]
+fn a_format_declared_for_one_platform_resolves_only_there() {
+    let mut s = Scenario::new();
+    let program = s.engine_program("beta-engine", "beta 0.9.0");
+    let manifest = manifest(
+        "beta",
+        "engine_beta",
+        &["mlx", "gguf"],
+        10,
+        &format!("[probe]\nprogram = \"{}\"\n", program.display()),
+    )
+    .replace(
+        "accelerators = [\"cpu\", \"cuda13\"]",
+        "accelerators = [\"cpu\", \"cuda13\"]\nformats = [\"mlx\"]\n\n[[platforms]]\nos = \"macos\"\narch = \"aarch64\"\naccelerators = [\"metal\"]",
+    );
+    s.plugin("beta", &manifest, Some("engine_beta"));
+    check(
+        &s,
+        &["resolve", "gguf"],
+        expect![[r#"
+            exit 2
+            gguf → no engine (no installed plugin can serve gguf on this machine)
+             PLUGIN  PRIORITY  ENGINE  VERDICT                                                                               
+             beta    10                rejected: serves gguf only on [macos/aarch64], not on this machine (linux/x86_64/cpu) 
+        "#]],
+    );
+    check(
+        &s,
+        &["resolve", "mlx"],
+        expect![[r#"
+            exit 0
+            mlx → beta (the only compatible plugin)
+             PLUGIN  PRIORITY  ENGINE  VERDICT 
+             beta    10        0.9.0   chosen  
+        "#]],
+    );
+    s.platform = "macos/aarch64/metal".into();
+    check(
+        &s,
+        &["resolve", "gguf"],
+        expect![[r#"
+            exit 0
+            gguf → beta (the only compatible plugin)
+             PLUGIN  PRIORITY  ENGINE  VERDICT 
+             beta    10        0.9.0   chosen  
+        "#]],
+    );
+}
+
+/// A platform entry may list only formats the plugin serves.
+#[test]
+fn a_platform_format_the_plugin_does_not_serve_is_reported() {
+    let s = Scenario::new();
+    let broken = manifest("beta", "engine_beta", &["mlx"], 10, "").replace(
+        "accelerators = [\"cpu\", \"cuda13\"]",
+        "accelerators = [\"cpu\"]\nformats = [\"gguf\"]",
+    );
+    s.plugin("beta", &broken, Some("engine_beta"));
+    check(
+        &s,
+        &["plugins"],
+        expect![[r#"
+            exit 0
+            platform: linux/x86_64/cpu
+             PLUGIN  STATUS  FORMATS  PLATFORMS  PRIORITY  ENGINE  CAPABILITIES 
+             beta    broken                                                     
+            - beta ($ROOT/plugins/beta): plugin.toml field 'platforms' is invalid: the entry for linux/x86_64 lists format 'gguf', which is not one of the plugin's formats [mlx]
+        "#]],
+    );
+}
