@@ -374,7 +374,9 @@ peers = [{ ssh = "127.0.0.1", ip = "127.0.0.1" }, { ssh = "me@b", ip = "10.0.0.2
         check(
             r#"[clusters.typo]
 peers = [{ ssh = "127.0.0.1", ip = "127.0.0.1", user = "x" }, { ssh = "me@b", ip = "10.0.0.2" }]"#,
-            expect_test::expect!["error: unknown field `user`, expected one of `name`, `ssh`, `ip`"],
+            expect_test::expect![
+                "error: unknown field `user`, expected one of `name`, `ssh`, `ip`"
+            ],
         );
     }
 }

@@ -391,6 +391,9 @@ const LAUNCHER: &str =
 /// work dir by the host.
 const HOSTFILE: &str = "hosts.json";
 
+/// The safetensors shard index (`weight_map`: weight name → file).
+const SHARD_INDEX: &str = "model.safetensors.index.json";
+
 /// Environment the remote ranks need too (the local ones inherit the
 /// launcher's): no hub downloads, unbuffered logs.
 const RANK_ENV: [&str; 2] = ["HF_HUB_OFFLINE", "PYTHONUNBUFFERED"];
@@ -441,6 +444,16 @@ fn distributed(
         return Err(format!(
             "model '{model}': draft_model cannot be used with distributed = \"{}\": mlx_lm.server loads no draft model in a distributed group; remove one of the two settings",
             mode.as_str()
+        ));
+    }
+    // mlx-lm's pipeline loader reads the shard index to give each rank
+    // only its layers' files; without it every rank dies at load.
+    if mode == DistributedMode::Pipeline
+        && !request.model_files.is_empty()
+        && !request.model_files.iter().any(|f| f == SHARD_INDEX)
+    {
+        return Err(format!(
+            "model '{model}': distributed = \"pipeline\" needs {SHARD_INDEX} in the model folder (mlx-lm's pipeline loader reads it to give each rank its layers); the folder has none: convert the model with mlx_lm.convert, which writes it, or use distributed = \"tensor\""
         ));
     }
     let hosts: Vec<Value> = cluster

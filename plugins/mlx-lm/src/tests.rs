@@ -356,6 +356,16 @@ fn a_cluster_the_engine_cannot_serve_is_refused() {
             error: model 'tiny': cluster 'pair' starts with peer 'studio', but rank 0 serves HTTP on this machine's loopback; put this machine (ssh = "127.0.0.1") first
         "#]],
     );
+    // Pipelining reads the shard index, which a single-file checkpoint lacks.
+    check_cluster(
+        |r| {
+            r.model_files = vec!["config.json".into(), "model.safetensors".into()];
+            r.cluster = Some(pair(DistributedMode::Pipeline));
+        },
+        expect![[r#"
+            error: model 'tiny': distributed = "pipeline" needs model.safetensors.index.json in the model folder (mlx-lm's pipeline loader reads it to give each rank its layers); the folder has none: convert the model with mlx_lm.convert, which writes it, or use distributed = "tensor"
+        "#]],
+    );
     // mlx_lm.server loads no draft model in a group.
     check_cluster(
         |r| {
