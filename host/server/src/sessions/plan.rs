@@ -288,6 +288,12 @@ fn check_ranks(cluster: &Cluster, plan: &LaunchPlan) -> Result<(), String> {
         .iter()
         .map(|r| (r.rank, r.peer.as_str(), r.local))
         .collect();
+    if found.is_empty() {
+        return Err(format!(
+            "the host refuses the launch plan: the model is set to run on cluster '{}', but the plugin planned one process with no ranks (it does not serve clusters); remove the model's `distributed` and `cluster` settings",
+            cluster.name
+        ));
+    }
     if expected != found {
         return Err(format!(
             "the host refuses the launch plan: cluster '{}' has {} peers, but the plan describes ranks {found:?} instead of {expected:?}",

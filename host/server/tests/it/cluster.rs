@@ -139,6 +139,34 @@ fn cluster_settings_the_host_cannot_honour_refuse_the_load() {
 }
 
 #[test]
+fn a_plugin_that_plans_one_process_for_a_cluster_is_refused() {
+    // `beta` takes the settings but knows nothing of clusters.
+    let server = Server::with(|s| {
+        let probe = s.engine_program("beta-engine", "beta 0.9.0");
+        let extra = format!(
+            "programs = [\"python3\"]\n[probe]\nprogram = \"{}\"\n\
+             [[settings]]\nname = \"distributed\"\ntype = \"enum\"\nvalues = [\"tensor\"]\n\
+             [[settings]]\nname = \"cluster\"\ntype = \"string\"\n",
+            probe.display()
+        );
+        s.plugin(
+            "beta",
+            &manifest("beta", "engine_beta", &["mlx", "gguf"], 10, &extra),
+            Some("engine_beta"),
+        );
+        s.config(
+            "[plugins.beta]\nallow_programs = [\"python3\"]\n[clusters.loop]\npeers = [\n\
+             { ssh = \"127.0.0.1\", ip = \"127.0.0.1\" },\n{ ssh = \"127.0.0.1\", ip = \"127.0.0.1\" },\n]\n",
+        );
+        s.settings("[models.tiny]\ndistributed = \"tensor\"\ncluster = \"loop\"\n");
+    });
+    let (status, body) = server.post("/api/models/tiny/load", json!({}));
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    expect!["422 plugin 'beta' cannot serve model 'tiny': the host refuses the launch plan: the model is set to run on cluster 'loop', but the plugin planned one process with no ranks (it does not serve clusters); remove the model's `distributed` and `cluster` settings"].assert_eq(&format!("{status} {message}"));
+    assert_eq!(server.get("/api/sessions").1["sessions"], json!([]));
+}
+
+#[test]
 fn a_mode_whose_capability_is_off_is_refused_with_a_422() {
     let server = group("");
     let (status, body) = server.put(
