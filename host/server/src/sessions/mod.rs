@@ -640,17 +640,26 @@ impl Sessions {
         let reason = tokio::select! {
             exit = process.exited() => {
                 let tail = process.log.tail(5).join(" | ");
+                // A launcher that saw a rank die stops the others and
+                // exits itself, often before the host sees the rank go.
+                let what = match session.ranks.len() {
+                    0 => String::new(),
+                    n => format!(" (the launcher of its {n} ranks)"),
+                };
                 format!(
-                    "engine '{}' serving model '{}' exited unexpectedly ({exit}); the next request loads it again. Last output: {tail}",
+                    "engine '{}' serving model '{}'{what} exited unexpectedly ({exit}); the next request loads it again. Last output: {tail}",
                     session.plugin, session.model.id
                 )
             }
-            rank = rank_died(&session.ranks) => {
+            dead = ranks_died(&session.ranks) => {
                 let tail = process.log.tail(5).join(" | ");
+                let dead: Vec<String> = dead
+                    .iter()
+                    .map(|r| format!("rank {} on peer '{}' (pid {})", r.rank, r.peer, r.pid.unwrap_or_default()))
+                    .collect();
                 format!(
-                    "rank {} of engine '{}' serving model '{}' on peer '{}' (pid {}) died; every rank was stopped and the next request starts the group again. Last output: {tail}",
-                    rank.rank, session.plugin, session.model.id, rank.peer,
-                    rank.pid.unwrap_or_default()
+                    "{} of engine '{}' serving model '{}' died; every rank was stopped and the next request starts the group again. Last output: {tail}",
+                    dead.join(" and "), session.plugin, session.model.id
                 )
             }
             _ = session.ended.cancelled() => return,
@@ -798,20 +807,23 @@ async fn find_ranks(
     Ok(found)
 }
 
-/// Resolves with the first local rank found dead; never, when no rank has
-/// a known pid.
-async fn rank_died(ranks: &[RankInfo]) -> RankInfo {
+/// Resolves with the local ranks found dead (every one gone at that look:
+/// a launcher that saw one die may have stopped the others already); never,
+/// when no rank has a known pid.
+async fn ranks_died(ranks: &[RankInfo]) -> Vec<RankInfo> {
     let watched: Vec<&RankInfo> = ranks.iter().filter(|r| r.pid.is_some()).collect();
     if watched.is_empty() {
         return std::future::pending().await;
     }
     loop {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        if let Some(dead) = watched
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let dead: Vec<RankInfo> = watched
             .iter()
-            .find(|r| !crate::supervisor::ranks::alive(r.pid.expect("filtered")))
-        {
-            return (*dead).clone();
+            .filter(|r| !crate::supervisor::ranks::alive(r.pid.expect("filtered")))
+            .map(|r| (*r).clone())
+            .collect();
+        if !dead.is_empty() {
+            return dead;
         }
     }
 }

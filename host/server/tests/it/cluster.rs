@@ -109,7 +109,10 @@ fn a_dead_rank_ends_the_whole_group_and_the_next_load_starts_it_again() {
         .collect();
     assert_eq!(crashed.len(), 1, "{crashed:?}");
     assert!(
-        crashed[0].starts_with("rank 1 of engine 'group' serving model 'tiny' on peer 'second'"),
+        crashed[0].starts_with(&format!(
+            "rank 1 on peer 'second' (pid {}) of engine 'group' serving model 'tiny' died; every rank was stopped",
+            first[1].3
+        )),
         "{}",
         crashed[0]
     );
