@@ -24,6 +24,10 @@ pub const AUDIO_INPUT: &str = "audio_input";
 pub const TENSOR_PARALLEL: &str = "tensor_parallel";
 /// Pipeline serving of one model across several machines.
 pub const DISTRIBUTED_PIPELINE: &str = "distributed_pipeline";
+/// Tensor-parallel serving of one model across several machines (each
+/// rank holds a slice of every layer), through the engine's own
+/// distributed runtime.
+pub const DISTRIBUTED_TENSOR: &str = "distributed_tensor";
 /// Classic speculative decoding with a draft model.
 pub const SPECULATIVE: &str = "speculative";
 /// Speculative decoding with multi-token-prediction drafters.
@@ -42,6 +46,7 @@ pub const KNOWN: &[&str] = &[
     AUDIO_INPUT,
     TENSOR_PARALLEL,
     DISTRIBUTED_PIPELINE,
+    DISTRIBUTED_TENSOR,
     SPECULATIVE,
     SPECULATIVE_MTP,
     SPECULATIVE_DFLASH,

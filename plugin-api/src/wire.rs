@@ -134,6 +134,75 @@ pub struct LoadRequest {
     pub port: u16,
     /// A writable folder for this session (config files, caches).
     pub work_dir: String,
+    /// The machines to spread the model over, when the model's settings
+    /// ask for the engine's distributed mode (`distributed` and `cluster`)
+    /// and the plugin has the capability; `None` serves on this machine
+    /// alone. Added in 1.x: plugins built before it never see a cluster.
+    #[serde(default)]
+    pub cluster: Option<Cluster>,
+}
+
+/// One model spread over several machines by the engine's own distributed
+/// runtime: the peers of a `[clusters.NAME]` table of the operator's
+/// `config.toml`, and the mode the model's settings chose.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cluster {
+    /// The cluster's name in `config.toml`.
+    pub name: String,
+    /// How the model is split.
+    pub mode: DistributedMode,
+    /// The machines, in rank order: peer `i` runs rank `i`. The first is
+    /// this machine, where rank 0 serves HTTP on loopback.
+    pub peers: Vec<Peer>,
+    /// The first TCP port the ranks talk to each other on; rank `i` of an
+    /// engine that needs one port per rank listens on `port + i`.
+    pub port: u16,
+}
+
+/// How a model is split across a cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DistributedMode {
+    /// Every rank holds a slice of every layer
+    /// ([`crate::capability::DISTRIBUTED_TENSOR`]).
+    Tensor,
+    /// Every rank holds a run of whole layers
+    /// ([`crate::capability::DISTRIBUTED_PIPELINE`]).
+    Pipeline,
+}
+
+impl DistributedMode {
+    /// The setting's value (`tensor`, `pipeline`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DistributedMode::Tensor => "tensor",
+            DistributedMode::Pipeline => "pipeline",
+        }
+    }
+
+    /// The capability an engine needs for this mode.
+    pub fn capability(self) -> &'static str {
+        match self {
+            DistributedMode::Tensor => crate::capability::DISTRIBUTED_TENSOR,
+            DistributedMode::Pipeline => crate::capability::DISTRIBUTED_PIPELINE,
+        }
+    }
+}
+
+/// One machine of a cluster, and how it is reached. Hangar runs no agent
+/// of its own on peers: an engine's launcher reaches them over `ssh`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Peer {
+    /// The peer's name in the cluster (shown with its rank).
+    pub name: String,
+    /// Where `ssh` logs in (`user@host`, a `~/.ssh/config` alias);
+    /// `127.0.0.1` is this machine, started without ssh.
+    pub ssh: String,
+    /// The IP address the ranks use to reach this peer.
+    pub ip: String,
+    /// Whether the peer is this machine (`ssh = "127.0.0.1"`): its rank is
+    /// a process the host can see and supervise directly.
+    pub local: bool,
 }
 
 /// Setting names the host understands, shared by every plugin.
@@ -164,6 +233,11 @@ pub mod settings {
     pub const KV_BITS: &str = "kv_bits";
     /// Extra keyword arguments for the chat template (object).
     pub const CHAT_TEMPLATE_ARGS: &str = "chat_template_args";
+    /// How to split the model across machines: `tensor` or `pipeline`
+    /// (enum; each value gated on its capability).
+    pub const DISTRIBUTED: &str = "distributed";
+    /// Which `[clusters.NAME]` of `config.toml` serves the model (string).
+    pub const CLUSTER: &str = "cluster";
 }
 
 /// How the host starts and checks an engine process. The plugin only
@@ -202,6 +276,28 @@ pub struct LaunchPlan {
     /// config. Plugins never write files themselves.
     #[serde(default)]
     pub files: BTreeMap<String, String>,
+    /// The ranks of a distributed launch (empty: one process). The program
+    /// is then the engine's launcher, which starts every rank; the host
+    /// finds the local ranks among the launcher's processes, waits for all
+    /// of them, and ends the whole session when any of them dies. Added
+    /// in 1.x.
+    #[serde(default)]
+    pub ranks: Vec<Rank>,
+}
+
+/// One rank of a distributed launch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rank {
+    /// The rank (0 serves HTTP).
+    pub rank: u32,
+    /// The peer it runs on ([`Peer::name`]).
+    pub peer: String,
+    /// Whether it runs on this machine.
+    pub local: bool,
+    /// An environment entry (`MLX_RANK=1`) that marks this rank's process
+    /// among the launcher's, so that the host can watch a local rank.
+    #[serde(default)]
+    pub env_marker: Option<String>,
 }
 
 /// The protocol an engine process speaks.

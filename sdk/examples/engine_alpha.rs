@@ -44,6 +44,7 @@ impl Plugin for Alpha {
             upstream_model: None,
             notes: vec![],
             files: Default::default(),
+            ranks: Vec::new(),
         })
     }
 }

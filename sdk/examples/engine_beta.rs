@@ -44,6 +44,7 @@ impl Plugin for Beta {
                 upstream_model: None,
                 notes: vec![],
                 files: Default::default(),
+                ranks: Vec::new(),
             });
         }
         Ok(LaunchPlan {
@@ -68,6 +69,7 @@ impl Plugin for Beta {
             upstream_model: None,
             notes: vec![],
             files: Default::default(),
+            ranks: Vec::new(),
         })
     }
 }

@@ -63,6 +63,7 @@ impl Plugin for Misbehaves {
             upstream_model: None,
             notes: vec![],
             files: Default::default(),
+            ranks: Vec::new(),
         })
     }
 }

@@ -9,6 +9,13 @@
 //! program = "/opt/venv/bin/python3"        # where its probe program lives
 //! allow_programs = ["python3"]             # shells and interpreters it may run
 //!
+//! [clusters.pair]                          # machines one model may span
+//! port = 32323                             # ranks talk on port, port+1, …
+//! peers = [
+//!   { name = "here",  ssh = "127.0.0.1", ip = "10.0.0.1" },  # this machine: rank 0
+//!   { name = "there", ssh = "me@studio", ip = "10.0.0.2" },  # reached by ssh
+//! ]
+//!
 //! [wasm]                                   # WebAssembly plugins
 //! call_timeout_ms = 2000                   # each call's deadline
 //! memory_mib = 64                          # each instance's memory cap
@@ -50,7 +57,108 @@ pub struct Config {
     /// compiled plugins are cached.
     #[serde(default)]
     pub wasm: WasmConfig,
+    /// Named groups of machines that one model may be spread over by its
+    /// engine's distributed runtime (a model's `cluster` setting names
+    /// one).
+    #[serde(default)]
+    pub clusters: BTreeMap<String, ClusterConfig>,
 }
+
+/// A `[clusters.NAME]` table: the peers in rank order and the ranks' port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// The machines; the first is this one (rank 0 serves HTTP here).
+    pub peers: Vec<PeerConfig>,
+    /// The first port the ranks listen on for each other (`port + rank`);
+    /// the firewall between peers must let these through.
+    #[serde(default = "default_cluster_port")]
+    pub port: u16,
+}
+
+/// One peer of a cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    /// Its name (shown with its rank in `/api/sessions`); default: `ssh`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The `ssh` destination (`user@host`, an alias of `~/.ssh/config`);
+    /// `127.0.0.1` is this machine.
+    pub ssh: String,
+    /// The IP address the other ranks reach it on.
+    pub ip: String,
+}
+
+/// The ring backend's default first port (`mlx.launch --starting-port`).
+fn default_cluster_port() -> u16 {
+    32323
+}
+
+impl ClusterConfig {
+    /// The cluster as a plugin sees it.
+    pub fn to_wire(
+        &self,
+        name: &str,
+        mode: hangar_plugin_api::wire::DistributedMode,
+    ) -> hangar_plugin_api::wire::Cluster {
+        hangar_plugin_api::wire::Cluster {
+            name: name.to_string(),
+            mode,
+            peers: self
+                .peers
+                .iter()
+                .map(|p| hangar_plugin_api::wire::Peer {
+                    name: p.name.clone().unwrap_or_else(|| p.ssh.clone()),
+                    ssh: p.ssh.clone(),
+                    ip: p.ip.clone(),
+                    local: p.ssh == LOCAL_PEER,
+                })
+                .collect(),
+            port: self.port,
+        }
+    }
+
+    /// What is wrong with `[clusters.NAME]`, if anything.
+    fn check(&self, name: &str) -> Result<(), String> {
+        let at = format!("[clusters.{name}]");
+        if self.peers.len() < 2 {
+            return Err(format!(
+                "{at} has {} peer(s); a cluster needs at least two (this machine first, ssh = \"{LOCAL_PEER}\")",
+                self.peers.len()
+            ));
+        }
+        if self.peers[0].ssh != LOCAL_PEER {
+            return Err(format!(
+                "{at}'s first peer is '{}'; it must be this machine (ssh = \"{LOCAL_PEER}\"), where rank 0 serves HTTP",
+                self.peers[0].ssh
+            ));
+        }
+        for peer in &self.peers {
+            if peer.ip.parse::<std::net::IpAddr>().is_err() {
+                return Err(format!(
+                    "{at} peer '{}' has ip = \"{}\", which is not an IP address; the ranks connect by IP (write the address, not a host name)",
+                    peer.ssh, peer.ip
+                ));
+            }
+        }
+        let last = u32::from(self.port) + self.peers.len() as u32 - 1;
+        if self.port == 0 || last > u32::from(u16::MAX) {
+            return Err(format!(
+                "{at} port = {} leaves no room for {} ranks (ports port..port+{}); pick one between 1024 and {}",
+                self.port,
+                self.peers.len(),
+                self.peers.len() - 1,
+                u16::MAX as usize - self.peers.len() + 1
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The `ssh` value that means this machine (as `mlx.launch` reads it: it
+/// starts such a rank without ssh).
+pub const LOCAL_PEER: &str = "127.0.0.1";
 
 /// The runtime's settings: `[wasm]` in `config.toml`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,6 +229,9 @@ impl Config {
     /// Parses config text.
     pub fn parse(text: &str) -> Result<Config, String> {
         let config: Config = toml::from_str(text).map_err(|e| e.message().to_string())?;
+        for (name, cluster) in &config.clusters {
+            cluster.check(name)?;
+        }
         for (id, settings) in &config.plugins {
             let allow = settings.get(ALLOW_PROGRAMS);
             let list = allow.map(|v| v.as_array().filter(|l| l.iter().all(|p| p.is_string())));
@@ -193,5 +304,79 @@ mod tests {
             parsed("[plugins.mlx-lm]\nallow_programs = [1]"),
         ]
         .join("\n"));
+    }
+
+    fn check(text: &str, expect: expect_test::Expect) {
+        let out = match Config::parse(text) {
+            Ok(config) => config
+                .clusters
+                .iter()
+                .map(|(name, c)| {
+                    let wire = c.to_wire(name, hangar_plugin_api::wire::DistributedMode::Tensor);
+                    let peers: Vec<String> = wire
+                        .peers
+                        .iter()
+                        .map(|p| {
+                            format!(
+                                "{}={}@{}{}",
+                                p.name,
+                                p.ssh,
+                                p.ip,
+                                if p.local { " (local)" } else { "" }
+                            )
+                        })
+                        .collect();
+                    format!("{name}: port {} peers {}", wire.port, peers.join(", "))
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Err(e) => format!("error: {e}"),
+        };
+        expect.assert_eq(&out);
+    }
+
+    #[test]
+    fn clusters_name_their_peers_in_rank_order() {
+        check(
+            r#"[clusters.pair]
+peers = [{ ssh = "127.0.0.1", ip = "127.0.0.1" }, { name = "b", ssh = "me@b", ip = "10.0.0.2" }]"#,
+            expect_test::expect![
+                "pair: port 32323 peers 127.0.0.1=127.0.0.1@127.0.0.1 (local), b=me@b@10.0.0.2"
+            ],
+        );
+        check(
+            r#"[clusters.one]
+peers = [{ ssh = "127.0.0.1", ip = "127.0.0.1" }]"#,
+            expect_test::expect![[
+                r#"error: [clusters.one] has 1 peer(s); a cluster needs at least two (this machine first, ssh = "127.0.0.1")"#
+            ]],
+        );
+        check(
+            r#"[clusters.far]
+peers = [{ ssh = "me@b", ip = "10.0.0.2" }, { ssh = "127.0.0.1", ip = "127.0.0.1" }]"#,
+            expect_test::expect![[
+                r#"error: [clusters.far]'s first peer is 'me@b'; it must be this machine (ssh = "127.0.0.1"), where rank 0 serves HTTP"#
+            ]],
+        );
+        check(
+            r#"[clusters.named]
+peers = [{ ssh = "127.0.0.1", ip = "127.0.0.1" }, { ssh = "me@b", ip = "b.local" }]"#,
+            expect_test::expect![[
+                r#"error: [clusters.named] peer 'me@b' has ip = "b.local", which is not an IP address; the ranks connect by IP (write the address, not a host name)"#
+            ]],
+        );
+        check(
+            r#"[clusters.high]
+port = 65535
+peers = [{ ssh = "127.0.0.1", ip = "127.0.0.1" }, { ssh = "me@b", ip = "10.0.0.2" }]"#,
+            expect_test::expect!["error: [clusters.high] port = 65535 leaves no room for 2 ranks (ports port..port+1); pick one between 1024 and 65534"],
+        );
+        check(
+            r#"[clusters.typo]
+peers = [{ ssh = "127.0.0.1", ip = "127.0.0.1", user = "x" }, { ssh = "me@b", ip = "10.0.0.2" }]"#,
+            expect_test::expect![
+                "error: unknown field `user`, expected one of `name`, `ssh`, `ip`"
+            ],
+        );
     }
 }

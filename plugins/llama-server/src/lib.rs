@@ -97,6 +97,7 @@ impl Plugin for LlamaServer {
             upstream_model: Some(request.model_id.clone()),
             notes: vec![format!("llama-server with {layers} layers on the GPU")],
             files: Default::default(),
+            ranks: Vec::new(),
         })
     }
 
@@ -223,6 +224,7 @@ mod tests {
             host: "127.0.0.1".into(),
             port: 8123,
             work_dir: "/tmp/w".into(),
+            cluster: None,
         }
     }
 

@@ -21,15 +21,23 @@
 //!   exists, so `HF_HUB_CACHE` points at the session's work dir;
 //! - a request whose `model` is not the served path makes it fetch that
 //!   name from the hub, so the upstream model is the path itself.
+//!
+//! A model whose settings name a cluster (`distributed = "tensor"` or
+//! `"pipeline"`, `cluster = "NAME"`) is planned as `mlx.launch` with the
+//! ring backend over the cluster's peers ([`distributed`]): the launcher
+//! starts every rank (ssh for remote peers), rank 0 serves HTTP here, and
+//! the plan lists the ranks so that the host supervises them as one.
 
 use std::path::Path;
 use std::sync::OnceLock;
 
-use hangar_sdk::api::capability::{KV_CACHE_QUANTIZATION, PROMPT_CACHE, SPECULATIVE};
+use hangar_sdk::api::capability::{
+    DISTRIBUTED_PIPELINE, DISTRIBUTED_TENSOR, KV_CACHE_QUANTIZATION, PROMPT_CACHE, SPECULATIVE,
+};
 use hangar_sdk::api::Manifest;
 use hangar_sdk::wire::{
-    settings, Description, LaunchPlan, LoadRequest, ProbeInput, ProbeReport, ProbeRun, Protocol,
-    Readiness, WarmupRequest,
+    settings, Cluster, Description, DistributedMode, LaunchPlan, LoadRequest, ProbeInput,
+    ProbeReport, ProbeRun, Protocol, Rank, Readiness, WarmupRequest,
 };
 use hangar_sdk::{export_plugin, Plugin};
 use serde_json::Value;
@@ -77,7 +85,7 @@ impl Plugin for MlxLm {
         hangar_sdk::describe!(ID, formats: [FORMAT, GGUF],
             aliases: {"safetensors" => FORMAT},
             capabilities: [SAMPLING_DEFAULTS, SPECULATIVE, CHAT_TEMPLATE_ARGS,
-                PROMPT_CACHE, KV_CACHE_QUANTIZATION])
+                PROMPT_CACHE, KV_CACHE_QUANTIZATION, DISTRIBUTED_TENSOR, DISTRIBUTED_PIPELINE])
     }
 
     fn probe(input: ProbeInput) -> Result<ProbeReport, String> {
@@ -332,7 +340,7 @@ pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
             })?,
     };
 
-    let env = [
+    let mut env: std::collections::BTreeMap<String, String> = [
         // mlx_lm.server's /v1/models scans the Hugging Face cache and sends
         // an empty body when the folder is missing; the host creates
         // work_dir, so point the cache there.
@@ -347,12 +355,17 @@ pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
 
+    let python = request
+        .engine
+        .program
+        .clone()
+        .unwrap_or_else(|| "python3".into());
+    let (args, files, ranks) = match &request.cluster {
+        None => (args, Default::default(), Vec::new()),
+        Some(cluster) => distributed(request, cluster, &python, args, &mut env, &mut notes)?,
+    };
     Ok(LaunchPlan {
-        program: request
-            .engine
-            .program
-            .clone()
-            .unwrap_or_else(|| "python3".into()),
+        program: python,
         args,
         env,
         cwd: None,
@@ -372,8 +385,152 @@ pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
         protocol: Protocol::OpenaiHttp,
         upstream_model: Some(model_path),
         notes,
-        files: Default::default(),
+        files,
+        ranks,
     })
+}
+
+/// Runs `mlx.launch`'s `main` with the probed interpreter (what the
+/// `mlx.launch` console script of that interpreter runs), so that the
+/// launcher and every local rank use the same mlx.
+const LAUNCHER: &str =
+    "import sys; from mlx._distributed_utils.launch import main; sys.argv[0] = 'mlx.launch'; sys.exit(main())";
+
+/// The hostfile `mlx.launch --hostfile` reads, written into the session's
+/// work dir by the host.
+const HOSTFILE: &str = "hosts.json";
+
+/// The safetensors shard index (`weight_map`: weight name → file).
+const SHARD_INDEX: &str = "model.safetensors.index.json";
+
+/// Environment the remote ranks need too (the local ones inherit the
+/// launcher's): no hub downloads, unbuffered logs.
+const RANK_ENV: [&str; 2] = ["HF_HUB_OFFLINE", "PYTHONUNBUFFERED"];
+
+/// Turns the server's arguments into a launch over `cluster`: `python -c
+/// LAUNCHER --backend ring --hostfile hosts.json --starting-port PORT
+/// --python PYTHON -- -m mlx_lm.server …`. Rank `i` runs on peer `i`
+/// (ssh for remote peers, directly for `127.0.0.1`), listens for the ring
+/// on `port + i`, and is marked `MLX_RANK=i` (mlx.launch sets it). Rank 0
+/// serves HTTP; the others follow its requests (mlx_lm.server's own
+/// distributed mode: tensor parallel, or `--pipeline`).
+type Distributed = (
+    Vec<String>,
+    std::collections::BTreeMap<String, String>,
+    Vec<Rank>,
+);
+
+fn distributed(
+    request: &LoadRequest,
+    cluster: &Cluster,
+    python: &str,
+    server_args: Vec<String>,
+    env: &mut std::collections::BTreeMap<String, String>,
+    notes: &mut Vec<String>,
+) -> Result<Distributed, String> {
+    let model = &request.model_id;
+    let mode = cluster.mode;
+    if !request.capabilities.iter().any(|c| c == mode.capability()) {
+        return Err(format!(
+            "model '{model}': {}",
+            capability_off(mode.capability(), "mlx.launch + mlx_lm.server", request)
+        ));
+    }
+    if cluster.peers.len() < 2 {
+        return Err(format!(
+            "model '{model}': cluster '{}' has {} peer(s); a distributed launch needs two or more",
+            cluster.name,
+            cluster.peers.len()
+        ));
+    }
+    if !cluster.peers[0].local {
+        return Err(format!(
+            "model '{model}': cluster '{}' starts with peer '{}', but rank 0 serves HTTP on this machine's loopback; put this machine (ssh = \"127.0.0.1\") first",
+            cluster.name, cluster.peers[0].name
+        ));
+    }
+    if setting(request, settings::DRAFT_MODEL).is_some() {
+        return Err(format!(
+            "model '{model}': draft_model cannot be used with distributed = \"{}\": mlx_lm.server loads no draft model in a distributed group; remove one of the two settings",
+            mode.as_str()
+        ));
+    }
+    // mlx-lm's pipeline loader reads the shard index to give each rank
+    // only its layers' files; without it every rank dies at load.
+    if mode == DistributedMode::Pipeline
+        && !request.model_files.is_empty()
+        && !request.model_files.iter().any(|f| f == SHARD_INDEX)
+    {
+        return Err(format!(
+            "model '{model}': distributed = \"pipeline\" needs {SHARD_INDEX} in the model folder (mlx-lm's pipeline loader reads it to give each rank its layers); the folder has none: convert the model with mlx_lm.convert, which writes it, or use distributed = \"tensor\""
+        ));
+    }
+    let hosts: Vec<Value> = cluster
+        .peers
+        .iter()
+        .map(|p| serde_json::json!({"ssh": p.ssh, "ips": [p.ip]}))
+        .collect();
+    let hostfile = serde_json::json!({"backend": "ring", "envs": [], "hosts": hosts});
+    let mut args: Vec<String> = vec![
+        "-c".into(),
+        LAUNCHER.into(),
+        "--backend".into(),
+        "ring".into(),
+        "--hostfile".into(),
+        Path::new(&request.work_dir)
+            .join(HOSTFILE)
+            .display()
+            .to_string(),
+        "--starting-port".into(),
+        cluster.port.to_string(),
+        "--python".into(),
+        python.to_string(),
+    ];
+    for name in RANK_ENV {
+        args.push("--env".into());
+        args.push(format!("{name}={}", env[name]));
+    }
+    args.push("--".into());
+    args.extend(server_args);
+    if mode == DistributedMode::Pipeline {
+        args.push("--pipeline".into());
+    }
+    // mlx.launch's own log lines (a rank that died, one it killed) come
+    // through unbuffered with the ranks'.
+    env.insert("PYTHONUNBUFFERED".into(), "1".into());
+    let ranks: Vec<Rank> = cluster
+        .peers
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Rank {
+            rank: i as u32,
+            peer: p.name.clone(),
+            local: p.local,
+            env_marker: Some(format!("MLX_RANK={i}")),
+        })
+        .collect();
+    let last = u32::from(cluster.port) + cluster.peers.len() as u32 - 1;
+    notes.push(format!(
+        "{} parallel over {} ranks of cluster '{}' (mlx.launch, ring backend, ports {}..={last}): {}",
+        mode.as_str(),
+        ranks.len(),
+        cluster.name,
+        cluster.port,
+        cluster
+            .peers
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("rank {i} on {}", p.name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let files = [(
+        HOSTFILE.to_string(),
+        serde_json::to_string_pretty(&hostfile).expect("json serializes"),
+    )]
+    .into_iter()
+    .collect();
+    Ok((args, files, ranks))
 }
 
 /// A setting's value; JSON `null` counts as unset, so a layer can clear a

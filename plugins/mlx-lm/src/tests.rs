@@ -224,6 +224,7 @@ fn request() -> LoadRequest {
         host: "127.0.0.1".into(),
         port: 8181,
         work_dir: "/work/s1".into(),
+        cluster: None,
     }
 }
 
@@ -260,7 +261,127 @@ fn render(plan: &LaunchPlan) -> String {
     for note in &plan.notes {
         out.push_str(&format!("note: {note}\n"));
     }
+    for rank in &plan.ranks {
+        out.push_str(&format!(
+            "rank {} on {} (local: {}, marked {:?})\n",
+            rank.rank, rank.peer, rank.local, rank.env_marker
+        ));
+    }
+    for (name, contents) in &plan.files {
+        let compact: Value =
+            serde_json::from_str(contents).unwrap_or(Value::String(contents.clone()));
+        out.push_str(&format!("file {name}: {compact}\n"));
+    }
     out
+}
+
+/// A cluster of this machine and one peer reached by ssh.
+fn pair(mode: DistributedMode) -> Cluster {
+    let peer = |name: &str, ssh: &str, ip: &str, local: bool| hangar_sdk::wire::Peer {
+        name: name.into(),
+        ssh: ssh.into(),
+        ip: ip.into(),
+        local,
+    };
+    Cluster {
+        name: "pair".into(),
+        mode,
+        peers: vec![
+            peer("here", "127.0.0.1", "10.0.0.1", true),
+            peer("studio", "me@studio", "10.0.0.2", false),
+        ],
+        port: 40000,
+    }
+}
+
+fn check_cluster(edit: impl FnOnce(&mut LoadRequest), expect: Expect) {
+    check_request(
+        |r| {
+            r.capabilities = vec![DISTRIBUTED_TENSOR.into(), DISTRIBUTED_PIPELINE.into()];
+            r.cluster = Some(pair(DistributedMode::Tensor));
+            edit(r);
+        },
+        expect,
+    );
+}
+
+#[test]
+fn a_cluster_is_launched_by_mlx_launch_over_the_ring_with_one_rank_per_peer() {
+    check_cluster(
+        |_| {},
+        expect![[r#"
+            argv: /venv/bin/python -c 'import sys; from mlx._distributed_utils.launch import main; sys.argv[0] = 'mlx.launch'; sys.exit(main())' --backend ring --hostfile /work/s1/hosts.json --starting-port 40000 --python /venv/bin/python --env HF_HUB_OFFLINE=1 --env PYTHONUNBUFFERED=1 -- -m mlx_lm.server --model $CRATE --host 127.0.0.1 --port 8181
+            env: HF_HUB_CACHE=/work/s1 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+            cwd: None
+            ready: GET /health -> 200, then POST /v1/completions {"max_tokens":1,"prompt":"hi"}, within 120000 ms
+            protocol: OpenaiHttp, upstream model: Some("$CRATE")
+            note: tensor parallel over 2 ranks of cluster 'pair' (mlx.launch, ring backend, ports 40000..=40001): rank 0 on here, rank 1 on studio
+            rank 0 on here (local: true, marked Some("MLX_RANK=0"))
+            rank 1 on studio (local: false, marked Some("MLX_RANK=1"))
+            file hosts.json: {"backend":"ring","envs":[],"hosts":[{"ips":["10.0.0.1"],"ssh":"127.0.0.1"},{"ips":["10.0.0.2"],"ssh":"me@studio"}]}
+        "#]],
+    );
+    // Pipeline mode adds the server's --pipeline.
+    check_cluster(
+        |r| r.cluster = Some(pair(DistributedMode::Pipeline)),
+        expect![[r#"
+            argv: /venv/bin/python -c 'import sys; from mlx._distributed_utils.launch import main; sys.argv[0] = 'mlx.launch'; sys.exit(main())' --backend ring --hostfile /work/s1/hosts.json --starting-port 40000 --python /venv/bin/python --env HF_HUB_OFFLINE=1 --env PYTHONUNBUFFERED=1 -- -m mlx_lm.server --model $CRATE --host 127.0.0.1 --port 8181 --pipeline
+            env: HF_HUB_CACHE=/work/s1 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+            cwd: None
+            ready: GET /health -> 200, then POST /v1/completions {"max_tokens":1,"prompt":"hi"}, within 120000 ms
+            protocol: OpenaiHttp, upstream model: Some("$CRATE")
+            note: pipeline parallel over 2 ranks of cluster 'pair' (mlx.launch, ring backend, ports 40000..=40001): rank 0 on here, rank 1 on studio
+            rank 0 on here (local: true, marked Some("MLX_RANK=0"))
+            rank 1 on studio (local: false, marked Some("MLX_RANK=1"))
+            file hosts.json: {"backend":"ring","envs":[],"hosts":[{"ips":["10.0.0.1"],"ssh":"127.0.0.1"},{"ips":["10.0.0.2"],"ssh":"me@studio"}]}
+        "#]],
+    );
+}
+
+#[test]
+fn a_cluster_the_engine_cannot_serve_is_refused() {
+    // The mode's capability is off (mlx-lm before 0.31.1).
+    check_cluster(
+        |r| {
+            r.engine.version = Some("0.30.4".into());
+            r.capabilities = vec![DISTRIBUTED_TENSOR.into()];
+            r.cluster = Some(pair(DistributedMode::Pipeline));
+        },
+        expect![[r#"
+            error: model 'tiny': plugin 'mlx-lm' needs mlx-lm >=0.31.1 for distributed_pipeline (mlx.launch + mlx_lm.server); found 0.30.4
+        "#]],
+    );
+    // Rank 0 serves HTTP on loopback: this machine must come first.
+    check_cluster(
+        |r| {
+            let cluster = r.cluster.as_mut().expect("set");
+            cluster.peers.swap(0, 1);
+        },
+        expect![[r#"
+            error: model 'tiny': cluster 'pair' starts with peer 'studio', but rank 0 serves HTTP on this machine's loopback; put this machine (ssh = "127.0.0.1") first
+        "#]],
+    );
+    // Pipelining reads the shard index, which a single-file checkpoint lacks.
+    check_cluster(
+        |r| {
+            r.model_files = vec!["config.json".into(), "model.safetensors".into()];
+            r.cluster = Some(pair(DistributedMode::Pipeline));
+        },
+        expect![[r#"
+            error: model 'tiny': distributed = "pipeline" needs model.safetensors.index.json in the model folder (mlx-lm's pipeline loader reads it to give each rank its layers); the folder has none: convert the model with mlx_lm.convert, which writes it, or use distributed = "tensor"
+        "#]],
+    );
+    // mlx_lm.server loads no draft model in a group.
+    check_cluster(
+        |r| {
+            r.capabilities.push(SPECULATIVE.into());
+            r.settings
+                .insert(settings::DRAFT_MODEL.into(), json!(CRATE));
+        },
+        expect![[r#"
+            error: model 'tiny': draft_model cannot be used with distributed = "tensor": mlx_lm.server loads no draft model in a distributed group; remove one of the two settings
+        "#]],
+    );
 }
 
 fn every_setting() -> Value {

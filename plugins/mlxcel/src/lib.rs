@@ -540,5 +540,6 @@ pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
         upstream_model: Some(model.clone()),
         notes,
         files,
+        ranks: Vec::new(),
     })
 }

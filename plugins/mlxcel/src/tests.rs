@@ -103,6 +103,7 @@ fn check_request(
         host: "127.0.0.1".into(),
         port: 9000,
         work_dir: format!("{root_text}/work"),
+        cluster: None,
     };
     edit(&mut request);
     let text = match plan_launch(&request) {

@@ -378,6 +378,7 @@ impl PluginTest {
             host: "127.0.0.1".into(),
             port: 18080,
             work_dir: work_dir.display().to_string(),
+            cluster: None,
         })
     }
 

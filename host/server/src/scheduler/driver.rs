@@ -14,7 +14,7 @@ use tokio::sync::{oneshot, Notify};
 
 use hangar_engine::models::Model;
 
-use super::estimate::estimate;
+use super::estimate::{estimate, local_share};
 use super::machine::{
     Decision, Event, Limits, Millis, Policy, Refusal, Residency, Scheduler, Ticket,
 };
@@ -180,6 +180,11 @@ impl Driver {
             .estimates
             .entry((model.id.clone(), context))
             .or_insert_with(|| estimate(&model.path, model.size_bytes, context).total());
+        let need = local_share(
+            need,
+            &self.sessions.registry().config().clusters,
+            stored.models.get(&model.id),
+        );
         inner.models.insert(model.id.clone(), model.clone());
         Policy {
             pin: residency.pin,

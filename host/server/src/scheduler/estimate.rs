@@ -56,6 +56,39 @@ pub fn estimate(path: &Path, weights: u64, context: Option<u64>) -> Estimate {
     from_config(config.as_ref(), weights, context)
 }
 
+/// The part of a model's need that stays on this machine when its settings
+/// spread it over a cluster (`distributed` and `cluster`): each rank holds
+/// a slice of every layer (tensor) or a run of layers (pipeline), so this
+/// machine holds `local ranks / ranks` of it. `need` as it is otherwise.
+/// The point of a cluster is a model too large for one machine: counting
+/// all of it here would have the memory guard refuse exactly those.
+pub fn local_share(
+    need: u64,
+    clusters: &std::collections::BTreeMap<String, hangar_engine::config::ClusterConfig>,
+    model_settings: Option<&crate::settings::SettingMap>,
+) -> u64 {
+    use hangar_plugin_api::wire::settings::{CLUSTER, DISTRIBUTED};
+    let Some(settings) = model_settings else {
+        return need;
+    };
+    let set = |name: &str| settings.get(name).filter(|v| !v.is_null());
+    let cluster = set(DISTRIBUTED)
+        .and(set(CLUSTER))
+        .and_then(Value::as_str)
+        .and_then(|name| clusters.get(name));
+    let Some(cluster) = cluster.filter(|c| !c.peers.is_empty()) else {
+        return need;
+    };
+    let all = cluster.peers.len() as u64;
+    let local = cluster
+        .peers
+        .iter()
+        .filter(|p| p.ssh == hangar_engine::config::LOCAL_PEER)
+        .count() as u64;
+    // Rounded up: a share is never under what a rank holds.
+    (need / all).saturating_mul(local) + (need % all).min(local)
+}
+
 fn read_config(path: &Path) -> Option<Value> {
     let file = std::fs::File::open(path).ok()?;
     if !file.metadata().ok()?.is_file() {
@@ -103,6 +136,27 @@ pub fn from_config(config: Option<&Value>, weights: u64, context: Option<u64>) -
 mod tests {
     use expect_test::{expect, Expect};
     use serde_json::json;
+
+    #[test]
+    fn a_model_spread_over_a_cluster_counts_its_local_ranks_share() {
+        let config = hangar_engine::config::Config::parse(
+            "[clusters.pair]\npeers = [{ ssh = \"127.0.0.1\", ip = \"10.0.0.1\" }, { ssh = \"b\", ip = \"10.0.0.2\" }]\n\
+             [clusters.loop]\npeers = [{ ssh = \"127.0.0.1\", ip = \"127.0.0.1\" }, { ssh = \"127.0.0.1\", ip = \"127.0.0.1\" }]\n",
+        )
+        .unwrap();
+        let share = |settings: serde_json::Value| {
+            let map: crate::settings::SettingMap = serde_json::from_value(settings).unwrap();
+            super::local_share(1001, &config.clusters, Some(&map))
+        };
+        let shares = [
+            share(json!({})),
+            share(json!({"distributed": "tensor", "cluster": "pair"})),
+            share(json!({"distributed": "pipeline", "cluster": "loop"})),
+            share(json!({"cluster": "pair"})),
+            share(json!({"distributed": "tensor", "cluster": "nowhere"})),
+        ];
+        expect!["[1001, 501, 1001, 1001, 1001]"].assert_eq(&format!("{shares:?}"));
+    }
 
     fn check(config: serde_json::Value, context: Option<u64>, expect: Expect) {
         let e = super::from_config(Some(&config), 1000, context);

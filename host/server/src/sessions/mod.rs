@@ -31,7 +31,7 @@ use crate::supervisor::health::{Monitor, State};
 pub(crate) use crate::supervisor::STOP_GRACE;
 use crate::supervisor::{free_port, launch, Launch};
 use plan::{plan, How};
-pub(crate) use session::{Backend, InFlight, Served, Session};
+pub(crate) use session::{Backend, InFlight, RankInfo, Served, Session};
 
 /// Why a model could not be loaded. Cloned to every request that waited.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -571,6 +571,7 @@ impl Sessions {
             started_at: now(),
             ended: CancellationToken::new(),
             monitor: None,
+            ranks: Vec::new(),
             end_reason: OnceLock::new(),
             in_flight: AtomicUsize::new(0),
             served: AtomicU64::new(0),
@@ -619,6 +620,14 @@ impl Sessions {
                 });
             }
         };
+        let ranks = match find_ranks(&plan, &process).await {
+            Ok(ranks) => ranks,
+            Err(reason) => {
+                process.stop(STOP_GRACE).await;
+                let _ = std::fs::remove_dir_all(&work_dir);
+                return Err(start_err(reason));
+            }
+        };
         // The engine is polled and checked while it serves.
         let monitor = Arc::new(Monitor::new(
             base_url.clone(),
@@ -634,30 +643,51 @@ impl Sessions {
         };
         let mut session = session(backend, plan.notes.clone());
         session.monitor = Some(monitor);
+        session.ranks = ranks;
         let session = Arc::new(session);
         tokio::spawn(self.clone().watch(session.clone()));
         tokio::spawn(self.clone().poll(session.clone()));
         Ok(session)
     }
 
-    /// Waits for the session's engine to exit; an exit nobody asked for is
-    /// a crash: the session goes at once and its requests are told why.
+    /// Waits for the session's engine (or, distributed, any of its local
+    /// ranks) to exit; an exit nobody asked for is a crash: the session
+    /// goes at once, its requests are told why, and retiring it stops
+    /// every rank with the launcher's process group.
     async fn watch(self: Arc<Self>, session: Arc<Session>) {
         let Some(process) = session.process() else {
             return;
         };
-        let exit = tokio::select! {
-            exit = process.exited() => exit,
+        let reason = tokio::select! {
+            exit = process.exited() => {
+                let tail = process.log.tail(5).join(" | ");
+                // A launcher that saw a rank die stops the others and
+                // exits itself, often before the host sees the rank go.
+                let what = match session.ranks.len() {
+                    0 => String::new(),
+                    n => format!(" (the launcher of its {n} ranks)"),
+                };
+                format!(
+                    "engine '{}' serving model '{}'{what} exited unexpectedly ({exit}); the next request loads it again. Last output: {tail}",
+                    session.plugin, session.model.id
+                )
+            }
+            dead = ranks_died(&session.ranks) => {
+                let tail = process.log.tail(5).join(" | ");
+                let dead: Vec<String> = dead
+                    .iter()
+                    .map(|r| format!("rank {} on peer '{}' (pid {})", r.rank, r.peer, r.pid.unwrap_or_default()))
+                    .collect();
+                format!(
+                    "{} of engine '{}' serving model '{}' died; every rank was stopped and the next request starts the group again. Last output: {tail}",
+                    dead.join(" and "), session.plugin, session.model.id
+                )
+            }
             _ = session.ended.cancelled() => return,
         };
         if session.ended.is_cancelled() {
             return;
         }
-        let tail = process.log.tail(5).join(" | ");
-        let reason = format!(
-            "engine '{}' serving model '{}' exited unexpectedly ({exit}); the next request loads it again. Last output: {tail}",
-            session.plugin, session.model.id
-        );
         self.retire(session, "crashed", reason).await;
     }
 
@@ -745,6 +775,77 @@ impl Sessions {
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
+    }
+}
+
+/// How long the host looks for a distributed engine's local ranks once
+/// rank 0 answered: by then every rank has joined the group, so they
+/// exist; the margin covers a slow `/proc` walk.
+const FIND_RANKS: Duration = Duration::from_secs(5);
+
+/// The ranks a plan describes, each local one with its pid. The group is
+/// ready only when every local rank is found running (on Linux; elsewhere
+/// pids are unknown and the launcher alone watches its ranks).
+async fn find_ranks(
+    plan: &hangar_plugin_api::wire::LaunchPlan,
+    process: &crate::supervisor::EngineProcess,
+) -> Result<Vec<RankInfo>, String> {
+    use crate::supervisor::ranks;
+    let deadline = std::time::Instant::now() + FIND_RANKS;
+    let mut found = Vec::new();
+    for rank in &plan.ranks {
+        let marker = rank.env_marker.as_deref().filter(|_| rank.local);
+        let mut pid = None;
+        if let Some(marker) = marker.filter(|_| cfg!(target_os = "linux")) {
+            loop {
+                let group = process.group();
+                let marker = marker.to_string();
+                pid = tokio::task::spawn_blocking(move || ranks::find(group, &marker))
+                    .await
+                    .ok()
+                    .flatten();
+                if pid.is_some() || std::time::Instant::now() >= deadline {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            if pid.is_none() {
+                return Err(format!(
+                    "rank {} on peer '{}' ({marker}) was not found running among the launcher's processes after rank 0 became ready; last output:\n{}",
+                    rank.rank,
+                    rank.peer,
+                    process.log.tail(20).join("\n")
+                ));
+            }
+        }
+        found.push(RankInfo {
+            rank: rank.rank,
+            peer: rank.peer.clone(),
+            local: rank.local,
+            pid,
+        });
+    }
+    Ok(found)
+}
+
+/// Resolves with the local ranks found dead (every one gone at that look:
+/// a launcher that saw one die may have stopped the others already); never,
+/// when no rank has a known pid.
+async fn ranks_died(ranks: &[RankInfo]) -> Vec<RankInfo> {
+    let watched: Vec<&RankInfo> = ranks.iter().filter(|r| r.pid.is_some()).collect();
+    if watched.is_empty() {
+        return std::future::pending().await;
+    }
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let dead: Vec<RankInfo> = watched
+            .iter()
+            .filter(|r| !crate::supervisor::ranks::alive(r.pid.expect("filtered")))
+            .map(|r| (*r).clone())
+            .collect();
+        if !dead.is_empty() {
+            return dead;
+        }
     }
 }
 

@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use hangar_plugin_api::wire::{LaunchPlan, LoadRequest};
+use hangar_plugin_api::wire::{
+    settings as names, Cluster, DistributedMode, LaunchPlan, LoadRequest,
+};
 
 use hangar_engine::loader::wasm::WasmPlugin;
 use hangar_engine::models::Model;
@@ -71,6 +73,9 @@ pub(super) fn plan(
     let plugin_settings = registry.config().plugin_settings(&chosen);
     let (effective, mut notes) = crate::settings::effective(&stored, entry, engine, &model.id);
     let effective: SettingMap = effective.into_iter().map(|(k, e)| (k, e.value)).collect();
+    let stored_model = stored.models.get(&model.id).cloned().unwrap_or_default();
+    let cluster =
+        cluster(registry.config(), &stored_model, &effective, &notes).map_err(plan_err)?;
     let request = LoadRequest {
         model_id: model.id.clone(),
         model_path: model.path.display().to_string(),
@@ -93,6 +98,7 @@ pub(super) fn plan(
         host: "127.0.0.1".into(),
         port,
         work_dir: work_dir.display().to_string(),
+        cluster,
     };
     let planned = |how| Planned {
         plugin: chosen.clone(),
@@ -100,6 +106,11 @@ pub(super) fn plan(
         accelerator: request.accelerator.clone(),
         how,
     };
+    if manifest.in_process && request.cluster.is_some() {
+        return Err(plan_err(
+            "an engine that runs inside a Hangar process cannot be spread over a cluster; remove the model's `distributed` and `cluster` settings or pick a launching engine".into(),
+        ));
+    }
     if manifest.in_process {
         match plugin_settings.get("isolation").and_then(|v| v.as_str()) {
             Some("none") => {
@@ -145,6 +156,7 @@ pub(super) fn plan(
             upstream_model: None,
             notes,
             files: [("load.json".to_string(), load)].into_iter().collect(),
+            ranks: Vec::new(),
         };
         return Ok(planned(How::Launch {
             plan: Box::new(plan),
@@ -153,6 +165,9 @@ pub(super) fn plan(
         }));
     }
     let mut plan = engine.plugin.plan_launch(&request).map_err(plan_err)?;
+    if let Some(cluster) = &request.cluster {
+        check_ranks(cluster, &plan).map_err(plan_err)?;
+    }
     plan.notes.splice(0..0, notes);
     // The host runs only programs the manifest declares: the probe's
     // resolved program, or a declared name found the same way.
@@ -189,4 +204,102 @@ pub(super) fn plan(
         program,
         mapper: engine.plugin.wasm().cloned(),
     }))
+}
+
+/// The cluster a model's settings ask for: `distributed` (the mode, which
+/// settings already gated on the engine's capability) and `cluster` (a
+/// `[clusters.NAME]` of config.toml) go together. A model whose operator
+/// asked for a cluster never quietly loads on one machine: a setting the
+/// engine cannot take is an error here, with the note that says why.
+fn cluster(
+    config: &hangar_engine::config::Config,
+    stored_model: &SettingMap,
+    effective: &SettingMap,
+    notes: &[String],
+) -> Result<Option<Cluster>, String> {
+    let set = |name: &str| effective.get(name).filter(|v| !v.is_null());
+    for name in [names::DISTRIBUTED, names::CLUSTER] {
+        if stored_model.get(name).is_some_and(|v| !v.is_null()) && set(name).is_none() {
+            let why = notes
+                .iter()
+                .find(|n| n.contains(&format!("'{name}'")))
+                .map_or_else(
+                    || "the engine declares no such setting".to_string(),
+                    Clone::clone,
+                );
+            return Err(format!(
+                "the model's setting '{name}' cannot be applied ({why}), and a model meant for a cluster is not loaded on one machine"
+            ));
+        }
+    }
+    let (mode, name) = match (set(names::DISTRIBUTED), set(names::CLUSTER)) {
+        (None, None) => return Ok(None),
+        (Some(mode), Some(name)) => (mode, name),
+        (Some(_), None) => {
+            return Err(format!(
+                "the model sets '{}' but no '{}'; name a [clusters.NAME] of config.toml",
+                names::DISTRIBUTED,
+                names::CLUSTER
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(format!(
+                "the model sets '{}' but no '{}'; set it to \"tensor\" or \"pipeline\"",
+                names::CLUSTER,
+                names::DISTRIBUTED
+            ))
+        }
+    };
+    let mode: DistributedMode = serde_json::from_value(mode.clone()).map_err(|_| {
+        format!(
+            "setting '{}' = {mode} is not a mode; use \"tensor\" or \"pipeline\"",
+            names::DISTRIBUTED
+        )
+    })?;
+    let name = name.as_str().ok_or_else(|| {
+        format!(
+            "setting '{}' = {name} must be a cluster's name (a string)",
+            names::CLUSTER
+        )
+    })?;
+    let Some(found) = config.clusters.get(name) else {
+        let known: Vec<&str> = config.clusters.keys().map(String::as_str).collect();
+        return Err(format!(
+            "setting '{}' names cluster '{name}', which config.toml does not define (defined: {}); add [clusters.{name}] with its peers",
+            names::CLUSTER,
+            if known.is_empty() { "none".to_string() } else { known.join(", ") }
+        ));
+    };
+    Ok(Some(found.to_wire(name, mode)))
+}
+
+/// A distributed plan must describe one rank per peer, in order, each on
+/// the peer the cluster puts it on: the host supervises what the plan
+/// says, so a plan that says something else is refused.
+fn check_ranks(cluster: &Cluster, plan: &LaunchPlan) -> Result<(), String> {
+    let expected: Vec<(u32, &str, bool)> = cluster
+        .peers
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (i as u32, p.name.as_str(), p.local))
+        .collect();
+    let found: Vec<(u32, &str, bool)> = plan
+        .ranks
+        .iter()
+        .map(|r| (r.rank, r.peer.as_str(), r.local))
+        .collect();
+    if found.is_empty() {
+        return Err(format!(
+            "the host refuses the launch plan: the model is set to run on cluster '{}', but the plugin planned one process with no ranks (it does not serve clusters); remove the model's `distributed` and `cluster` settings",
+            cluster.name
+        ));
+    }
+    if expected != found {
+        return Err(format!(
+            "the host refuses the launch plan: cluster '{}' has {} peers, but the plan describes ranks {found:?} instead of {expected:?}",
+            cluster.name,
+            cluster.peers.len()
+        ));
+    }
+    Ok(())
 }

@@ -53,6 +53,8 @@ pub(crate) struct Session {
     /// How the engine is checked and what it is doing (engine processes
     /// only).
     pub monitor: Option<Arc<Monitor>>,
+    /// The ranks of a distributed engine (empty: one process).
+    pub ranks: Vec<RankInfo>,
     pub(super) end_reason: OnceLock<String>,
     pub(super) in_flight: AtomicUsize,
     pub(super) served: AtomicU64,
@@ -129,8 +131,23 @@ impl Session {
             in_flight: self.in_flight.load(Ordering::SeqCst),
             requests_served: self.served.load(Ordering::Relaxed),
             notes: self.notes.clone(),
+            ranks: self.ranks.clone(),
         }
     }
+}
+
+/// One rank of a distributed session: where it runs and, on this machine,
+/// its pid.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct RankInfo {
+    /// The rank (0 serves HTTP).
+    pub rank: u32,
+    /// The cluster peer it runs on.
+    pub peer: String,
+    /// Whether that peer is this machine.
+    pub local: bool,
+    /// Its pid on this machine (local ranks, where `/proc` tells).
+    pub pid: Option<u32>,
 }
 
 /// How a session's requests reach its engine.
@@ -215,4 +232,7 @@ pub(crate) struct SessionInfo {
     pub requests_served: u64,
     /// Plan notes.
     pub notes: Vec<String>,
+    /// Where each rank of a distributed engine runs (absent: one process).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankInfo>,
 }

@@ -10,6 +10,7 @@ pub(crate) mod health;
 pub(crate) mod keeper;
 mod launch;
 mod log;
+pub(crate) mod ranks;
 pub(crate) mod rss;
 pub(crate) mod signal;
 
@@ -161,6 +162,11 @@ impl EngineProcess {
     /// it) holds in memory now, where `/proc` can tell.
     pub(crate) fn resident_bytes(&self) -> Option<u64> {
         rss::tree_rss(self.pgid as u32)
+    }
+
+    /// The process group every local process of the engine runs in.
+    pub(crate) fn group(&self) -> i32 {
+        self.pgid
     }
 
     /// The engine's pid, when known.

@@ -1,5 +1,6 @@
 //! Hangar's integration tests: one binary, one module per area.
 
+mod cluster;
 mod conformance;
 mod fallback;
 mod fixtures;

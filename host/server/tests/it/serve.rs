@@ -126,6 +126,16 @@ impl Server {
         (r.status().as_u16(), r.json().unwrap_or(Value::Null))
     }
 
+    pub fn put(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = reqwest::blocking::Client::new()
+            .put(format!("{}{path}", self.url))
+            .json(&body)
+            .timeout(Duration::from_secs(60))
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.json().unwrap_or(Value::Null))
+    }
+
     pub fn load(&self) -> Value {
         let (status, body) = self.post("/api/models/tiny/load", json!({}));
         assert_eq!(status, 200, "{body}");
