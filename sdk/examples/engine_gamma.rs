@@ -45,6 +45,7 @@ impl Plugin for Gamma {
             upstream_model: None,
             notes: vec![],
             files: Default::default(),
+            ranks: Vec::new(),
         })
     }
 }
