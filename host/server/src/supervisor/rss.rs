@@ -73,10 +73,12 @@ mod tests {
             .arg("5")
             .spawn()
             .unwrap();
+        // The child's own figure changes as it execs, so the two readings
+        // are not compared with each other: each must see memory.
         let (own, below) = super::tree_rss_parts(std::process::id()).unwrap();
         let (sleep, _) = super::tree_rss_parts(child.id()).unwrap();
         assert!(
-            own > 1024 * 1024 && below >= sleep && sleep > 0,
+            own > 1024 * 1024 && below > 0 && sleep > 0,
             "{own} {below} {sleep}"
         );
         child.kill().unwrap();
