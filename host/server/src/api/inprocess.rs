@@ -316,7 +316,8 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
-fn unique() -> String {
+/// A unique id suffix (seconds and a counter, in hex) for answers' ids.
+pub(super) fn unique() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     format!(

@@ -47,18 +47,35 @@ pub(super) async fn completions(
     counted(app, "/v1/completions", body).await
 }
 
-/// Hook (metrics): forwards the request and counts its answer by model
-/// (`-` until the model is known, so that unknown ids add no series),
-/// route and status.
 async fn counted(
     app: Arc<App>,
     path: &'static str,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let request = body.map_err(ApiError::from).and_then(|body| {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::bad_request(format!("the request body is not a JSON object: {e}"), None)
+        })
+    });
+    proxy(app, path, path, request).await
+}
+
+/// Hook (metrics): forwards an OpenAI `request` to the engine's `path`
+/// and counts its answer under `route` by model (`-` until the model is
+/// known, so that unknown ids add no series), route and status. Every
+/// route that reaches an engine comes through here (`/v1/messages` with its
+/// request translated), so that validation, admission, health waits and
+/// metrics are the same for all.
+pub(super) async fn proxy(
+    app: Arc<App>,
+    route: &'static str,
+    path: &'static str,
+    request: Result<Map<String, Value>, ApiError>,
+) -> Result<Response, ApiError> {
     let mut model = String::from("-");
-    let result = match body {
-        Ok(body) => forward(app.clone(), path, body, &mut model).await,
-        Err(e) => Err(e.into()),
+    let result = match request {
+        Ok(request) => forward(app.clone(), path, request, &mut model).await,
+        Err(e) => Err(e),
     };
     let status = match &result {
         Ok(r) => r.status(),
@@ -66,7 +83,7 @@ async fn counted(
     };
     app.sessions
         .metrics()
-        .request(&model, path, status.as_u16());
+        .request(&model, route, status.as_u16());
     result
 }
 
@@ -92,13 +109,10 @@ pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
 async fn forward(
     app: Arc<App>,
     path: &'static str,
-    body: Bytes,
+    mut request: Map<String, Value>,
     label: &mut String,
 ) -> Result<Response, ApiError> {
     let started = std::time::Instant::now();
-    let mut request: Map<String, Value> = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::bad_request(format!("the request body is not a JSON object: {e}"), None)
-    })?;
     let model_id = match request.get("model") {
         Some(Value::String(m)) if !m.is_empty() => m.clone(),
         _ => {

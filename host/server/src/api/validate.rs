@@ -107,6 +107,21 @@ pub(crate) fn number(value: Option<&Value>, name: &'static str) -> Result<Option
     Ok(value.as_f64())
 }
 
+/// A number in `min..=max` for a route whose range differs from OpenAI's
+/// (Anthropic's `temperature` is 0..=1), or `None` when absent.
+pub(crate) fn within(
+    value: Option<&Value>,
+    name: &'static str,
+    min: f64,
+    max: f64,
+) -> Result<Option<f64>, ApiError> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    apply(name, Rule::Number { min, max }, value)?;
+    Ok(value.as_f64())
+}
+
 /// The seed as 64 bits (a negative seed keeps its bit pattern), or `None`.
 pub(crate) fn seed(value: Option<&Value>) -> Result<Option<u64>, ApiError> {
     let Some(value) = value.filter(|v| !v.is_null()) else {
