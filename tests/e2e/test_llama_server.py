@@ -11,6 +11,7 @@ import os
 import openai
 import pytest
 
+from anthropic_checks import exercise
 from conftest import REPO, Server, _run, http
 
 MODEL = "tiny-gguf"
@@ -90,3 +91,7 @@ def test_a_model_folder_is_served_from_the_gguf_the_plugin_picks(llama):
     session = next(s for s in api(llama, "/api/sessions")[1]["sessions"] if s["model"] == "split")
     status, logs = api(llama, f"/api/sessions/{session['id']}/logs")
     assert any("weights.gguf" in line for line in logs["lines"]), logs["lines"][-20:]
+
+
+def test_anthropic_messages_on_llama_server(llama):
+    exercise(llama.url, MODEL)
