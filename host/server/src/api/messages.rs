@@ -58,6 +58,13 @@ const FIELDS: &[&str] = &[
 ];
 
 /// `POST /v1/messages`.
+#[utoipa::path(post, path = "/v1/messages", tag = "anthropic",
+    request_body(content = super::openapi::MessagesRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The message, whole or streamed", content((super::openapi::Message = "application/json"), (super::openapi::SseEvent = "text/event-stream"))),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::AnthropicError),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::AnthropicError)
+    ))]
 pub(super) async fn messages(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
@@ -169,12 +176,14 @@ pub(super) fn translate(body: &[u8]) -> Result<(Map<String, Value>, Ask), ApiErr
     }
     if let Some(metadata) = request.get("metadata").filter(|v| !v.is_null()) {
         match metadata.get("user_id") {
-            _ if !metadata.is_object() => return Err(ApiError::bad_request(
-                format!(
+            _ if !metadata.is_object() => {
+                return Err(ApiError::bad_request(
+                    format!(
                     "'metadata' must be an object such as {{\"user_id\": \"...\"}}, not {metadata}"
                 ),
-                Some("metadata"),
-            )),
+                    Some("metadata"),
+                ))
+            }
             None | Some(Value::Null) | Some(Value::String(_)) => {}
             Some(other) => {
                 return Err(ApiError::bad_request(

@@ -15,10 +15,11 @@
 //! | `GET/PUT /api/models/{id}/settings`, `GET /api/models/{id}/settings/schema` | one model's settings, and what its engine supports now |
 //! | `GET /api/sessions`, `GET /api/sessions/{id}/logs` | running engines and their output |
 //! | `GET /api/events` | loads, unloads, crashes, failures, hangs, fallbacks |
+//! | `GET /openapi.json` | this API as an OpenAPI 3.1 document |
 //! | `GET /metrics` | Prometheus (OpenMetrics) text: requests, tokens, token timings, events, states, memory |
 //!
 //! When the host was started with an API key, every route but `/health`
-//! needs `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`);
+//! and `/openapi.json` needs `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`);
 //! `/health` without it gives the status alone, not model ids, pids and
 //! ports.
 
@@ -28,6 +29,7 @@ pub(crate) mod listen;
 mod manage;
 mod messages;
 mod openai;
+mod openapi;
 mod settings;
 mod sse;
 mod upstream;
@@ -142,6 +144,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(manage::metrics))
         .layer(middleware::from_fn_with_state(app.clone(), authorize))
         .route("/health", get(manage::health))
+        .route("/openapi.json", get(openapi::openapi_json))
         .layer(DefaultBodyLimit::max(MAX_BODY_MIB * 1024 * 1024))
         .fallback(|| async { ApiError::not_found("no such route; see GET /v1/models and /api/*") })
         .method_not_allowed_fallback(|| async {

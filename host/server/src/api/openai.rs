@@ -32,6 +32,13 @@ use hangar_engine::loader::wasm::{Direction, WasmPlugin};
 use hangar_engine::models::Model;
 
 /// `POST /v1/chat/completions`.
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
+    request_body(content = super::openapi::ChatRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The answer, whole or streamed", content((super::openapi::ChatCompletion = "application/json"), (super::openapi::SseEvent = "text/event-stream"))),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+    ))]
 pub(super) async fn chat_completions(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
@@ -40,6 +47,13 @@ pub(super) async fn chat_completions(
 }
 
 /// `POST /v1/completions`.
+#[utoipa::path(post, path = "/v1/completions", tag = "openai",
+    request_body(content = super::openapi::CompletionRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The completion, whole or streamed", content((super::openapi::Completion = "application/json"), (super::openapi::SseEvent = "text/event-stream"))),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+    ))]
 pub(super) async fn completions(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
@@ -88,6 +102,12 @@ pub(super) async fn proxy(
 }
 
 /// `GET /v1/models`: every discovered model, in OpenAI's list shape.
+#[utoipa::path(get, path = "/v1/models", tag = "openai",
+    responses(
+        (status = 200, description = "OK", body = super::openapi::ModelList),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+    ))]
 pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
     let discovery = app.discovery();
     let data: Vec<Value> = discovery
@@ -135,6 +155,12 @@ async fn forward(
     label.clone_from(&model.id);
     // Hook (validation): every known field is checked before an engine sees it.
     super::validate::check(route, &request)?;
+    // A negative seed goes on as its 64-bit pattern, as in-process engines
+    // take it: mlx-lm's generation thread dies on a negative one (found by
+    // schemathesis).
+    if let Some(seed) = super::validate::seed(request.get("seed"))? {
+        request.insert("seed".into(), Value::from(seed));
+    }
     refuse_gated_fields(&app, &model, &request).await?;
     let (session, in_flight) = app.scheduler.admit(&model).await?;
     let (base_url, upstream_model, mapper) = match &session.backend {

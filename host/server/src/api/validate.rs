@@ -267,6 +267,16 @@ fn prompt(value: Option<&Value>) -> Result<(), ApiError> {
         v.as_array()
             .is_some_and(|t| !t.is_empty() && t.iter().all(Value::is_u64))
     };
+    // An empty prompt has no token to continue from: native-mlx refuses it,
+    // and mlx-lm's generation thread dies on it (found by schemathesis).
+    let empty = match value {
+        Some(Value::String(s)) => s.is_empty(),
+        Some(Value::Array(items)) => items.iter().any(|s| s.as_str() == Some("")),
+        _ => false,
+    };
+    if empty {
+        return bad("'prompt' is empty: give at least one character of text to continue".into());
+    }
     match value {
         Some(Value::String(_)) => Ok(()),
         Some(Value::Array(items))
@@ -457,6 +467,10 @@ mod tests {
         assert_eq!(verdict(json!(["a", "b"])), "ok");
         expect![[r#"'prompt' must be a string, a list of strings or a list of token ids, not 5"#]]
             .assert_eq(&verdict(json!(5)));
+        expect!["'prompt' is empty: give at least one character of text to continue"]
+            .assert_eq(&verdict(json!("")));
+        expect!["'prompt' is empty: give at least one character of text to continue"]
+            .assert_eq(&verdict(json!(["a", ""])));
         expect![[
             r#"'prompt' must be a string, a list of strings or a list of token ids, not ["a",1]"#
         ]]
