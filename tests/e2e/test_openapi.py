@@ -49,7 +49,7 @@ def test_schemathesis_finds_no_5xx_and_no_mismatch(env, tmp_path):
                 "--request-timeout", "60", "--generation-database", "none", "--no-color",
                 "--report", "junit", "--report-dir", str(tmp_path / "report"),
             ],
-            cwd=HERE,
+            cwd=tmp_path,  # schemathesis keeps a cache in its working dir
             env={**os.environ, "PYTHONPATH": HERE, "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
                  "HANGAR_FUZZ_MODEL": "tiny-llama"},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
