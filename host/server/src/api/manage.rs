@@ -19,8 +19,8 @@ use hangar_engine::models::Discovery;
 /// the pinned models, every model's state and every session.
 #[utoipa::path(get, path = "/health", tag = "meta",
     responses(
-        (status = 200, description = "Healthy: every pinned model is ready", body = super::openapi::Health),
-        (status = 503, description = "Loading: a pinned model is not ready yet", body = super::openapi::Health)
+        (status = 200, description = "Healthy: every pinned model is ready", body = super::schema::Health),
+        (status = 503, description = "Loading: a pinned model is not ready yet", body = super::schema::Health)
     ))]
 pub(super) async fn health(
     State(app): State<Arc<App>>,
@@ -72,9 +72,9 @@ fn model_states(app: &App) -> Value {
 /// `GET /api/plugins`.
 #[utoipa::path(get, path = "/api/plugins", tag = "manage",
     responses(
-        (status = 200, description = "Every plugin, as `hangar plugins --json`", body = super::openapi::Plugins),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+        (status = 200, description = "Every plugin, as `hangar plugins --json`", body = super::schema::Plugins),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn plugins(State(app): State<Arc<App>>) -> Json<Value> {
     let registry = app.sessions.registry().clone();
@@ -96,9 +96,9 @@ pub(super) struct ResolveQuery {
 #[utoipa::path(get, path = "/api/resolve", tag = "manage",
     params(("model" = String, Query, description = "A model id or a format")),
     responses(
-        (status = 200, description = "The resolution trace", body = super::openapi::Resolved),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+        (status = 200, description = "The resolution trace", body = super::schema::Resolved),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn resolve(
     State(app): State<Arc<App>>,
@@ -137,9 +137,9 @@ pub(super) async fn resolve(
 /// `GET /api/models`.
 #[utoipa::path(get, path = "/api/models", tag = "manage",
     responses(
-        (status = 200, description = "OK", body = super::openapi::Models),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+        (status = 200, description = "OK", body = super::schema::Models),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
     models_view(&app, &app.discovery())
@@ -148,9 +148,9 @@ pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
 /// `POST /api/models/rescan`.
 #[utoipa::path(post, path = "/api/models/rescan", tag = "manage",
     responses(
-        (status = 200, description = "OK", body = super::openapi::Models),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+        (status = 200, description = "OK", body = super::schema::Models),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn rescan(State(app): State<Arc<App>>) -> Json<Value> {
     let discovery = app.catalog.rescan().await;
@@ -185,9 +185,9 @@ fn models_view(app: &App, discovery: &Discovery) -> Json<Value> {
 #[utoipa::path(post, path = "/api/models/{id}/load", tag = "manage",
     params(("id" = String, Path, description = "The model id (`/` as %2F)")),
     responses(
-        (status = 200, description = "OK", body = super::openapi::Loaded),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+        (status = 200, description = "OK", body = super::schema::Loaded),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn load(
     State(app): State<Arc<App>>,
@@ -202,9 +202,9 @@ pub(super) async fn load(
 #[utoipa::path(post, path = "/api/models/{id}/unload", tag = "manage",
     params(("id" = String, Path, description = "The model id (`/` as %2F)")),
     responses(
-        (status = 200, description = "OK", body = super::openapi::Unloaded),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+        (status = 200, description = "OK", body = super::schema::Unloaded),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn unload(
     State(app): State<Arc<App>>,
@@ -222,9 +222,9 @@ pub(super) async fn unload(
 /// `GET /api/sessions`.
 #[utoipa::path(get, path = "/api/sessions", tag = "manage",
     responses(
-        (status = 200, description = "OK", body = super::openapi::SessionList),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+        (status = 200, description = "OK", body = super::schema::SessionList),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn sessions(State(app): State<Arc<App>>) -> Json<Value> {
     let sessions: Vec<_> = app.sessions.list().iter().map(|s| s.info()).collect();
@@ -239,9 +239,9 @@ pub(super) async fn sessions(State(app): State<Arc<App>>) -> Json<Value> {
 #[utoipa::path(get, path = "/api/sessions/{id}/logs", tag = "manage",
     params(("id" = String, Path, description = "A session id")),
     responses(
-        (status = 200, description = "OK", body = super::openapi::Logs),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+        (status = 200, description = "OK", body = super::schema::Logs),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn logs(
     State(app): State<Arc<App>>,
@@ -267,9 +267,9 @@ pub(super) async fn logs(
 /// `GET /api/events`.
 #[utoipa::path(get, path = "/api/events", tag = "manage",
     responses(
-        (status = 200, description = "OK", body = super::openapi::Events),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+        (status = 200, description = "OK", body = super::schema::Events),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn events(State(app): State<Arc<App>>) -> Json<Value> {
     Json(json!({ "events": app.sessions.events() }))
@@ -279,8 +279,8 @@ pub(super) async fn events(State(app): State<Arc<App>>) -> Json<Value> {
 #[utoipa::path(get, path = "/metrics", tag = "manage",
     responses(
         (status = 200, description = "Prometheus (OpenMetrics) text", body = String, content_type = "application/openmetrics-text"),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn metrics(State(app): State<Arc<App>>) -> axum::response::Response {
     use axum::response::IntoResponse;

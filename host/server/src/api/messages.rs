@@ -59,11 +59,11 @@ const FIELDS: &[&str] = &[
 
 /// `POST /v1/messages`.
 #[utoipa::path(post, path = "/v1/messages", tag = "anthropic",
-    request_body(content = super::openapi::MessagesRequest, content_type = "application/json"),
+    request_body(content = super::schema::MessagesRequest, content_type = "application/json"),
     responses(
-        (status = 200, description = "The message, whole or streamed", content((super::openapi::Message = "application/json"), (super::openapi::SseEvent = "text/event-stream"))),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::AnthropicError),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::AnthropicError)
+        (status = 200, description = "The message, whole or streamed", content((super::schema::Message = "application/json"), (super::schema::SseEvent = "text/event-stream"))),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::AnthropicError),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::AnthropicError)
     ))]
 pub(super) async fn messages(
     State(app): State<Arc<App>>,

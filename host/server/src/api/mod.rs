@@ -30,6 +30,7 @@ mod manage;
 mod messages;
 mod openai;
 mod openapi;
+mod schema;
 mod settings;
 mod sse;
 mod upstream;

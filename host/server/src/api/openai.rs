@@ -33,11 +33,11 @@ use hangar_engine::models::Model;
 
 /// `POST /v1/chat/completions`.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
-    request_body(content = super::openapi::ChatRequest, content_type = "application/json"),
+    request_body(content = super::schema::ChatRequest, content_type = "application/json"),
     responses(
-        (status = 200, description = "The answer, whole or streamed", content((super::openapi::ChatCompletion = "application/json"), (super::openapi::SseEvent = "text/event-stream"))),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+        (status = 200, description = "The answer, whole or streamed", content((super::schema::ChatCompletion = "application/json"), (super::schema::SseEvent = "text/event-stream"))),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn chat_completions(
     State(app): State<Arc<App>>,
@@ -48,11 +48,11 @@ pub(super) async fn chat_completions(
 
 /// `POST /v1/completions`.
 #[utoipa::path(post, path = "/v1/completions", tag = "openai",
-    request_body(content = super::openapi::CompletionRequest, content_type = "application/json"),
+    request_body(content = super::schema::CompletionRequest, content_type = "application/json"),
     responses(
-        (status = 200, description = "The completion, whole or streamed", content((super::openapi::Completion = "application/json"), (super::openapi::SseEvent = "text/event-stream"))),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+        (status = 200, description = "The completion, whole or streamed", content((super::schema::Completion = "application/json"), (super::schema::SseEvent = "text/event-stream"))),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn completions(
     State(app): State<Arc<App>>,
@@ -104,9 +104,9 @@ pub(super) async fn proxy(
 /// `GET /v1/models`: every discovered model, in OpenAI's list shape.
 #[utoipa::path(get, path = "/v1/models", tag = "openai",
     responses(
-        (status = 200, description = "OK", body = super::openapi::ModelList),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+        (status = 200, description = "OK", body = super::schema::ModelList),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
     let discovery = app.discovery();

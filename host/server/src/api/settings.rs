@@ -23,8 +23,8 @@ use hangar_engine::registry::{Engine, PluginEntry, Registry};
 #[utoipa::path(get, path = "/api/settings", tag = "settings",
     responses(
         (status = 200, description = "App defaults, default engines, engine settings", body = Object),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn get_app(State(app): State<Arc<App>>) -> Json<Value> {
     let stored = app.sessions.settings().get();
@@ -41,8 +41,8 @@ pub(super) async fn get_app(State(app): State<Arc<App>>) -> Json<Value> {
     request_body(content = Object, content_type = "application/json"),
     responses(
         (status = 200, description = "The settings as stored", body = Object),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn put_app(
     State(app): State<Arc<App>>,
@@ -77,8 +77,8 @@ pub(super) async fn put_app(
     params(("id" = String, Path, description = "The model id (`/` as %2F)")),
     responses(
         (status = 200, description = "The model's settings", body = Object),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn get_model(
     State(app): State<Arc<App>>,
@@ -95,8 +95,8 @@ pub(super) async fn get_model(
     request_body(content = Object, content_type = "application/json"),
     responses(
         (status = 200, description = "The model's settings as stored", body = Object),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn put_model(
     State(app): State<Arc<App>>,
@@ -137,8 +137,8 @@ pub(super) async fn put_model(
     params(("id" = String, Path, description = "The model id (`/` as %2F)")),
     responses(
         (status = 200, description = "The settings the resolved engine supports now, and those it does not with why", body = Object),
-        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::openapi::Error),
-        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::openapi::Error)
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn schema(
     State(app): State<Arc<App>>,
