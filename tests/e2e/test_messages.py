@@ -16,6 +16,11 @@ LLAMA = "tiny-llama"
 
 def test_messages_streaming_and_not_on_mlx_lm(server):
     exercise(server.url, LLAMA)
+    # Counted like the OpenAI routes, under their own route.
+    status, text = http(server.url + "/metrics")
+    assert status == 200
+    line = f'hangar_requests_total{{model="{LLAMA}",route="/v1/messages",status="200"}}'
+    assert line in text, [l for l in text.splitlines() if "requests_total" in l]
 
 
 def error_of(call) -> tuple[int, dict]:
