@@ -6,6 +6,7 @@ mod fixtures;
 mod hardening;
 mod health;
 mod inprocess;
+mod messages;
 mod package;
 mod plugin_cmd;
 mod registry;
