@@ -155,6 +155,7 @@ async fn forward(
     label.clone_from(&model.id);
     // Hook (validation): every known field is checked before an engine sees it.
     super::validate::check(route, &request)?;
+    super::validate::top_k_within_vocabulary(&model, &request)?;
     // A negative seed goes on as its 64-bit pattern, as in-process engines
     // take it: mlx-lm's generation thread dies on a negative one (found by
     // schemathesis).

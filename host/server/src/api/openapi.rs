@@ -38,9 +38,53 @@ clients, management routes for operators. When the host was started with an API 
         super::manage::logs,
         super::manage::events,
         super::manage::metrics,
-    )
+    ),
+    modifiers(&Keys)
 )]
 pub(super) struct Document;
+
+/// The routes anyone may call when the host has an API key.
+const OPEN: &[&str] = &["/health", "/openapi.json"];
+
+/// The API key, as `Authorization: Bearer KEY` or `x-api-key: KEY`: needed
+/// by every route but [`OPEN`] when the host was started with one.
+struct Keys;
+
+impl utoipa::Modify for Keys {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{
+            ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+        };
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        components.add_security_scheme(
+            "x-api-key",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("x-api-key"))),
+        );
+        let key = |name: &str| SecurityRequirement::new::<_, [&str; 0], &str>(name, []);
+        for (path, item) in doc.paths.paths.iter_mut() {
+            let mut either = vec![key("bearer"), key("x-api-key")];
+            if OPEN.contains(&path.as_str()) {
+                either.insert(0, SecurityRequirement::default()); // none needed
+            }
+            for operation in [
+                &mut item.get,
+                &mut item.post,
+                &mut item.put,
+                &mut item.delete,
+                &mut item.patch,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                operation.security = Some(either.clone());
+            }
+        }
+    }
+}
 
 /// `GET /openapi.json`.
 #[utoipa::path(get, path = "/openapi.json", tag = "meta",

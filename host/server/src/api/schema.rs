@@ -231,7 +231,7 @@ pub(super) struct MessagesRequest {
     max_tokens: u64,
     /// A string or a list of text blocks.
     system: Option<TextOrBlocks>,
-    stop_sequences: Option<Vec<String>>,
+    stop_sequences: Option<Vec<StopSequence>>,
     stream: Option<bool>,
     #[schema(minimum = 0.0, maximum = 1.0)]
     temperature: Option<f64>,
@@ -270,11 +270,22 @@ pub(super) enum TextOrBlocks {
 
 #[derive(Serialize, ToSchema)]
 pub(super) struct TextBlock {
-    /// Always `text`.
     #[serde(rename = "type")]
-    kind: String,
+    kind: BlockType,
     text: String,
 }
+
+/// The one block type served.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum BlockType {
+    Text,
+}
+
+/// A stop sequence: not empty (at least one character of any kind).
+#[derive(Serialize, ToSchema)]
+#[schema(pattern = r"[\s\S]")]
+pub(super) struct StopSequence(String);
 
 /// A whole message (a stream is `text/event-stream` of `message_start`,
 /// `content_block_start`, `content_block_delta`, `content_block_stop`,

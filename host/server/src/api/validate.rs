@@ -87,6 +87,42 @@ pub(crate) fn check(route: Route, request: &Map<String, Value>) -> Result<(), Ap
     Ok(())
 }
 
+/// Refuses a `top_k` as large as the model's vocabulary or larger (`vocab_size` in its
+/// `config.json`, for models that have one): mlx-lm's generation thread dies
+/// on it (found by schemathesis), and no answer would differ from `0`, off.
+pub(crate) fn top_k_within_vocabulary(
+    model: &hangar_engine::models::Model,
+    request: &Map<String, Value>,
+) -> Result<(), ApiError> {
+    let Some(k) = request
+        .get("top_k")
+        .and_then(Value::as_u64)
+        .filter(|k| *k > 0)
+    else {
+        return Ok(());
+    };
+    let Ok(text) = std::fs::read(model.path.join("config.json")) else {
+        return Ok(()); // a single-file model, or a folder without one
+    };
+    let config: Value = serde_json::from_slice(&text).unwrap_or(Value::Null);
+    let vocabulary = config
+        .get("vocab_size")
+        .or_else(|| config.pointer("/text_config/vocab_size"))
+        .and_then(Value::as_u64);
+    match vocabulary {
+        // Keeping all `v` tokens is no top-k at all, and kills mlx-lm too.
+        Some(v) if k >= v => Err(ApiError::bad_request(
+            format!(
+                "'top_k' is {k}, not less than the {v} tokens of model '{}'; use at most {}, or 0 for no top-k",
+                model.id,
+                v - 1
+            ),
+            Some("top_k"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// A token count (`max_tokens`, `top_k`), or `None` when absent.
 pub(crate) fn count(value: Option<&Value>, name: &'static str) -> Result<Option<u32>, ApiError> {
     let Some(value) = value.filter(|v| !v.is_null()) else {
