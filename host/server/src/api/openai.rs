@@ -248,6 +248,19 @@ async fn forward(
             }
             Ok((status, Json(value)).into_response())
         }
+        // An engine whose context filled (llama-server, given several
+        // prompts and no max_tokens, answers 500): the request asked for
+        // more than fits, the client's to change (found by schemathesis).
+        Ok(value) if status.is_server_error() && context_exceeded(&value) => Err(ApiError {
+            code: "context_length_exceeded",
+            ..ApiError::bad_request(
+                format!(
+                    "model '{model_id}': the engine's context filled before the answer ended ({}); send a shorter prompt or a lower 'max_tokens'",
+                    value["error"]["message"].as_str().unwrap_or_default()
+                ),
+                Some("max_tokens"),
+            )
+        }),
         // The engine's own error, passed on when it is in OpenAI's shape.
         Ok(value) if value.get("error").is_some_and(Value::is_object) => {
             Ok((status, Json(value)).into_response())
@@ -264,6 +277,16 @@ async fn forward(
             Err(e)
         }
     }
+}
+
+/// Whether an engine's error says its context is exceeded.
+fn context_exceeded(value: &Value) -> bool {
+    let message = value
+        .pointer("/error/message")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    message.contains("context") && message.contains("exceed")
 }
 
 /// Runs a WebAssembly plugin's `map_request` or `map_response` on `body`

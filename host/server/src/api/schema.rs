@@ -29,7 +29,16 @@ pub(super) struct ErrorDetail {
     kind: String,
     /// The request field concerned.
     param: Option<String>,
-    code: Option<String>,
+    code: Option<ErrorCode>,
+}
+
+/// The host's codes are strings; an engine's own error passes on as the
+/// engine sent it (llama-server's `code` is the HTTP status, a number).
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum ErrorCode {
+    Text(String),
+    Number(i64),
 }
 
 /// An error, in Anthropic's shape (`/v1/messages`).
