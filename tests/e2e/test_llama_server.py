@@ -11,6 +11,7 @@ import os
 import openai
 import pytest
 
+from anthropic_checks import exercise
 from conftest import REPO, Server, _run, http
 
 MODEL = "tiny-gguf"
@@ -90,3 +91,15 @@ def test_a_model_folder_is_served_from_the_gguf_the_plugin_picks(llama):
     session = next(s for s in api(llama, "/api/sessions")[1]["sessions"] if s["model"] == "split")
     status, logs = api(llama, f"/api/sessions/{session['id']}/logs")
     assert any("weights.gguf" in line for line in logs["lines"]), logs["lines"][-20:]
+
+
+def test_anthropic_messages_on_llama_server(llama):
+    exercise(llama.url, MODEL)
+
+
+def test_a_context_that_fills_is_the_clients_400_not_a_500(llama):
+    # Found by schemathesis: several prompts and no max_tokens fill
+    # llama-server's context, and it answers 500.
+    status, body = api(llama, "/v1/completions", "POST", {"model": MODEL, "prompt": ["a b", "c d"]})
+    assert status == 400, body
+    assert body["error"]["code"] == "context_length_exceeded" and body["error"]["param"] == "max_tokens", body

@@ -14,6 +14,7 @@ import time
 import openai
 import pytest
 
+from anthropic_checks import exercise
 from conftest import Server, http, pid_is_gone, proc_start_time, wait_until
 
 LLAMA, QWEN = "tiny-llama", "tiny-qwen"
@@ -105,3 +106,7 @@ def test_a_crashed_worker_is_cleaned_up_like_any_engine(native):
     r = client.chat.completions.create(model=LLAMA, messages=MESSAGES, max_tokens=2)
     assert r.usage.completion_tokens == 2
     assert session_of(native, LLAMA)["pid"] != pid
+
+
+def test_anthropic_messages_on_native_mlx(native):
+    exercise(native.url, LLAMA)

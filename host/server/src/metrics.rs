@@ -3,7 +3,7 @@
 //!
 //! | metric | labels | what |
 //! |---|---|---|
-//! | `hangar_requests_total` | model, route, status | OpenAI requests answered |
+//! | `hangar_requests_total` | model, route, status | OpenAI and Anthropic (`/v1/messages`) requests answered |
 //! | `hangar_tokens_total` | model, kind (`prompt`, `completion`) | tokens, from the engine's usage (else counted stream events) |
 //! | `hangar_time_to_first_token_seconds` | model | from a streamed request's arrival to its first token |
 //! | `hangar_inter_token_seconds` | model | between a stream's tokens |

@@ -31,16 +31,22 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
 }
 
 /// `GET /admin`.
+#[utoipa::path(get, path = "/admin", tag = "admin",
+    responses((status = 200, description = "The admin page (public: it holds no data)", content_type = "text/html", body = String)))]
 pub(super) async fn page() -> Response {
     asset("text/html; charset=utf-8", PAGE)
 }
 
 /// `GET /admin/app.js`.
+#[utoipa::path(get, path = "/admin/app.js", tag = "admin",
+    responses((status = 200, description = "The admin page's script (public: it holds no data)", content_type = "text/javascript", body = String)))]
 pub(super) async fn script() -> Response {
     asset("text/javascript; charset=utf-8", SCRIPT)
 }
 
 /// `GET /admin/style.css`.
+#[utoipa::path(get, path = "/admin/style.css", tag = "admin",
+    responses((status = 200, description = "The admin page's style sheet (public: it holds no data)", content_type = "text/css", body = String)))]
 pub(super) async fn style() -> Response {
     asset("text/css; charset=utf-8", STYLE)
 }

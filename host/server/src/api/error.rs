@@ -92,7 +92,7 @@ impl ApiError {
             StatusCode::UNAUTHORIZED,
             "authentication_error",
             "invalid_api_key",
-            "missing or wrong API key; send 'Authorization: Bearer <key>' with the key hangar serve was started with".into(),
+            "missing or wrong API key; send 'Authorization: Bearer <key>' (or 'x-api-key: <key>') with the key hangar serve was started with".into(),
         )
     }
 

@@ -120,9 +120,7 @@ impl Served {
                     None => break Err("the engine stopped without an answer".into()),
                 }
             };
-            let outcome = outcome.map_err(|e| {
-                ApiError::engine(format!("engine for model '{}' failed: {e}", self.model_id))
-            })?;
+            let outcome = outcome.map_err(|e| engine_failure(&self.model_id, e))?;
             return Ok((StatusCode::OK, Json(shape.whole(&text, &outcome))).into_response());
         }
         let (out_tx, out_rx) = mpsc::channel::<Bytes>(64);
@@ -147,10 +145,7 @@ impl Served {
                         return;
                     }
                     Some(Piece::Done(Err(e))) => {
-                        let error = ApiError::engine(format!(
-                            "engine for model '{}' failed: {e}",
-                            shape.model
-                        ));
+                        let error = engine_failure(&shape.model, e);
                         let _ = out_tx.send(send(error.body())).await;
                         return;
                     }
@@ -228,6 +223,19 @@ impl Served {
             seed: validate::seed(field(&["seed"]))?,
             stop: validate::stop(request.get("stop"))?,
         })
+    }
+}
+
+/// An engine's failure to answer: one it reports as `invalid request: ...`
+/// (how in-process engines say the request, not the engine, is at fault:
+/// an empty prompt, for one) is the client's 400; anything else a 502.
+fn engine_failure(model: &str, error: String) -> ApiError {
+    match error.strip_prefix("invalid request: ") {
+        Some(why) => ApiError::bad_request(
+            format!("model '{model}' cannot serve this request: {why}"),
+            None,
+        ),
+        None => ApiError::engine(format!("engine for model '{model}' failed: {error}")),
     }
 }
 
@@ -316,7 +324,8 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
-fn unique() -> String {
+/// A unique id suffix (seconds and a counter, in hex) for answers' ids.
+pub(super) fn unique() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     format!(

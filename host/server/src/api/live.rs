@@ -21,6 +21,11 @@ use super::{ApiError, App, PathId};
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// `GET /api/events/stream`: one `data:` JSON event per recorded event.
+#[utoipa::path(get, path = "/api/events/stream", tag = "manage",
+    responses(
+        (status = 200, description = "The events kept so far, then each new one, as server-sent events (`event: lagged` with the count a slow reader missed)", content_type = "text/event-stream", body = String),
+        (status = "4XX", description = "The request cannot be served as sent", body = super::schema::Error)
+    ))]
 pub(super) async fn events(
     State(app): State<Arc<App>>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
@@ -29,6 +34,12 @@ pub(super) async fn events(
 }
 
 /// `GET /api/sessions/{id}/logs/stream`: one `data:` JSON string per line.
+#[utoipa::path(get, path = "/api/sessions/{id}/logs/stream", tag = "manage",
+    params(("id" = String, Path, description = "A session id")),
+    responses(
+        (status = 200, description = "The session's output kept so far, then each new line, as server-sent events; ends with the session", content_type = "text/event-stream", body = String),
+        (status = "4XX", description = "The request cannot be served as sent (no such session)", body = super::schema::Error)
+    ))]
 pub(super) async fn logs(
     State(app): State<Arc<App>>,
     PathId(id): PathId,

@@ -17,6 +17,11 @@ use hangar_engine::models::Discovery;
 /// 200 `healthy` (`loading` while any other model loads). The status for
 /// anyone; with the API key (or without a key set), also what is loading,
 /// the pinned models, every model's state and every session.
+#[utoipa::path(get, path = "/health", tag = "meta",
+    responses(
+        (status = 200, description = "Healthy: every pinned model is ready", body = super::schema::Health),
+        (status = 503, description = "Loading: a pinned model is not ready yet", body = super::schema::Health)
+    ))]
 pub(super) async fn health(
     State(app): State<Arc<App>>,
     headers: axum::http::HeaderMap,
@@ -65,6 +70,12 @@ fn model_states(app: &App) -> Value {
 }
 
 /// `GET /api/plugins`.
+#[utoipa::path(get, path = "/api/plugins", tag = "manage",
+    responses(
+        (status = 200, description = "Every plugin, as `hangar plugins --json`", body = super::schema::Plugins),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
+    ))]
 pub(super) async fn plugins(State(app): State<Arc<App>>) -> Json<Value> {
     let registry = app.sessions.registry().clone();
     let report = tokio::task::spawn_blocking(move || {
@@ -82,6 +93,13 @@ pub(super) struct ResolveQuery {
 }
 
 /// `GET /api/resolve?model=ID_OR_FORMAT`.
+#[utoipa::path(get, path = "/api/resolve", tag = "manage",
+    params(("model" = String, Query, description = "A model id or a format")),
+    responses(
+        (status = 200, description = "The resolution trace", body = super::schema::Resolved),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
+    ))]
 pub(super) async fn resolve(
     State(app): State<Arc<App>>,
     query: Result<Query<ResolveQuery>, axum::extract::rejection::QueryRejection>,
@@ -117,11 +135,23 @@ pub(super) async fn resolve(
 }
 
 /// `GET /api/models`.
+#[utoipa::path(get, path = "/api/models", tag = "manage",
+    responses(
+        (status = 200, description = "OK", body = super::schema::Models),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
+    ))]
 pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
     models_view(&app, &app.discovery())
 }
 
 /// `POST /api/models/rescan`.
+#[utoipa::path(post, path = "/api/models/rescan", tag = "manage",
+    responses(
+        (status = 200, description = "OK", body = super::schema::Models),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
+    ))]
 pub(super) async fn rescan(State(app): State<Arc<App>>) -> Json<Value> {
     let discovery = app.catalog.rescan().await;
     models_view(&app, &discovery)
@@ -152,6 +182,13 @@ fn models_view(app: &App, discovery: &Discovery) -> Json<Value> {
 }
 
 /// `POST /api/models/{id}/load`.
+#[utoipa::path(post, path = "/api/models/{id}/load", tag = "manage",
+    params(("id" = String, Path, description = "The model id (`/` as %2F)")),
+    responses(
+        (status = 200, description = "OK", body = super::schema::Loaded),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
+    ))]
 pub(super) async fn load(
     State(app): State<Arc<App>>,
     PathId(id): PathId,
@@ -162,6 +199,13 @@ pub(super) async fn load(
 }
 
 /// `POST /api/models/{id}/unload`.
+#[utoipa::path(post, path = "/api/models/{id}/unload", tag = "manage",
+    params(("id" = String, Path, description = "The model id (`/` as %2F)")),
+    responses(
+        (status = 200, description = "OK", body = super::schema::Unloaded),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
+    ))]
 pub(super) async fn unload(
     State(app): State<Arc<App>>,
     PathId(id): PathId,
@@ -176,6 +220,12 @@ pub(super) async fn unload(
 }
 
 /// `GET /api/sessions`.
+#[utoipa::path(get, path = "/api/sessions", tag = "manage",
+    responses(
+        (status = 200, description = "OK", body = super::schema::SessionList),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
+    ))]
 pub(super) async fn sessions(State(app): State<Arc<App>>) -> Json<Value> {
     let sessions: Vec<_> = app.sessions.list().iter().map(|s| s.info()).collect();
     Json(json!({
@@ -186,6 +236,13 @@ pub(super) async fn sessions(State(app): State<Arc<App>>) -> Json<Value> {
 }
 
 /// `GET /api/sessions/{id}/logs`.
+#[utoipa::path(get, path = "/api/sessions/{id}/logs", tag = "manage",
+    params(("id" = String, Path, description = "A session id")),
+    responses(
+        (status = 200, description = "OK", body = super::schema::Logs),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
+    ))]
 pub(super) async fn logs(
     State(app): State<Arc<App>>,
     PathId(id): PathId,
@@ -208,11 +265,23 @@ pub(super) async fn logs(
 }
 
 /// `GET /api/events`.
+#[utoipa::path(get, path = "/api/events", tag = "manage",
+    responses(
+        (status = 200, description = "OK", body = super::schema::Events),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
+    ))]
 pub(super) async fn events(State(app): State<Arc<App>>) -> Json<Value> {
     Json(json!({ "events": app.sessions.events() }))
 }
 
 /// `GET /metrics`.
+#[utoipa::path(get, path = "/metrics", tag = "manage",
+    responses(
+        (status = 200, description = "Prometheus (OpenMetrics) text", body = String, content_type = "application/openmetrics-text"),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
+    ))]
 pub(super) async fn metrics(State(app): State<Arc<App>>) -> axum::response::Response {
     use axum::response::IntoResponse;
     let text = tokio::task::spawn_blocking(move || {

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `GET /health` | `healthy` (200) or `loading` (503 until every pinned model is ready), with the sessions |
 //! | `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` | OpenAI-compatible |
+//! | `POST /v1/messages` | Anthropic's Messages API, translated to the engine's chat API |
 //! | `GET /api/plugins` | every plugin, as `hangar plugins --json` |
 //! | `GET /api/resolve?model=ID_OR_FORMAT` | the resolution trace |
 //! | `GET /api/models` | discovered models, their state, and folders that are not models |
@@ -16,11 +17,13 @@
 //! | `GET /api/events` | loads, unloads, crashes, failures, hangs, fallbacks |
 //! | `GET /api/events/stream`, `GET /api/sessions/{id}/logs/stream` | the same, live (server-sent events) |
 //! | `GET /admin` | the operator's page (public; its calls need the key) |
+//! | `GET /openapi.json` | this API as an OpenAPI 3.1 document |
 //! | `GET /metrics` | Prometheus (OpenMetrics) text: requests, tokens, token timings, events, states, memory |
 //!
-//! When the host was started with an API key, every route but `/health`
-//! needs `Authorization: Bearer KEY`; `/health` without it gives the status
-//! alone, not model ids, pids and ports.
+//! When the host was started with an API key, every route but `/health`,
+//! `/openapi.json` and the `/admin` page's files needs `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`);
+//! `/health` without it gives the status alone, not model ids, pids and
+//! ports.
 
 mod admin;
 mod error;
@@ -28,7 +31,10 @@ pub(crate) mod inprocess;
 pub(crate) mod listen;
 mod live;
 mod manage;
+mod messages;
 mod openai;
+mod openapi;
+mod schema;
 mod settings;
 mod sse;
 mod upstream;
@@ -121,6 +127,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/models", get(openai::models))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/messages", post(messages::messages))
         .route("/api/plugins", get(manage::plugins))
         .route("/api/resolve", get(manage::resolve))
         .route("/api/models", get(manage::models))
@@ -147,6 +154,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/admin", get(admin::page))
         .route("/admin/app.js", get(admin::script))
         .route("/admin/style.css", get(admin::style))
+        .route("/openapi.json", get(openapi::openapi_json))
         .layer(DefaultBodyLimit::max(MAX_BODY_MIB * 1024 * 1024))
         .fallback(|| async { ApiError::not_found("no such route; see GET /v1/models and /api/*") })
         .method_not_allowed_fallback(|| async {
@@ -171,6 +179,10 @@ async fn authorize(
     next: Next,
 ) -> Result<Response, ApiError> {
     if !app.authorized(request.headers()) {
+        // Anthropic's clients read errors in Anthropic's shape.
+        if request.uri().path() == "/v1/messages" {
+            return Ok(messages::error_response(&ApiError::unauthorized()));
+        }
         return Err(ApiError::unauthorized());
     }
     Ok(next.run(request).await)
@@ -182,12 +194,19 @@ impl App {
         let Some(key) = &self.api_key else {
             return true;
         };
-        let sent = headers
+        let bearer = headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.split_once(' '))
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
             .map(|(_, token)| token.trim());
+        // Anthropic's clients send the key as `x-api-key`.
+        let sent = bearer.or_else(|| {
+            headers
+                .get("x-api-key")
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+        });
         // Constant-time, so the comparison leaks nothing about the key.
         sent.is_some_and(|t| bool::from(t.as_bytes().ct_eq(key.as_bytes())))
     }

@@ -32,6 +32,13 @@ use hangar_engine::loader::wasm::{Direction, WasmPlugin};
 use hangar_engine::models::Model;
 
 /// `POST /v1/chat/completions`.
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
+    request_body(content = super::schema::ChatRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The answer, whole or streamed", content((super::schema::ChatCompletion = "application/json"), (super::schema::SseEvent = "text/event-stream"))),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
+    ))]
 pub(super) async fn chat_completions(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
@@ -40,6 +47,13 @@ pub(super) async fn chat_completions(
 }
 
 /// `POST /v1/completions`.
+#[utoipa::path(post, path = "/v1/completions", tag = "openai",
+    request_body(content = super::schema::CompletionRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The completion, whole or streamed", content((super::schema::Completion = "application/json"), (super::schema::SseEvent = "text/event-stream"))),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
+    ))]
 pub(super) async fn completions(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
@@ -47,18 +61,35 @@ pub(super) async fn completions(
     counted(app, "/v1/completions", body).await
 }
 
-/// Hook (metrics): forwards the request and counts its answer by model
-/// (`-` until the model is known, so that unknown ids add no series),
-/// route and status.
 async fn counted(
     app: Arc<App>,
     path: &'static str,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let request = body.map_err(ApiError::from).and_then(|body| {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::bad_request(format!("the request body is not a JSON object: {e}"), None)
+        })
+    });
+    proxy(app, path, path, request).await
+}
+
+/// Hook (metrics): forwards an OpenAI `request` to the engine's `path`
+/// and counts its answer under `route` by model (`-` until the model is
+/// known, so that unknown ids add no series), route and status. Every
+/// route that reaches an engine comes through here (`/v1/messages` with its
+/// request translated), so that validation, admission, health waits and
+/// metrics are the same for all.
+pub(super) async fn proxy(
+    app: Arc<App>,
+    route: &'static str,
+    path: &'static str,
+    request: Result<Map<String, Value>, ApiError>,
+) -> Result<Response, ApiError> {
     let mut model = String::from("-");
-    let result = match body {
-        Ok(body) => forward(app.clone(), path, body, &mut model).await,
-        Err(e) => Err(e.into()),
+    let result = match request {
+        Ok(request) => forward(app.clone(), path, request, &mut model).await,
+        Err(e) => Err(e),
     };
     let status = match &result {
         Ok(r) => r.status(),
@@ -66,11 +97,17 @@ async fn counted(
     };
     app.sessions
         .metrics()
-        .request(&model, path, status.as_u16());
+        .request(&model, route, status.as_u16());
     result
 }
 
 /// `GET /v1/models`: every discovered model, in OpenAI's list shape.
+#[utoipa::path(get, path = "/v1/models", tag = "openai",
+    responses(
+        (status = 200, description = "OK", body = super::schema::ModelList),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
+    ))]
 pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
     let discovery = app.discovery();
     let data: Vec<Value> = discovery
@@ -92,13 +129,10 @@ pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
 async fn forward(
     app: Arc<App>,
     path: &'static str,
-    body: Bytes,
+    mut request: Map<String, Value>,
     label: &mut String,
 ) -> Result<Response, ApiError> {
     let started = std::time::Instant::now();
-    let mut request: Map<String, Value> = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::bad_request(format!("the request body is not a JSON object: {e}"), None)
-    })?;
     let model_id = match request.get("model") {
         Some(Value::String(m)) if !m.is_empty() => m.clone(),
         _ => {
@@ -121,6 +155,13 @@ async fn forward(
     label.clone_from(&model.id);
     // Hook (validation): every known field is checked before an engine sees it.
     super::validate::check(route, &request)?;
+    super::validate::top_k_within_vocabulary(&model, &request)?;
+    // A negative seed goes on as its 64-bit pattern, as in-process engines
+    // take it: mlx-lm's generation thread dies on a negative one (found by
+    // schemathesis).
+    if let Some(seed) = super::validate::seed(request.get("seed"))? {
+        request.insert("seed".into(), Value::from(seed));
+    }
     gate_request(&app, &model, route, &mut request).await?;
     let (session, in_flight) = app.scheduler.admit(&model).await?;
     let (base_url, upstream_model, mapper) = match &session.backend {
@@ -207,6 +248,19 @@ async fn forward(
             }
             Ok((status, Json(value)).into_response())
         }
+        // An engine whose context filled (llama-server, given several
+        // prompts and no max_tokens, answers 500): the request asked for
+        // more than fits, the client's to change (found by schemathesis).
+        Ok(value) if status.is_server_error() && context_exceeded(&value) => Err(ApiError {
+            code: "context_length_exceeded",
+            ..ApiError::bad_request(
+                format!(
+                    "model '{model_id}': the engine's context filled before the answer ended ({}); send a shorter prompt or a lower 'max_tokens'",
+                    value["error"]["message"].as_str().unwrap_or_default()
+                ),
+                Some("max_tokens"),
+            )
+        }),
         // The engine's own error, passed on when it is in OpenAI's shape.
         Ok(value) if value.get("error").is_some_and(Value::is_object) => {
             Ok((status, Json(value)).into_response())
@@ -223,6 +277,16 @@ async fn forward(
             Err(e)
         }
     }
+}
+
+/// Whether an engine's error says its context is exceeded.
+fn context_exceeded(value: &Value) -> bool {
+    let message = value
+        .pointer("/error/message")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    message.contains("context") && message.contains("exceed")
 }
 
 /// Runs a WebAssembly plugin's `map_request` or `map_response` on `body`

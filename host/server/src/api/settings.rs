@@ -20,6 +20,12 @@ use hangar_engine::models::Model;
 use hangar_engine::registry::{Engine, PluginEntry, Registry};
 
 /// `GET /api/settings`.
+#[utoipa::path(get, path = "/api/settings", tag = "settings",
+    responses(
+        (status = 200, description = "App defaults, default engines, engine settings", body = Object),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
+    ))]
 pub(super) async fn get_app(State(app): State<Arc<App>>) -> Json<Value> {
     let stored = app.sessions.settings().get();
     Json(json!(AppSettings {
@@ -31,6 +37,13 @@ pub(super) async fn get_app(State(app): State<Arc<App>>) -> Json<Value> {
 }
 
 /// `PUT /api/settings`: replaces the app-wide layers.
+#[utoipa::path(put, path = "/api/settings", tag = "settings",
+    request_body(content = Object, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The settings as stored", body = Object),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
+    ))]
 pub(super) async fn put_app(
     State(app): State<Arc<App>>,
     body: Result<Json<AppSettings>, JsonRejection>,
@@ -60,6 +73,13 @@ pub(super) async fn put_app(
 }
 
 /// `GET /api/models/{id}/settings`.
+#[utoipa::path(get, path = "/api/models/{id}/settings", tag = "settings",
+    params(("id" = String, Path, description = "The model id (`/` as %2F)")),
+    responses(
+        (status = 200, description = "The model's settings", body = Object),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
+    ))]
 pub(super) async fn get_model(
     State(app): State<Arc<App>>,
     PathId(id): PathId,
@@ -70,6 +90,14 @@ pub(super) async fn get_model(
 
 /// `PUT /api/models/{id}/settings`: replaces the model's own settings
 /// (`{}` clears them).
+#[utoipa::path(put, path = "/api/models/{id}/settings", tag = "settings",
+    params(("id" = String, Path, description = "The model id (`/` as %2F)")),
+    request_body(content = Object, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The model's settings as stored", body = Object),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
+    ))]
 pub(super) async fn put_model(
     State(app): State<Arc<App>>,
     PathId(id): PathId,
@@ -105,6 +133,13 @@ pub(super) async fn put_model(
 /// `GET /api/models/{id}/settings/schema`: the settings the resolved engine
 /// supports now, with type, default, current value and capability; and the
 /// ones it does not, with why.
+#[utoipa::path(get, path = "/api/models/{id}/settings/schema", tag = "settings",
+    params(("id" = String, Path, description = "The model id (`/` as %2F)")),
+    responses(
+        (status = 200, description = "The settings the resolved engine supports now, and those it does not with why", body = Object),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::Error),
+        (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
+    ))]
 pub(super) async fn schema(
     State(app): State<Arc<App>>,
     PathId(id): PathId,

@@ -87,6 +87,42 @@ pub(crate) fn check(route: Route, request: &Map<String, Value>) -> Result<(), Ap
     Ok(())
 }
 
+/// Refuses a `top_k` as large as the model's vocabulary or larger (`vocab_size` in its
+/// `config.json`, for models that have one): mlx-lm's generation thread dies
+/// on it (found by schemathesis), and no answer would differ from `0`, off.
+pub(crate) fn top_k_within_vocabulary(
+    model: &hangar_engine::models::Model,
+    request: &Map<String, Value>,
+) -> Result<(), ApiError> {
+    let Some(k) = request
+        .get("top_k")
+        .and_then(Value::as_u64)
+        .filter(|k| *k > 0)
+    else {
+        return Ok(());
+    };
+    let Ok(text) = std::fs::read(model.path.join("config.json")) else {
+        return Ok(()); // a single-file model, or a folder without one
+    };
+    let config: Value = serde_json::from_slice(&text).unwrap_or(Value::Null);
+    let vocabulary = config
+        .get("vocab_size")
+        .or_else(|| config.pointer("/text_config/vocab_size"))
+        .and_then(Value::as_u64);
+    match vocabulary {
+        // Keeping all `v` tokens is no top-k at all, and kills mlx-lm too.
+        Some(v) if k >= v => Err(ApiError::bad_request(
+            format!(
+                "'top_k' is {k}, not less than the {v} tokens of model '{}'; use at most {}, or 0 for no top-k",
+                model.id,
+                v - 1
+            ),
+            Some("top_k"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// A token count (`max_tokens`, `top_k`), or `None` when absent.
 pub(crate) fn count(value: Option<&Value>, name: &'static str) -> Result<Option<u32>, ApiError> {
     let Some(value) = value.filter(|v| !v.is_null()) else {
@@ -104,6 +140,21 @@ pub(crate) fn number(value: Option<&Value>, name: &'static str) -> Result<Option
         return Ok(None);
     };
     apply(name, rule_of(name), value)?;
+    Ok(value.as_f64())
+}
+
+/// A number in `min..=max` for a route whose range differs from OpenAI's
+/// (Anthropic's `temperature` is 0..=1), or `None` when absent.
+pub(crate) fn within(
+    value: Option<&Value>,
+    name: &'static str,
+    min: f64,
+    max: f64,
+) -> Result<Option<f64>, ApiError> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    apply(name, Rule::Number { min, max }, value)?;
     Ok(value.as_f64())
 }
 
@@ -252,6 +303,16 @@ fn prompt(value: Option<&Value>) -> Result<(), ApiError> {
         v.as_array()
             .is_some_and(|t| !t.is_empty() && t.iter().all(Value::is_u64))
     };
+    // An empty prompt has no token to continue from: native-mlx refuses it,
+    // and mlx-lm's generation thread dies on it (found by schemathesis).
+    let empty = match value {
+        Some(Value::String(s)) => s.is_empty(),
+        Some(Value::Array(items)) => items.iter().any(|s| s.as_str() == Some("")),
+        _ => false,
+    };
+    if empty {
+        return bad("'prompt' is empty: give at least one character of text to continue".into());
+    }
     match value {
         Some(Value::String(_)) => Ok(()),
         Some(Value::Array(items))
@@ -442,6 +503,10 @@ mod tests {
         assert_eq!(verdict(json!(["a", "b"])), "ok");
         expect![[r#"'prompt' must be a string, a list of strings or a list of token ids, not 5"#]]
             .assert_eq(&verdict(json!(5)));
+        expect!["'prompt' is empty: give at least one character of text to continue"]
+            .assert_eq(&verdict(json!("")));
+        expect!["'prompt' is empty: give at least one character of text to continue"]
+            .assert_eq(&verdict(json!(["a", ""])));
         expect![[
             r#"'prompt' must be a string, a list of strings or a list of token ids, not ["a",1]"#
         ]]

@@ -8,6 +8,7 @@ mod hardening;
 mod health;
 mod inprocess;
 mod live;
+mod messages;
 mod package;
 mod plugin_cmd;
 mod registry;

@@ -1,0 +1,161 @@
+//! The OpenAPI 3.1 document, `GET /openapi.json`: the paths come from the
+//! handlers' `#[utoipa::path]` attributes, the bodies from the types in
+//! `schema.rs`.
+//!
+//! A test reads the router's routes from `mod.rs` and fails when one is
+//! missing from the document (or the document lists one the router lacks).
+
+use axum::Json;
+use utoipa::OpenApi;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Hangar",
+        description = "A host for local LLM inference engines: OpenAI- and Anthropic-compatible routes for \
+clients, management routes for operators. When the host was started with an API key, every route but \
+/health, /openapi.json and the /admin page's files needs `Authorization: Bearer KEY` (or `x-api-key: KEY`)."
+    ),
+    paths(
+        super::manage::health,
+        openapi_json,
+        super::openai::models,
+        super::openai::chat_completions,
+        super::openai::completions,
+        super::messages::messages,
+        super::manage::plugins,
+        super::manage::resolve,
+        super::manage::models,
+        super::manage::rescan,
+        super::manage::load,
+        super::manage::unload,
+        super::settings::get_app,
+        super::settings::put_app,
+        super::settings::get_model,
+        super::settings::put_model,
+        super::settings::schema,
+        super::manage::sessions,
+        super::manage::logs,
+        super::manage::events,
+        super::live::events,
+        super::live::logs,
+        super::manage::metrics,
+        super::admin::page,
+        super::admin::script,
+        super::admin::style,
+    ),
+    modifiers(&Keys)
+)]
+pub(super) struct Document;
+
+/// The routes anyone may call when the host has an API key.
+const OPEN: &[&str] = &[
+    "/health",
+    "/openapi.json",
+    "/admin",
+    "/admin/app.js",
+    "/admin/style.css",
+];
+
+/// The API key, as `Authorization: Bearer KEY` or `x-api-key: KEY`: needed
+/// by every route but [`OPEN`] when the host was started with one.
+struct Keys;
+
+impl utoipa::Modify for Keys {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{
+            ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+        };
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        components.add_security_scheme(
+            "x-api-key",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("x-api-key"))),
+        );
+        let key = |name: &str| SecurityRequirement::new::<_, [&str; 0], &str>(name, []);
+        for (path, item) in doc.paths.paths.iter_mut() {
+            let mut either = vec![key("bearer"), key("x-api-key")];
+            if OPEN.contains(&path.as_str()) {
+                either.insert(0, SecurityRequirement::default()); // none needed
+            }
+            for operation in [
+                &mut item.get,
+                &mut item.post,
+                &mut item.put,
+                &mut item.delete,
+                &mut item.patch,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                operation.security = Some(either.clone());
+            }
+        }
+    }
+}
+
+/// `GET /openapi.json`.
+#[utoipa::path(get, path = "/openapi.json", tag = "meta",
+    responses((status = 200, description = "This document (OpenAPI 3.1)", body = Object)))]
+pub(super) async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
+    Json(Document::openapi())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `(METHOD, path)` pairs the router in `mod.rs` serves.
+    fn router_routes() -> Vec<(String, String)> {
+        let source = include_str!("mod.rs");
+        let body = &source[source.find("pub(crate) fn router").expect("the router")..];
+        let mut routes = Vec::new();
+        for part in body.split(".route(").skip(1) {
+            let path = part.split('"').nth(1).expect("a route path").to_string();
+            // The handlers of this route: up to the next builder call.
+            let handlers = part.split("\n        .").next().unwrap_or(part);
+            for method in ["get", "post", "put", "delete", "patch"] {
+                let calls = handlers.matches(&format!("{method}(")).count();
+                let chained = handlers.matches(&format!(".{method}(")).count();
+                if calls > 0 || chained > 0 {
+                    routes.push((method.to_uppercase(), path.clone()));
+                }
+            }
+        }
+        routes.sort();
+        routes
+    }
+
+    fn documented_routes() -> Vec<(String, String)> {
+        let doc = serde_json::to_value(Document::openapi()).unwrap();
+        let mut routes = Vec::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for method in item.as_object().unwrap().keys() {
+                routes.push((method.to_uppercase(), path.clone()));
+            }
+        }
+        routes.sort();
+        routes
+    }
+
+    #[test]
+    fn every_route_of_the_router_is_documented() {
+        let router = router_routes();
+        assert!(
+            router.len() > 15,
+            "read too few routes from mod.rs: {router:?}"
+        );
+        assert_eq!(router, documented_routes());
+    }
+
+    #[test]
+    fn the_document_is_openapi_3_1() {
+        let doc = serde_json::to_value(Document::openapi()).unwrap();
+        assert_eq!(doc["openapi"], "3.1.0");
+        let max = &doc["components"]["schemas"]["MessagesRequest"]["properties"]["max_tokens"];
+        assert_eq!(max["minimum"], 1, "{max}");
+    }
+}

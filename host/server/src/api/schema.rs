@@ -1,0 +1,395 @@
+//! The JSON bodies of the API as OpenAPI schemas: what the handlers read
+//! and write, spelled out as types for `#[utoipa::path]` (the handlers
+//! themselves work on `serde_json` values, so that every field is checked
+//! by the edge's own rules with messages naming it). Imports nothing of the
+//! handlers: they refer to these, and `openapi.rs` gathers both.
+
+#![allow(dead_code)] // The types exist for their schemas.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+
+// ---------------------------------------------------------------------------
+// errors
+
+/// An error, in OpenAI's shape (every route but `/v1/messages`).
+#[derive(Serialize, ToSchema)]
+pub(super) struct Error {
+    error: ErrorDetail,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct ErrorDetail {
+    /// What happened and what to do.
+    message: String,
+    #[serde(rename = "type")]
+    kind: String,
+    /// The request field concerned.
+    param: Option<String>,
+    code: Option<ErrorCode>,
+}
+
+/// The host's codes are strings; an engine's own error passes on as the
+/// engine sent it (llama-server's `code` is the HTTP status, a number).
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum ErrorCode {
+    Text(String),
+    Number(i64),
+}
+
+/// An error, in Anthropic's shape (`/v1/messages`).
+#[derive(Serialize, ToSchema)]
+pub(super) struct AnthropicError {
+    /// Always `error`.
+    #[serde(rename = "type")]
+    kind: String,
+    error: AnthropicErrorDetail,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct AnthropicErrorDetail {
+    /// `invalid_request_error`, `authentication_error`, `not_found_error`,
+    /// `request_too_large`, `rate_limit_error`, `overloaded_error`, `api_error`.
+    #[serde(rename = "type")]
+    kind: String,
+    message: String,
+}
+
+/// One server-sent event of a stream (`event:` named on `/v1/messages`;
+/// `data` is a JSON object, or `[DONE]` at the end of an OpenAI stream).
+#[derive(Serialize, ToSchema)]
+pub(super) struct SseEvent {
+    event: Option<String>,
+    data: String,
+    id: Option<String>,
+    retry: Option<u64>,
+}
+
+// ---------------------------------------------------------------------------
+// the OpenAI routes
+
+/// `GET /v1/models`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct ModelList {
+    object: String,
+    data: Vec<ModelEntry>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct ModelEntry {
+    id: String,
+    object: String,
+    created: u64,
+    owned_by: String,
+    /// The model's format (`mlx`, `gguf`, ...).
+    format: String,
+}
+
+/// The sampling fields both completion routes take (unknown fields pass on
+/// to the engine).
+#[derive(Serialize, ToSchema)]
+pub(super) struct Sampling {
+    #[schema(minimum = 1, maximum = 4294967295_u64)]
+    max_tokens: Option<u64>,
+    #[schema(minimum = 1, maximum = 4294967295_u64)]
+    max_completion_tokens: Option<u64>,
+    #[schema(minimum = 0.0, maximum = 2.0)]
+    temperature: Option<f64>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    top_p: Option<f64>,
+    #[schema(minimum = 0, maximum = 4294967295_u64)]
+    top_k: Option<u64>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    min_p: Option<f64>,
+    #[schema(minimum = 1, maximum = 128)]
+    n: Option<u64>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
+    presence_penalty: Option<f64>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
+    frequency_penalty: Option<f64>,
+    seed: Option<i64>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    /// A string or a list of strings.
+    stop: Option<Stop>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct StreamOptions {
+    include_usage: Option<bool>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct ChatRequest {
+    /// One of the ids `GET /v1/models` lists.
+    #[schema(min_length = 1)]
+    model: String,
+    #[schema(min_items = 1)]
+    messages: Vec<ChatMessage>,
+    #[serde(flatten)]
+    sampling: Sampling,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct ChatMessage {
+    role: String,
+    /// A string, a list of content parts (objects with a `type`), or null.
+    content: Option<ChatContent>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum ChatContent {
+    Text(String),
+    Parts(Vec<BTreeMap<String, Value>>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct CompletionRequest {
+    #[schema(min_length = 1)]
+    model: String,
+    /// A string, a list of strings, or a list of token ids.
+    prompt: Prompt,
+    #[serde(flatten)]
+    sampling: Sampling,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct Usage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+}
+
+/// A whole chat answer (a stream is `text/event-stream` of
+/// `chat.completion.chunk` events and `data: [DONE]`).
+#[derive(Serialize, ToSchema)]
+pub(super) struct ChatCompletion {
+    id: String,
+    object: String,
+    created: u64,
+    model: String,
+    choices: Vec<ChatChoice>,
+    usage: Option<Usage>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct ChatChoice {
+    index: u64,
+    message: AssistantMessage,
+    finish_reason: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct AssistantMessage {
+    role: String,
+    content: Option<String>,
+}
+
+/// A whole completion.
+#[derive(Serialize, ToSchema)]
+pub(super) struct Completion {
+    id: String,
+    object: String,
+    created: u64,
+    model: String,
+    choices: Vec<CompletionChoice>,
+    usage: Option<Usage>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct CompletionChoice {
+    index: u64,
+    text: String,
+    finish_reason: Option<String>,
+}
+
+// ---------------------------------------------------------------------------
+// the Anthropic route
+
+/// `POST /v1/messages`. Fields not listed are refused.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MessagesRequest {
+    #[schema(min_length = 1)]
+    model: String,
+    #[schema(min_items = 1)]
+    messages: Vec<Turn>,
+    #[schema(minimum = 1, maximum = 4294967295_u64)]
+    max_tokens: u64,
+    /// A string or a list of text blocks.
+    system: Option<TextOrBlocks>,
+    stop_sequences: Option<Vec<StopSequence>>,
+    stream: Option<bool>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    temperature: Option<f64>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    top_p: Option<f64>,
+    #[schema(minimum = 0, maximum = 4294967295_u64)]
+    top_k: Option<u64>,
+    metadata: Option<Metadata>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct Metadata {
+    user_id: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct Turn {
+    role: Role,
+    content: TextOrBlocks,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum Role {
+    User,
+    Assistant,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum TextOrBlocks {
+    Text(String),
+    /// Not empty.
+    Blocks(Vec<TextBlock>),
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct TextBlock {
+    #[serde(rename = "type")]
+    kind: BlockType,
+    text: String,
+}
+
+/// The one block type served.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum BlockType {
+    Text,
+}
+
+/// A stop sequence: not empty (at least one character of any kind).
+#[derive(Serialize, ToSchema)]
+#[schema(pattern = r"[\s\S]")]
+pub(super) struct StopSequence(String);
+
+/// A whole message (a stream is `text/event-stream` of `message_start`,
+/// `content_block_start`, `content_block_delta`, `content_block_stop`,
+/// `message_delta` and `message_stop` events).
+#[derive(Serialize, ToSchema)]
+pub(super) struct Message {
+    id: String,
+    /// Always `message`.
+    #[serde(rename = "type")]
+    kind: String,
+    role: String,
+    model: String,
+    content: Vec<TextBlock>,
+    /// `end_turn`, `max_tokens` or `stop_sequence`.
+    stop_reason: String,
+    stop_sequence: Option<String>,
+    usage: MessageUsage,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct MessageUsage {
+    input_tokens: u64,
+    output_tokens: u64,
+}
+
+// ---------------------------------------------------------------------------
+// management
+
+/// `GET /health`; with the API key (or none set) also what is loading, the
+/// pinned models, every model's state and every session.
+#[derive(Serialize, ToSchema)]
+pub(super) struct Health {
+    /// `healthy` or `loading`.
+    status: String,
+    loading: Option<Vec<String>>,
+    pinned: Option<BTreeMap<String, String>>,
+    models: Option<BTreeMap<String, Value>>,
+    sessions: Option<Vec<Value>>,
+}
+
+/// `GET /api/models`, `POST /api/models/rescan`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct Models {
+    models: Vec<Value>,
+    not_models: Vec<Value>,
+    rules: Vec<Value>,
+}
+
+/// `POST /api/models/{id}/load`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct Loaded {
+    loaded: bool,
+    session: BTreeMap<String, Value>,
+}
+
+/// `POST /api/models/{id}/unload`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct Unloaded {
+    unloaded: bool,
+    model: String,
+}
+
+/// `GET /api/resolve`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct Resolved {
+    /// The model, when the query named one (else it named a format).
+    model: Option<BTreeMap<String, Value>>,
+    resolution: BTreeMap<String, Value>,
+}
+
+/// `GET /api/sessions`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct SessionList {
+    sessions: Vec<Value>,
+    models: BTreeMap<String, Value>,
+    scheduler: BTreeMap<String, Value>,
+}
+
+/// `GET /api/sessions/{id}/logs`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct Logs {
+    session: String,
+    model: String,
+    dropped: u64,
+    lines: Vec<String>,
+}
+
+/// `GET /api/events`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct Events {
+    events: Vec<Value>,
+}
+
+/// `GET /api/plugins`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct Plugins {
+    plugins: Vec<Value>,
+}
