@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
-use hangar_plugin_api::wire::{LaunchPlan, LoadRequest};
+use hangar_plugin_api::wire::{Description, LaunchPlan, LoadRequest};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -34,6 +34,31 @@ pub(crate) struct Served {
     pub model_id: String,
     /// The model's effective settings (`max_tokens`, `temperature`, …).
     pub defaults: SettingMap,
+    /// Admits as many `generate` calls at once as the plugin's description
+    /// declares (`concurrent_generates`, 1 when it declares none); the
+    /// rest wait here.
+    pub gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl Served {
+    /// `engine`, loaded by a plugin that described itself as `description`.
+    pub(crate) fn new(
+        engine: InProcessEngine,
+        description: Option<&Description>,
+        model_id: String,
+        defaults: SettingMap,
+    ) -> Self {
+        let at_once = description
+            .and_then(|d| d.concurrent_generates)
+            .unwrap_or(1)
+            .max(1);
+        Self {
+            engine: Arc::new(engine),
+            model_id,
+            defaults,
+            gate: Arc::new(tokio::sync::Semaphore::new(at_once as usize)),
+        }
+    }
 }
 
 /// How long an engine gets between TERM and KILL.
@@ -791,13 +816,15 @@ fn plan(
     if manifest.in_process {
         match plugin_settings.get("isolation").and_then(|v| v.as_str()) {
             Some("none") => {
+                let description = engine.plugin.describe().ok();
                 let engine = engine.plugin.load_in_process(&request).map_err(plan_err)?;
                 notes.push("runs inside the host (isolation = \"none\"): a crash in the engine takes the host down".into());
-                let served = Arc::new(Served {
-                    engine: Arc::new(engine),
-                    model_id: model.id.clone(),
-                    defaults: effective,
-                });
+                let served = Arc::new(Served::new(
+                    engine,
+                    description.as_ref(),
+                    model.id.clone(),
+                    effective,
+                ));
                 return Ok(planned(How::InProcess { served, notes }));
             }
             None | Some("worker") => {}
