@@ -25,6 +25,7 @@ use mlx_rs::transforms::async_eval;
 use mlx_rs::{with_stream, Array};
 
 use crate::cache::KvCache;
+use crate::disk::DiskTier;
 use crate::error::{Error, Result};
 use crate::indexing::IndexOnStream;
 use crate::prefix::{block_hashes, PrefixCache, BLOCK};
@@ -42,8 +43,14 @@ pub struct BatchOptions {
     /// then prompt chunks of [`BLOCK`] tokens while they fit (a step with
     /// nothing else takes one chunk anyway).
     pub step_tokens: usize,
-    /// Bytes of keys and values the prefix cache keeps (0 turns it off).
+    /// Bytes of keys and values the prefix cache keeps in memory (0 turns
+    /// the whole prefix cache off).
     pub prefix_cache_bytes: usize,
+    /// The folder of the prefix cache's disk tier (a subfolder per model);
+    /// `None` keeps the cache in memory only.
+    pub prefix_cache_dir: Option<std::path::PathBuf>,
+    /// Bytes of block files the disk tier keeps.
+    pub prefix_cache_disk_bytes: u64,
 }
 
 impl Default for BatchOptions {
@@ -52,6 +59,8 @@ impl Default for BatchOptions {
             max_sequences: 64,
             step_tokens: 512,
             prefix_cache_bytes: 1 << 30,
+            prefix_cache_dir: None,
+            prefix_cache_disk_bytes: 8 << 30,
         }
     }
 }
@@ -223,7 +232,11 @@ impl Engine {
         inbox: mpsc::Receiver<Job>,
         peak: Arc<AtomicUsize>,
     ) -> Self {
-        let prefix = PrefixCache::new(options.prefix_cache_bytes);
+        let disk = options
+            .prefix_cache_dir
+            .as_ref()
+            .and_then(|root| DiskTier::open(root, &session.dir, options.prefix_cache_disk_bytes));
+        let prefix = PrefixCache::new(options.prefix_cache_bytes, disk);
         Self {
             session,
             options,
@@ -369,6 +382,8 @@ impl Engine {
             }
         }
         self.retire();
+        // Blocks of the step in flight, which is read below.
+        let computed = self.prefix.take_unsaved();
         let queued = self.build()?;
         let previous = std::mem::replace(&mut self.in_flight, queued);
         for (id, token) in previous {
@@ -380,6 +395,8 @@ impl Engine {
                 .map_err(|e| Error::Mlx(mlx_rs::error::Exception::custom(e.to_string())))?;
             self.accept(at, id)?;
         }
+        // That step is done: its new prefix blocks can be written.
+        self.prefix.persist(computed)?;
         self.retire();
         Ok(())
     }

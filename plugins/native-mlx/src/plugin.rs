@@ -55,7 +55,7 @@ impl Plugin for NativeMlx {
     }
 
     fn load_in_process(request: LoadRequest) -> Result<Box<dyn Engine>, String> {
-        let options = batch_options(&request.plugin_settings)?;
+        let options = batch_options(&request.plugin_settings, &request.work_dir)?;
         let session = Session::load(Path::new(&request.model_path))
             .map_err(|e| format!("model '{}': {e}", request.model_id))?;
         Ok(Box::new(Loaded(Batcher::start(session, options))))
@@ -68,6 +68,7 @@ export_plugin!(NativeMlx);
 /// not given.
 fn batch_options(
     settings: &std::collections::BTreeMap<String, Value>,
+    work_dir: &str,
 ) -> Result<BatchOptions, String> {
     let mut options = BatchOptions::default();
     let number = |name: &str, min: u64| -> Result<Option<u64>, String> {
@@ -90,6 +91,24 @@ fn batch_options(
     if let Some(n) = number("prefix_cache_mb", 0)? {
         options.prefix_cache_bytes = (n as usize) << 20;
     }
+    if let Some(n) = number("prefix_cache_disk_mb", 0)? {
+        options.prefix_cache_disk_bytes = n << 20;
+    }
+    options.prefix_cache_dir = match settings.get("prefix_cache_dir") {
+        Some(Value::String(dir)) => Some(dir.into()),
+        Some(other) => {
+            return Err(format!(
+                "setting 'prefix_cache_dir' of native-mlx must be a folder path, got {other}"
+            ))
+        }
+        // The host's work folder is `<state dir>/sessions/<session>` and
+        // removed with the session; the disk tier lives beside the
+        // sessions so that it outlives them and the host.
+        None => Path::new(work_dir)
+            .parent()
+            .and_then(Path::parent)
+            .map(|state| state.join("cache").join("native-mlx-prefix")),
+    };
     Ok(options)
 }
 

@@ -14,6 +14,7 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::Array;
 
 use crate::cache::KvCache;
+use crate::disk::DiskTier;
 use crate::error::Result;
 
 /// Tokens per block, and per prefill chunk of the batching engine.
@@ -52,23 +53,29 @@ struct Entry {
     last_used: u64,
 }
 
-/// Cached blocks by chained hash, within `budget` bytes.
+/// Cached blocks by chained hash, within `budget` bytes, and optionally
+/// a disk tier behind them.
 pub(crate) struct PrefixCache {
     blocks: HashMap<u64, Entry>,
     budget: usize,
     used: usize,
     clock: u64,
+    disk: Option<DiskTier>,
+    /// Blocks inserted since the last [`PrefixCache::persist`].
+    unsaved: Vec<u64>,
 }
 
 impl PrefixCache {
     /// An empty cache holding at most `budget` bytes of keys and values
-    /// (0 turns it off).
-    pub(crate) fn new(budget: usize) -> Self {
+    /// (0 turns it off), backed by `disk` if given.
+    pub(crate) fn new(budget: usize, disk: Option<DiskTier>) -> Self {
         Self {
             blocks: HashMap::new(),
             budget,
             used: 0,
             clock: 0,
+            disk: disk.filter(|_| budget > 0),
+            unsaved: Vec::new(),
         }
     }
 
@@ -77,28 +84,38 @@ impl PrefixCache {
         self.budget > 0
     }
 
-    /// Whether the block of `hash` is held.
+    /// Whether the block of `hash` is held in memory.
     pub(crate) fn contains(&self, hash: u64) -> bool {
         self.blocks.contains_key(&hash)
     }
 
-    /// The longest run of cached blocks at the start of `tokens` (whose
-    /// block hashes are `hashes`), as one cache per layer; `None` when the
-    /// first block is not cached.
+    /// The longest run of cached blocks (in memory, else on disk) at the
+    /// start of `tokens` (whose block hashes are `hashes`), as one cache
+    /// per layer; `None` when the first block is not cached.
     pub(crate) fn restore(
         &mut self,
         tokens: &[u32],
         hashes: &[u64],
     ) -> Result<Option<(usize, Vec<KvCache>)>> {
-        let found = hashes
-            .iter()
-            .enumerate()
-            .take_while(|&(i, h)| {
-                self.blocks
-                    .get(h)
-                    .is_some_and(|e| e.tokens == tokens[i * BLOCK..(i + 1) * BLOCK])
-            })
-            .count();
+        if !self.enabled() {
+            return Ok(None);
+        }
+        let mut run: Vec<Vec<(Array, Array)>> = Vec::new();
+        for (i, &h) in hashes.iter().enumerate() {
+            let block = &tokens[i * BLOCK..(i + 1) * BLOCK];
+            match self.blocks.get(&h) {
+                Some(e) if e.tokens == block => run.push(e.layers.clone()),
+                Some(_) => break,
+                None => match self.disk.as_mut().and_then(|d| d.load(h, block)) {
+                    Some(layers) => {
+                        run.push(layers.clone());
+                        self.put(h, block.to_vec(), layers);
+                    }
+                    None => break,
+                },
+            }
+        }
+        let found = run.len();
         if found == 0 {
             return Ok(None);
         }
@@ -110,16 +127,11 @@ impl PrefixCache {
                 e.last_used = self.clock;
             }
         }
-        let layers = self.blocks[&hashes[0]].layers.len();
+        let layers = run[0].len();
         let caches = (0..layers)
             .map(|layer| {
-                let (keys, values): (Vec<&Array>, Vec<&Array>) = hashes[..found]
-                    .iter()
-                    .map(|h| {
-                        let (k, v) = &self.blocks[h].layers[layer];
-                        (k, v)
-                    })
-                    .unzip();
+                let (keys, values): (Vec<&Array>, Vec<&Array>) =
+                    run.iter().map(|b| (&b[layer].0, &b[layer].1)).unzip();
                 Ok(KvCache::from_state(
                     concatenate(&keys, 2)?,
                     concatenate(&values, 2)?,
@@ -131,7 +143,8 @@ impl PrefixCache {
 
     /// Keeps the block `index` of `tokens` (hash `hash`) from `caches`,
     /// which hold at least its positions. The copies are lazy: the caller
-    /// evaluates the returned arrays with the step that fills them.
+    /// evaluates the returned arrays with the step that fills them, and
+    /// writes them to disk with [`PrefixCache::persist`] once it is done.
     pub(crate) fn insert(
         &mut self,
         hash: u64,
@@ -150,27 +163,54 @@ impl PrefixCache {
                 None => return Ok(Vec::new()),
             }
         }
-        let bytes = layers
-            .iter()
-            .map(|(k, v)| k.nbytes() + v.nbytes())
-            .sum::<usize>();
         let arrays = layers
             .iter()
             .flat_map(|(k, v)| [k.clone(), v.clone()])
             .collect();
+        let block = tokens[index * BLOCK..(index + 1) * BLOCK].to_vec();
+        self.put(hash, block, layers);
+        if self.disk.as_ref().is_some_and(|d| !d.contains(hash)) {
+            self.unsaved.push(hash);
+        }
+        Ok(arrays)
+    }
+
+    /// The blocks inserted since the last call, not yet on disk.
+    pub(crate) fn take_unsaved(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.unsaved)
+    }
+
+    /// Writes blocks `hashes` (from [`PrefixCache::take_unsaved`]) to the
+    /// disk tier; the step that computed them must be done.
+    pub(crate) fn persist(&mut self, hashes: Vec<u64>) -> Result<()> {
+        let Some(disk) = self.disk.as_mut() else {
+            return Ok(());
+        };
+        for hash in hashes {
+            if let Some(e) = self.blocks.get(&hash) {
+                disk.store(hash, &e.tokens, &e.layers)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn put(&mut self, hash: u64, tokens: Vec<u32>, layers: Vec<(Array, Array)>) {
+        let bytes = layers
+            .iter()
+            .map(|(k, v)| k.nbytes() + v.nbytes())
+            .sum::<usize>();
         self.clock += 1;
         self.used += bytes;
         self.blocks.insert(
             hash,
             Entry {
-                tokens: tokens[index * BLOCK..(index + 1) * BLOCK].to_vec(),
+                tokens,
                 layers,
                 bytes,
                 last_used: self.clock,
             },
         );
         self.evict();
-        Ok(arrays)
     }
 
     /// Drops the least recently used blocks until the budget holds.
@@ -218,7 +258,7 @@ mod tests {
         let kv = caches(2 * BLOCK as i32);
         // One block: 2 layers x keys and values x BLOCK x 2 floats.
         let block_bytes = 2 * 2 * BLOCK * 2 * 4;
-        let mut cache = PrefixCache::new(2 * block_bytes);
+        let mut cache = PrefixCache::new(2 * block_bytes, None);
         for (i, h) in hashes.iter().enumerate() {
             let arrays = cache.insert(*h, i, &tokens, &kv).unwrap();
             mlx_rs::transforms::eval(arrays.iter()).unwrap();

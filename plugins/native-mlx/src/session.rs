@@ -141,7 +141,7 @@ pub struct Session {
     /// Every graph of this session is built on this stream (see
     /// [`SendStream`] for why not the thread's default).
     pub(crate) stream: SendStream,
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
     pub(crate) model: Model,
     pub(crate) tokenizer: Tokenizer,
     chat_template: Option<ChatTemplate>,

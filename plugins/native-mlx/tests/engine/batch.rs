@@ -220,3 +220,90 @@ fn bad_requests_fail_alone() {
     );
     assert_eq!(run(&b, &request(&[1, 2, 3], 4)).token_ids.len(), 4);
 }
+
+fn with_disk(model: &str, dir: &std::path::Path) -> Batcher {
+    let session = Session::load(&fixtures().model(model)).unwrap();
+    Batcher::start(
+        session,
+        BatchOptions {
+            prefix_cache_bytes: 64 << 20,
+            prefix_cache_dir: Some(dir.to_owned()),
+            ..BatchOptions::default()
+        },
+    )
+}
+
+/// The block files under `dir`, sorted.
+fn block_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .flat_map(|model| std::fs::read_dir(model.unwrap().path()).unwrap())
+        .map(|f| f.unwrap().path())
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn the_disk_tier_survives_a_restart_and_never_serves_a_bad_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = prompt(31, 300);
+    let cold = run(&batcher("llama", 0), &request(&ids, 16));
+
+    // Dropping the engine waits for its writes.
+    let first = with_disk("llama", dir.path());
+    assert_eq!(run(&first, &request(&ids, 16)).token_ids, cold.token_ids);
+    drop(first);
+    let files = block_files(dir.path());
+    assert_eq!(files.len(), 2, "{files:?}");
+
+    let restarted = with_disk("llama", dir.path());
+    let warm = run(&restarted, &request(&ids, 16));
+    assert_eq!(warm.usage.cached_prompt_tokens, 256);
+    assert_eq!(warm.token_ids, cold.token_ids);
+    drop(restarted);
+
+    // A damaged second block: the first is served, the second recomputed
+    // (and written again).
+    let second = files
+        .iter()
+        .find(|f| {
+            // Block 1's header lists the prompt's tokens from 128 on.
+            let text = std::fs::read(f).unwrap();
+            let header = String::from_utf8_lossy(&text[16..2000.min(text.len())]).into_owned();
+            header.contains(&format!("\"tokens\":[{},{},", ids[128], ids[129]))
+        })
+        .expect("the second block's file");
+    let mut bytes = std::fs::read(second).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(second, &bytes).unwrap();
+    let damaged = with_disk("llama", dir.path());
+    let again = run(&damaged, &request(&ids, 16));
+    assert_eq!(again.usage.cached_prompt_tokens, 128);
+    assert_eq!(again.token_ids, cold.token_ids);
+    drop(damaged);
+    assert_ne!(
+        std::fs::read(second).unwrap(),
+        bytes,
+        "the damaged file was replaced"
+    );
+
+    // Another model finds files under its own name only; a block file of
+    // this model copied there is refused.
+    let other_cold = run(&batcher("qwen2", 0), &request(&ids, 16));
+    let other = with_disk("qwen2", dir.path());
+    drop(other);
+    let other_dir = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .find(|d| !second.starts_with(d))
+        .expect("a folder for the second model");
+    for f in &files {
+        std::fs::copy(f, other_dir.join(f.file_name().unwrap())).unwrap();
+    }
+    let other = with_disk("qwen2", dir.path());
+    let foreign = run(&other, &request(&ids, 16));
+    assert_eq!(foreign.usage.cached_prompt_tokens, 0);
+    assert_eq!(foreign.token_ids, other_cold.token_ids);
+}
