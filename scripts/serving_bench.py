@@ -250,6 +250,9 @@ def main():
             srv.stop()
         shutil.rmtree(root, ignore_errors=True)
 
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"concurrency": results, "long": long}, f, indent=1)
     a, b = order
     print(f"\n### Concurrent streaming chat, {args.max_tokens} tokens each, {args.rounds} rounds "
           f"(median, min–max)\n")
@@ -263,6 +266,8 @@ def main():
               f"| {fmt(ratio, digits=2)} "
               f"| {fmt([x['ttft_p50'] for x in ra], 1000)} | {fmt([x['ttft_p50'] for x in rb], 1000)} "
               f"| {fmt([x['ttft_p99'] for x in ra], 1000)} | {fmt([x['ttft_p99'] for x in rb], 1000)} |")
+    if not args.long_rounds:
+        return
     print(f"\n### Time to first token of a long prompt, {args.long_rounds} rounds (median, min–max, ms)\n")
     print("| engine | prompt tokens | cold | warm (memory) | warm / cold | after restart | restart / cold "
           "| cached tokens (warm, restart) |")
@@ -272,9 +277,6 @@ def main():
         print(f"| {e} | {L['prompt'][0]} | {fmt(L['cold'], 1000)} | {fmt(L['warm'], 1000)} "
               f"| {fmt([w / c for w, c in zip(L['warm'], L['cold'])], digits=3)} | {fmt(L['disk'], 1000)} "
               f"| {fmt([d / c for d, c in zip(L['disk'], L['cold'])], digits=3)} | {L['cached']} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"concurrency": results, "long": long}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use mlx_rs::ops::concatenate;
+use mlx_rs::ops::indexing::argmax_axis;
 use mlx_rs::transforms::async_eval;
 use mlx_rs::{with_stream, Array};
 
@@ -474,13 +475,34 @@ impl Engine {
         let mut to_eval: Vec<Array> = Vec::new();
         let mut queued = Vec::new();
         if let Some(logits) = logits {
-            let decoding = members.iter().zip(&want).filter(|(_, &w)| w);
-            for (row, (&at, _)) in decoding.enumerate() {
+            let decoding: Vec<usize> = members
+                .iter()
+                .zip(&want)
+                .filter(|(_, &w)| w)
+                .map(|(&at, _)| at)
+                .collect();
+            // Greedy rows share three ops: the log-sum-exp of each row (as
+            // `Session::step` computes it for one) and the argmax.
+            let greedy = if decoding
+                .iter()
+                .any(|&at| self.active[at].sampler.is_greedy())
+            {
+                let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
+                Some(argmax_axis(&logprobs, -1, None)?)
+            } else {
+                None
+            };
+            for (row, at) in decoding.into_iter().enumerate() {
                 let seq = &mut self.active[at];
-                let logits = logits.at((.., row as i32, ..))?;
-                // As `Session::step`: a log-sum-exp over the `(1, vocab)` row.
-                let logprobs = logits.subtract(logits.logsumexp(true)?)?;
-                let token = seq.sampler.sample(&logprobs)?;
+                let token = match &greedy {
+                    Some(tokens) if seq.sampler.is_greedy() => tokens.at((.., row as i32))?,
+                    _ => {
+                        let logits = logits.at((.., row as i32, ..))?;
+                        // As `Session::step`: a log-sum-exp over the `(1, vocab)` row.
+                        let logprobs = logits.subtract(logits.logsumexp(true)?)?;
+                        seq.sampler.sample(&logprobs)?
+                    }
+                };
                 seq.pending = Some(token.clone());
                 seq.sampled += 1;
                 to_eval.push(token.clone());

@@ -178,12 +178,20 @@ enum Projected {
 }
 
 impl Projected {
-    /// The rows `start..end` (tokens of one sequence of a packed batch).
-    fn rows(&self, start: i32, end: i32) -> Result<Self> {
-        let rows = |a: &Array| a.at((.., start..end, ..));
+    /// The tokens of each sequence of a packed batch, split before each
+    /// of `starts` (one op per array, however many sequences).
+    fn split_rows(self, starts: &[i32]) -> Result<Vec<Self>> {
+        let split = |a: Array| a.split_at_indices(starts, 1);
         Ok(match self {
-            Self::Joined(a) => Self::Joined(rows(a)?),
-            Self::Split([q, k, v]) => Self::Split([rows(q)?, rows(k)?, rows(v)?]),
+            Self::Joined(a) => split(a)?.into_iter().map(Self::Joined).collect(),
+            Self::Split([q, k, v]) => {
+                let (q, k, v) = (split(q)?, split(k)?, split(v)?);
+                q.into_iter()
+                    .zip(k)
+                    .zip(v)
+                    .map(|((q, k), v)| Self::Split([q, k, v]))
+                    .collect()
+            }
         })
     }
 }
@@ -210,13 +218,20 @@ impl Attention {
         let out = if let [cache] = caches {
             self.attend_one(projected, cache, rope)?
         } else {
-            let mut outs = Vec::with_capacity(caches.len());
-            let mut start = 0;
-            for (cache, &len) in caches.iter_mut().zip(lens) {
-                let part = projected.rows(start, start + len)?;
-                outs.push(self.attend_one(part, cache, rope)?);
-                start += len;
-            }
+            let starts: Vec<i32> = lens
+                .iter()
+                .scan(0, |end, &len| {
+                    *end += len;
+                    Some(*end)
+                })
+                .take(lens.len() - 1)
+                .collect();
+            let outs = projected
+                .split_rows(&starts)?
+                .into_iter()
+                .zip(caches.iter_mut())
+                .map(|(part, cache)| self.attend_one(part, cache, rope))
+                .collect::<Result<Vec<_>>>()?;
             concatenate(&outs, 1)?
         };
         self.o_proj.forward(&out)
