@@ -27,6 +27,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -170,6 +171,9 @@ def fmt(values, unit_scale=1.0, digits=0):
 
 
 def main():
+    # A TERM (a timeout, a supervisor) runs the `finally` below too, so no
+    # `hangar serve` outlives the benchmark.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hangar", required=True)
     ap.add_argument("--plugins-dir", required=True)
