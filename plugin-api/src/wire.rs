@@ -27,6 +27,13 @@ pub struct Description {
     /// manifest's business).
     #[serde(default)]
     pub capabilities: Vec<String>,
+    /// How many `generate` calls an in-process engine serves at once (it
+    /// batches them); the host passes up to this many through concurrently
+    /// and queues the rest. Absent (plugins built before this field, and
+    /// engines that run one request at a time): 1. Added in 1.x with a
+    /// default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrent_generates: Option<u32>,
 }
 
 /// What the host learnt by running the manifest's probe program.

@@ -143,6 +143,7 @@ macro_rules! describe {
                 .into_iter()
                 .collect(),
             capabilities: vec![$($(::std::string::String::from($cap)),*)?],
+            concurrent_generates: ::std::option::Option::None,
         }
     };
 }

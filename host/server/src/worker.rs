@@ -44,11 +44,13 @@ pub(crate) fn run(plugin_dir: &Path, request: &Path) -> anyhow::Result<ExitCode>
     let engine = plugin
         .load_in_process(&request)
         .map_err(anyhow::Error::msg)?;
-    let served = Arc::new(Served {
-        engine: Arc::new(engine),
-        model_id: request.model_id.clone(),
-        defaults: request.settings.clone(),
-    });
+    let description = plugin.describe().ok();
+    let served = Arc::new(Served::new(
+        engine,
+        description.as_ref(),
+        request.model_id.clone(),
+        request.settings.clone(),
+    ));
     tracing::info!(model = %request.model_id, plugin = %manifest.id, "model loaded; serving on port {}", request.port);
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {

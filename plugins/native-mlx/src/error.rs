@@ -81,6 +81,10 @@ pub enum Error {
     /// The request itself is malformed (empty prompt, bad sampling values…).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// The engine thread that serves batched requests is gone (it failed
+    /// on an earlier step, or the engine is being unloaded).
+    #[error("the engine stopped: {0}; reload the model")]
+    EngineStopped(String),
     /// MLX reported an error while building or evaluating a graph.
     #[error("MLX: {}", .0.what())]
     Mlx(#[from] mlx_rs::error::Exception),

@@ -27,19 +27,23 @@
 //! and the patched `mlx-sys` that `scripts/native-mlx-prepare.sh` prepares;
 //! see this crate's README.
 
+mod batch;
 mod cache;
 mod chat;
 mod config;
+mod disk;
 mod error;
 mod ffi;
 mod indexing;
 mod model;
 mod plugin;
+mod prefix;
 mod probe;
 mod sampling;
 mod session;
 mod tokenizer;
 
+pub use batch::{BatchOptions, Batcher};
 pub use chat::{ChatMessage, ChatOptions, ChatTemplate};
 pub use config::{
     Family, ModelConfig, QuantParams, Quantization, RopeScaling, SUPPORTED_MODEL_TYPES,

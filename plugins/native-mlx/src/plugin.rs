@@ -2,13 +2,13 @@
 //! [`Engine`] traits, exported as the library's root module.
 //!
 //! The host calls `load_in_process` in the process that will serve (a
-//! `hangar worker` by default); each request runs on the host's thread
-//! while the session is locked, since one session serves one request at a
-//! time and keeps the previous conversation's KV cache for prefix reuse.
+//! `hangar worker` by default); the session moves to its own engine thread
+//! (see [`Batcher`]), which serves every request the host passes at once
+//! with continuous batching, so the description declares as many
+//! concurrent `generate` calls as the engine admits sequences.
 
 use std::ops::ControlFlow;
 use std::path::Path;
-use std::sync::Mutex;
 
 use hangar_sdk::wire::{
     Description, GenerateInput, GenerateOutcome, GenerateRequest as WireRequest, LoadRequest,
@@ -18,15 +18,17 @@ use hangar_sdk::{export_plugin, Engine, Plugin};
 use serde_json::Value;
 
 use crate::{
-    ChatMessage, ChatOptions, DeviceKind, FinishReason, GenerateRequest, Prompt, SamplingParams,
-    Session,
+    BatchOptions, Batcher, ChatMessage, ChatOptions, DeviceKind, FinishReason, GenerateRequest,
+    Prompt, SamplingParams, Session,
 };
 
 struct NativeMlx;
 
 impl Plugin for NativeMlx {
     fn describe() -> Description {
-        hangar_sdk::describe!("native-mlx", formats: ["mlx"], aliases: {"safetensors" => "mlx"})
+        let mut description = hangar_sdk::describe!("native-mlx", formats: ["mlx"], aliases: {"safetensors" => "mlx"});
+        description.concurrent_generates = Some(BatchOptions::default().max_sequences as u32);
+        description
     }
 
     fn probe(_input: ProbeInput) -> Result<ProbeReport, String> {
@@ -53,15 +55,64 @@ impl Plugin for NativeMlx {
     }
 
     fn load_in_process(request: LoadRequest) -> Result<Box<dyn Engine>, String> {
+        let options = batch_options(&request.plugin_settings, &request.work_dir)?;
         let session = Session::load(Path::new(&request.model_path))
             .map_err(|e| format!("model '{}': {e}", request.model_id))?;
-        Ok(Box::new(Loaded(Mutex::new(session))))
+        Ok(Box::new(Loaded(Batcher::start(session, options))))
     }
 }
 
 export_plugin!(NativeMlx);
 
-struct Loaded(Mutex<Session>);
+/// The scheduling settings of `[plugins.native-mlx]`, defaults for those
+/// not given.
+fn batch_options(
+    settings: &std::collections::BTreeMap<String, Value>,
+    work_dir: &str,
+) -> Result<BatchOptions, String> {
+    let mut options = BatchOptions::default();
+    let number = |name: &str, min: u64| -> Result<Option<u64>, String> {
+        match settings.get(name) {
+            None => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) if n >= min => Ok(Some(n)),
+                _ => Err(format!(
+                    "setting '{name}' of native-mlx must be an integer >= {min}, got {v}"
+                )),
+            },
+        }
+    };
+    if let Some(n) = number("max_sequences", 1)? {
+        options.max_sequences = n as usize;
+    }
+    if let Some(n) = number("step_tokens", 1)? {
+        options.step_tokens = n as usize;
+    }
+    if let Some(n) = number("prefix_cache_mb", 0)? {
+        options.prefix_cache_bytes = (n as usize) << 20;
+    }
+    if let Some(n) = number("prefix_cache_disk_mb", 0)? {
+        options.prefix_cache_disk_bytes = n << 20;
+    }
+    options.prefix_cache_dir = match settings.get("prefix_cache_dir") {
+        Some(Value::String(dir)) => Some(dir.into()),
+        Some(other) => {
+            return Err(format!(
+                "setting 'prefix_cache_dir' of native-mlx must be a folder path, got {other}"
+            ))
+        }
+        // The host's work folder is `<state dir>/sessions/<session>` and
+        // removed with the session; the disk tier lives beside the
+        // sessions so that it outlives them and the host.
+        None => Path::new(work_dir)
+            .parent()
+            .and_then(Path::parent)
+            .map(|state| state.join("cache").join("native-mlx-prefix")),
+    };
+    Ok(options)
+}
+
+struct Loaded(Batcher);
 
 impl Engine for Loaded {
     fn generate(
@@ -88,12 +139,9 @@ impl Engine for Loaded {
         let mut generate = GenerateRequest::new(prompt, request.max_tokens.unwrap_or(512) as usize);
         generate.sampling = sampling;
         generate.stop = request.stop;
-        let mut session = self
+        let done = self
             .0
-            .lock()
-            .map_err(|_| "the engine failed in an earlier request".to_string())?;
-        let done = session
-            .generate(&generate, |event| {
+            .generate(generate, |event| {
                 emit(event.text, event.token.unwrap_or(u32::MAX))
             })
             .map_err(|e| e.to_string())?;

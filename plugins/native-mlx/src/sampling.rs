@@ -83,6 +83,11 @@ impl Sampler {
         Ok(Self { params, key })
     }
 
+    /// Whether this sampler always takes the most likely token.
+    pub(crate) fn is_greedy(&self) -> bool {
+        self.key.is_none()
+    }
+
     /// Picks one token from `logprobs` of shape `(1, vocab)`; returns a lazy
     /// `uint32` array of shape `(1,)`.
     pub(crate) fn sample(&mut self, logprobs: &Array) -> Result<Array> {

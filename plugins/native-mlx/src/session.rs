@@ -140,10 +140,10 @@ pub struct Completion {
 pub struct Session {
     /// Every graph of this session is built on this stream (see
     /// [`SendStream`] for why not the thread's default).
-    stream: SendStream,
-    dir: PathBuf,
-    model: Model,
-    tokenizer: Tokenizer,
+    pub(crate) stream: SendStream,
+    pub(crate) dir: PathBuf,
+    pub(crate) model: Model,
+    pub(crate) tokenizer: Tokenizer,
     chat_template: Option<ChatTemplate>,
     cache: Vec<KvCache>,
     /// The tokens whose keys and values `cache` holds, in order.
@@ -374,7 +374,7 @@ impl Session {
 }
 
 /// A `(1, n)` array of token ids.
-fn ids(tokens: &[u32]) -> Result<Array> {
+pub(crate) fn ids(tokens: &[u32]) -> Result<Array> {
     Ok(Array::from_slice(tokens, &[1, tokens.len() as i32]))
 }
 
@@ -383,26 +383,22 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 /// Holds back generated text that could still turn into a stop string.
-struct StopMatcher<'a> {
-    stops: Vec<&'a str>,
+pub(crate) struct StopMatcher {
+    stops: Vec<String>,
     held: String,
 }
 
-impl<'a> StopMatcher<'a> {
-    fn new(stops: &'a [String]) -> Self {
+impl StopMatcher {
+    pub(crate) fn new(stops: &[String]) -> Self {
         Self {
-            stops: stops
-                .iter()
-                .map(String::as_str)
-                .filter(|s| !s.is_empty())
-                .collect(),
+            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             held: String::new(),
         }
     }
 
     /// Adds `piece`; returns the text that is now safe to emit, and whether a
     /// stop string was completed (the text then ends right before it).
-    fn push(&mut self, piece: &str) -> (String, bool) {
+    pub(crate) fn push(&mut self, piece: &str) -> (String, bool) {
         self.held.push_str(piece);
         if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s)).min() {
             let out = self.held[..at].to_owned();
@@ -425,7 +421,7 @@ impl<'a> StopMatcher<'a> {
     }
 
     /// Releases what is held: the generation ended without a stop string.
-    fn finish(&mut self) -> String {
+    pub(crate) fn finish(&mut self) -> String {
         std::mem::take(&mut self.held)
     }
 }

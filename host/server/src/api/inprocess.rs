@@ -75,7 +75,16 @@ impl Served {
         let json = serde_json::to_string(&generate).expect("requests serialize");
         let (tx, mut rx) = mpsc::channel::<Piece>(64);
         let engine = self.engine.clone();
+        // Held until the engine returns: an engine that serves one call at a
+        // time gets them one at a time.
+        let permit = self
+            .gate
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the gate is never closed");
         std::thread::spawn(move || {
+            let _permit = permit;
             let mut sink = ChannelSink(tx.clone());
             let outcome = match engine.generate(
                 RStr::from_str(&json),

@@ -114,13 +114,15 @@ pub(super) fn plan(
     if manifest.in_process {
         match plugin_settings.get("isolation").and_then(|v| v.as_str()) {
             Some("none") => {
+                let description = engine.plugin.describe().ok();
                 let engine = engine.plugin.load_in_process(&request).map_err(plan_err)?;
                 notes.push("runs inside the host (isolation = \"none\"): a crash in the engine takes the host down".into());
-                let served = Arc::new(Served {
-                    engine: Arc::new(engine),
-                    model_id: model.id.clone(),
-                    defaults: effective,
-                });
+                let served = Arc::new(Served::new(
+                    engine,
+                    description.as_ref(),
+                    model.id.clone(),
+                    effective,
+                ));
                 return Ok(planned(How::InProcess { served, notes }));
             }
             None | Some("worker") => {}

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use hangar_engine::loader::native::InProcessEngine;
 use hangar_engine::loader::wasm::WasmPlugin;
 use hangar_engine::models::Model;
+use hangar_plugin_api::wire::Description;
 
 use crate::settings::SettingMap;
 use crate::supervisor::health::{Monitor, State};
@@ -26,6 +27,31 @@ pub(crate) struct Served {
     pub model_id: String,
     /// The model's effective settings (`max_tokens`, `temperature`, …).
     pub defaults: SettingMap,
+    /// Admits as many `generate` calls at once as the plugin's description
+    /// declares (`concurrent_generates`, 1 when it declares none); the
+    /// rest wait here.
+    pub gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl Served {
+    /// `engine`, loaded by a plugin that described itself as `description`.
+    pub(crate) fn new(
+        engine: InProcessEngine,
+        description: Option<&Description>,
+        model_id: String,
+        defaults: SettingMap,
+    ) -> Self {
+        let at_once = description
+            .and_then(|d| d.concurrent_generates)
+            .unwrap_or(1)
+            .max(1);
+        Self {
+            engine: Arc::new(engine),
+            model_id,
+            defaults,
+            gate: Arc::new(tokio::sync::Semaphore::new(at_once as usize)),
+        }
+    }
 }
 
 /// A served model: its engine process and everything the API needs to

@@ -14,7 +14,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use hangar_native_mlx::{probe, GenerateRequest, LoadOptions, Prompt, Session};
+use hangar_native_mlx::{
+    probe, BatchOptions, Batcher, GenerateRequest, LoadOptions, Prompt, Session,
+};
 
 /// mimalloc replaces malloc for the whole process, MLX included (feature
 /// `override`): with glibc's malloc, the graph-building thread and MLX's
@@ -50,6 +52,10 @@ struct Args {
     /// fused by default on a GPU; see `LoadOptions::fuse_projections`).
     #[arg(long)]
     unfused: bool,
+    /// Instead: this many requests at once through the batching engine
+    /// (each its own prompt); prints aggregate tokens/s per run.
+    #[arg(long)]
+    concurrent: Option<usize>,
 }
 
 /// Averages over the timed runs.
@@ -119,6 +125,59 @@ fn measure(args: &Args, dir: &Path) -> Result<Measurement> {
     })
 }
 
+/// `n` requests at once through a [`Batcher`]: aggregate decode tokens/s
+/// (all generated tokens over the wall time) per run.
+fn batched(args: &Args, dir: &Path, n: usize) -> Result<()> {
+    let session = Session::load(dir).with_context(|| format!("loading {}", dir.display()))?;
+    let vocab = session.model().config().vocab_size as u32;
+    let batcher = Batcher::start(session, BatchOptions::default());
+    let requests: Vec<GenerateRequest> = (0..n)
+        .map(|i| {
+            let mut ids = prompt(args.prompt_tokens, vocab);
+            // Distinct prompts: nothing is shared through the prefix cache.
+            ids[0] = (i as u32 * 31 + 7) % vocab;
+            GenerateRequest {
+                ignore_eos: true,
+                ..GenerateRequest::new(Prompt::Tokens(ids), args.gen_tokens)
+            }
+        })
+        .collect();
+    for run in 0..=args.runs {
+        let start = Instant::now();
+        let tokens: usize = std::thread::scope(|s| {
+            let handles: Vec<_> = requests
+                .iter()
+                .map(|r| {
+                    let batcher = &batcher;
+                    s.spawn(move || {
+                        let mut r = r.clone();
+                        // A new first token per run: a cold prompt every time.
+                        if let Prompt::Tokens(ids) = &mut r.prompt {
+                            ids[1] = (run as u32 * 17 + 3) % vocab;
+                        }
+                        batcher
+                            .generate(r, |_| ControlFlow::Continue(()))
+                            .map(|c| c.usage.completion_tokens)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("no panic").unwrap_or(0))
+                .sum()
+        });
+        let wall = start.elapsed().as_secs_f64();
+        println!(
+            "{} x{n} run {run}{}: {:.1} tok/s aggregate ({tokens} tokens in {wall:.2} s, peak batch {})",
+            dir.display(),
+            if run == 0 { " (warm-up)" } else { "" },
+            tokens as f64 / wall,
+            batcher.peak_batch()
+        );
+    }
+    Ok(())
+}
+
 /// The process's peak resident set (VmHWM), in MiB.
 fn peak_rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -147,6 +206,10 @@ fn main() -> Result<()> {
         );
     }
     for dir in &args.models {
+        if let Some(n) = args.concurrent {
+            batched(&args, dir, n)?;
+            continue;
+        }
         let m = measure(&args, dir)?;
         let rss = peak_rss_mib().unwrap_or(f64::NAN);
         if args.json {

@@ -170,9 +170,88 @@ struct Attention {
     parallel: Parallel,
 }
 
+/// The query, key and value projections of some tokens, before they are
+/// split into heads: one array when the projections are fused.
+enum Projected {
+    Joined(Array),
+    Split([Array; 3]),
+}
+
+impl Projected {
+    /// The tokens of each sequence of a packed batch, split before each
+    /// of `starts` (one op per array, however many sequences).
+    fn split_rows(self, starts: &[i32]) -> Result<Vec<Self>> {
+        let split = |a: Array| a.split_at_indices(starts, 1);
+        Ok(match self {
+            Self::Joined(a) => split(a)?.into_iter().map(Self::Joined).collect(),
+            Self::Split([q, k, v]) => {
+                let (q, k, v) = (split(q)?, split(k)?, split(v)?);
+                q.into_iter()
+                    .zip(k)
+                    .zip(v)
+                    .map(|((q, k), v)| Self::Split([q, k, v]))
+                    .collect()
+            }
+        })
+    }
+}
+
 impl Attention {
     fn forward(&self, x: &Array, cache: &mut KvCache, rope: &Rope) -> Result<Array> {
-        let (batch, len) = (x.dim(0), x.dim(1));
+        let out = self.attend_one(self.project(x)?, cache, rope)?;
+        self.o_proj.forward(&out)
+    }
+
+    /// Attention of several sequences packed along the token axis: `x` is
+    /// `(1, sum of lens, hidden)`, sequence `i` has `lens[i]` new tokens and
+    /// its own cache. The projections run once over every token; each
+    /// sequence attends over its own cache with exactly the ops (and shapes)
+    /// it would alone, so a row's result does not depend on its neighbours.
+    fn forward_packed(
+        &self,
+        x: &Array,
+        caches: &mut [&mut KvCache],
+        lens: &[i32],
+        rope: &Rope,
+    ) -> Result<Array> {
+        let projected = self.project(x)?;
+        let out = if let [cache] = caches {
+            self.attend_one(projected, cache, rope)?
+        } else {
+            let starts: Vec<i32> = lens
+                .iter()
+                .scan(0, |end, &len| {
+                    *end += len;
+                    Some(*end)
+                })
+                .take(lens.len() - 1)
+                .collect();
+            let outs = projected
+                .split_rows(&starts)?
+                .into_iter()
+                .zip(caches.iter_mut())
+                .map(|(part, cache)| self.attend_one(part, cache, rope))
+                .collect::<Result<Vec<_>>>()?;
+            concatenate(&outs, 1)?
+        };
+        self.o_proj.forward(&out)
+    }
+
+    fn project(&self, x: &Array) -> Result<Projected> {
+        Ok(match (self.qkv.joined(), &self.qk_norms) {
+            (Some(qkv), None) => Projected::Joined(qkv.forward(x)?),
+            _ => Projected::Split(self.qkv.forward(x)?.try_into().expect("three projections")),
+        })
+    }
+
+    /// One sequence's attention from its projections (`(1, len, ...)`),
+    /// appending its keys and values to `cache`; the output before `o_proj`.
+    fn attend_one(&self, projected: Projected, cache: &mut KvCache, rope: &Rope) -> Result<Array> {
+        let first = match &projected {
+            Projected::Joined(a) => a,
+            Projected::Split([q, _, _]) => q,
+        };
+        let (batch, len) = (first.dim(0), first.dim(1));
         // `(batch, len, n * head_dim)` to `(batch, n, len, head_dim)`. For one
         // token (decoding) both layouts are the same memory, so a reshape
         // alone does it: one op less to encode per use, every step.
@@ -194,15 +273,15 @@ impl Attention {
             })
         };
         let offset = cache.offset();
-        let (queries, keys, values) = match (self.qkv.joined(), &self.qk_norms) {
+        let (queries, keys, values) = match projected {
             // Fused and without per-head norms: the heads of queries, keys
             // and values lie side by side in one output, so one reshape and
             // one transpose serve all three, and one RoPE the queries and
             // keys together (it acts on each head alike): fewer ops to encode
             // per layer, the same numbers.
-            (Some(qkv), None) => {
+            Projected::Joined(qkv) => {
                 let (q_heads, kv_heads) = (self.num_heads, self.num_kv_heads);
-                let all = heads(qkv.forward(x)?, q_heads + 2 * kv_heads, None)?;
+                let all = heads(qkv, q_heads + 2 * kv_heads, None)?;
                 let roped = rope.apply(&all.at((.., ..q_heads + kv_heads))?, offset)?;
                 (
                     roped.at((.., ..q_heads))?,
@@ -210,13 +289,11 @@ impl Attention {
                     all.at((.., q_heads + kv_heads..))?,
                 )
             }
-            _ => {
+            Projected::Split([q, k, v]) => {
                 let (q_norm, k_norm) = match &self.qk_norms {
                     Some((q, k)) => (Some(q), Some(k)),
                     None => (None, None),
                 };
-                let [q, k, v]: [Array; 3] =
-                    self.qkv.forward(x)?.try_into().expect("three projections");
                 let queries = heads(q, self.num_heads, q_norm)?;
                 let keys = heads(k, self.num_kv_heads, k_norm)?;
                 let values = heads(v, self.num_kv_heads, None)?;
@@ -230,13 +307,12 @@ impl Attention {
         let (keys, values) = cache.update_and_fetch(&keys, &values)?;
 
         let out = self.attend(&queries, &keys, &values)?;
-        let out = if len == 1 {
+        Ok(if len == 1 {
             out.reshape(&[batch, 1, -1])?
         } else {
             out.transpose_axes(&[0, 2, 1, 3])?
                 .reshape(&[batch, len, -1])?
-        };
-        self.o_proj.forward(&out)
+        })
     }
 }
 
@@ -330,6 +406,26 @@ impl Block {
         let r =
             self.attention
                 .forward(&rms_norm(x, Some(&self.input_norm), self.eps)?, cache, rope)?;
+        let h = x.add(&r)?;
+        let r = self
+            .mlp
+            .forward(&rms_norm(&h, Some(&self.post_attention_norm), self.eps)?)?;
+        Ok(h.add(&r)?)
+    }
+
+    fn forward_packed(
+        &self,
+        x: &Array,
+        caches: &mut [&mut KvCache],
+        lens: &[i32],
+        rope: &Rope,
+    ) -> Result<Array> {
+        let r = self.attention.forward_packed(
+            &rms_norm(x, Some(&self.input_norm), self.eps)?,
+            caches,
+            lens,
+            rope,
+        )?;
         let h = x.add(&r)?;
         let r = self
             .mlp
@@ -477,7 +573,53 @@ impl Model {
     /// logits `(1, len, vocab)`.
     pub(crate) fn logits(&self, ids: &Array, caches: &mut [KvCache]) -> Result<Array> {
         let h = self.hidden(ids, caches)?;
-        let h = rms_norm(&h, Some(&self.norm), self.config.rms_norm_eps)?;
+        self.head(&h)
+    }
+
+    /// One step of a packed batch: the new tokens of several sequences
+    /// side by side in `ids` (`(1, sum of lens)`), sequence `i` with
+    /// `lens[i]` tokens and the caches `caches[i]`. Returns the logits
+    /// `(1, n, vocab)` of the last token of each sequence whose `want` is
+    /// set, in order (`None` when none is wanted). Lazy.
+    pub(crate) fn packed_logits(
+        &self,
+        ids: &Array,
+        caches: &mut [&mut [KvCache]],
+        lens: &[i32],
+        want: &[bool],
+    ) -> Result<Option<Array>> {
+        let mut h = self.embed.forward(ids)?;
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let mut layer_caches: Vec<&mut KvCache> =
+                caches.iter_mut().map(|c| &mut c[layer]).collect();
+            h = block.forward_packed(&h, &mut layer_caches, lens, &self.rope)?;
+        }
+        let mut end = 0;
+        let mut lasts = Vec::new();
+        for (&len, &want) in lens.iter().zip(want) {
+            end += len;
+            if want {
+                lasts.push(if lens.len() == 1 {
+                    h.at((.., end - 1.., ..))?
+                } else {
+                    h.at((.., end - 1..end, ..))?
+                });
+            }
+        }
+        if lasts.is_empty() {
+            return Ok(None);
+        }
+        let h = if lasts.len() == 1 {
+            lasts.pop().expect("one")
+        } else {
+            concatenate(&lasts, 1)?
+        };
+        self.head(&h).map(Some)
+    }
+
+    /// The final norm and output projection.
+    fn head(&self, h: &Array) -> Result<Array> {
+        let h = rms_norm(h, Some(&self.norm), self.config.rms_norm_eps)?;
         match (&self.lm_head, self.embed.as_linear(&h)) {
             (Some(head), _) => head.forward(&h),
             (None, Some(tied)) => tied,

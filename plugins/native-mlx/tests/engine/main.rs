@@ -1,5 +1,6 @@
 //! Integration tests of the engine on random-weight models that the tests generate (one binary, shared fixtures).
 
+mod batch;
 mod fixtures;
 mod parity;
 mod session;

@@ -1,0 +1,612 @@
+//! Continuous batching: one engine thread serves many requests at once.
+//!
+//! Callers hand requests to the engine thread and receive their tokens
+//! through a channel. Between decoding steps the thread admits new
+//! requests and drops finished ones; each step runs every decoding
+//! sequence's next token and chunks of waiting prompts, within a token
+//! budget, as one packed forward pass (see `Model::packed_logits`): the
+//! projections and the MLP see all tokens at once, attention stays per
+//! sequence. Prompt chunks start at multiples of [`BLOCK`] whatever else
+//! runs, so a request computes the same shapes alone or batched, cold or
+//! from the prefix cache, and greedy tokens do not depend on its company.
+//!
+//! As in `Session`, step n+1 is built and queued before token n is read,
+//! so graph building overlaps evaluation.
+
+use std::collections::VecDeque;
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use mlx_rs::ops::concatenate;
+use mlx_rs::ops::indexing::argmax_axis;
+use mlx_rs::transforms::async_eval;
+use mlx_rs::{with_stream, Array};
+
+use crate::cache::KvCache;
+use crate::disk::DiskTier;
+use crate::error::{Error, Result};
+use crate::indexing::IndexOnStream;
+use crate::prefix::{block_hashes, PrefixCache, BLOCK};
+use crate::sampling::Sampler;
+use crate::session::{ids, StopMatcher};
+use crate::tokenizer::StreamDecoder;
+use crate::{Completion, FinishReason, GenerateRequest, Session, Timings, TokenEvent, Usage};
+
+/// How the engine thread schedules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchOptions {
+    /// Most requests generating at once; more wait in line.
+    pub max_sequences: usize,
+    /// Tokens one step may compute: every decoding sequence's one token,
+    /// then prompt chunks of [`BLOCK`] tokens while they fit (a step with
+    /// nothing else takes one chunk anyway).
+    pub step_tokens: usize,
+    /// Bytes of keys and values the prefix cache keeps in memory (0 turns
+    /// the whole prefix cache off).
+    pub prefix_cache_bytes: usize,
+    /// The folder of the prefix cache's disk tier (a subfolder per model);
+    /// `None` keeps the cache in memory only.
+    pub prefix_cache_dir: Option<std::path::PathBuf>,
+    /// Bytes of block files the disk tier keeps.
+    pub prefix_cache_disk_bytes: u64,
+}
+
+impl Default for BatchOptions {
+    fn default() -> Self {
+        Self {
+            max_sequences: 64,
+            step_tokens: 512,
+            prefix_cache_bytes: 1 << 30,
+            prefix_cache_dir: None,
+            prefix_cache_disk_bytes: 8 << 30,
+        }
+    }
+}
+
+enum Event {
+    Token { token: Option<u32>, text: String },
+    Done(Result<Completion>),
+}
+
+struct Job {
+    request: GenerateRequest,
+    events: mpsc::Sender<Event>,
+    cancel: Arc<AtomicBool>,
+    received: Instant,
+}
+
+/// A session served by its own thread, many requests at a time.
+pub struct Batcher {
+    jobs: Option<mpsc::Sender<Job>>,
+    /// The most sequences one step has computed so far.
+    peak: Arc<AtomicUsize>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Batcher {
+    /// Moves `session` to a new engine thread.
+    pub fn start(session: Session, options: BatchOptions) -> Self {
+        let (jobs, inbox) = mpsc::channel();
+        let peak = Arc::new(AtomicUsize::new(0));
+        let engine_peak = peak.clone();
+        let thread = std::thread::Builder::new()
+            .name("native-mlx-engine".into())
+            .spawn(move || {
+                let stream = session.stream.0.clone();
+                with_stream(&stream, || {
+                    Engine::new(session, options, inbox, engine_peak).run()
+                });
+            })
+            .expect("the OS starts a thread");
+        Self {
+            jobs: Some(jobs),
+            peak,
+            thread: Some(thread),
+        }
+    }
+
+    /// The most sequences one step has computed together so far (how much
+    /// batching happened).
+    pub fn peak_batch(&self) -> usize {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    /// Runs `request` with whatever else is running, calling `on_token` on
+    /// this thread as tokens arrive; `ControlFlow::Break` cancels it.
+    pub fn generate(
+        &self,
+        request: GenerateRequest,
+        mut on_token: impl FnMut(TokenEvent<'_>) -> ControlFlow<()>,
+    ) -> Result<Completion> {
+        let (events, inbox) = mpsc::channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let job = Job {
+            request,
+            events,
+            cancel: cancel.clone(),
+            received: Instant::now(),
+        };
+        let gone = || Error::EngineStopped("its thread ended".into());
+        self.jobs
+            .as_ref()
+            .ok_or_else(gone)?
+            .send(job)
+            .map_err(|_| gone())?;
+        // What the caller saw: when it cancels, the engine may have run a
+        // token or two further, which the answer does not count.
+        let (mut tokens, mut text_seen) = (0, String::new());
+        for event in inbox {
+            match event {
+                Event::Token { token, text } => {
+                    if cancel.load(Ordering::Relaxed) {
+                        continue;
+                    }
+                    tokens += usize::from(token.is_some());
+                    text_seen.push_str(&text);
+                    if on_token(TokenEvent { token, text: &text }).is_break() {
+                        cancel.store(true, Ordering::Relaxed);
+                    }
+                }
+                Event::Done(Ok(mut done)) if cancel.load(Ordering::Relaxed) => {
+                    if done.finish_reason == FinishReason::Cancelled
+                        || done.token_ids.len() > tokens
+                    {
+                        done.finish_reason = FinishReason::Cancelled;
+                        done.token_ids.truncate(tokens);
+                        done.usage.completion_tokens = done.token_ids.len();
+                        done.text = text_seen;
+                    }
+                    return Ok(done);
+                }
+                Event::Done(result) => return result,
+            }
+        }
+        Err(gone())
+    }
+}
+
+impl Drop for Batcher {
+    fn drop(&mut self) {
+        // The thread ends once its inbox is closed and its requests are done.
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One request on the engine thread.
+struct Seq {
+    job: Job,
+    prompt: Vec<u32>,
+    /// Hashes of the prompt's whole blocks (all but its last token).
+    hashes: Vec<u64>,
+    cache: Vec<KvCache>,
+    /// Prompt tokens in `cache`.
+    filled: usize,
+    cached_prompt_tokens: usize,
+    sampler: Sampler,
+    stops: StopMatcher,
+    decoder: StreamDecoder,
+    text: String,
+    token_ids: Vec<u32>,
+    /// The last sampled token, not yet fed back (lazy while its step runs).
+    pending: Option<Array>,
+    /// Tokens sampled so far, read or not.
+    sampled: usize,
+    first_token_at: Option<Instant>,
+    finished: Option<FinishReason>,
+}
+
+impl Seq {
+    /// The prompt is in the cache but its last token, which the first
+    /// decoding step feeds.
+    fn prefilled(&self) -> bool {
+        self.filled + 1 >= self.prompt.len()
+    }
+}
+
+struct Engine {
+    session: Session,
+    options: BatchOptions,
+    inbox: mpsc::Receiver<Job>,
+    waiting: VecDeque<Job>,
+    active: Vec<Seq>,
+    prefix: PrefixCache,
+    /// The tokens of the step in flight: (index into `active` at build
+    /// time is not stable, so) the sequence's identity and its token.
+    in_flight: Vec<(usize, Array)>,
+    /// Identities of `active`, parallel to it.
+    tags: Vec<usize>,
+    next_id: usize,
+    open: bool,
+    peak: Arc<AtomicUsize>,
+}
+
+impl Engine {
+    fn new(
+        session: Session,
+        options: BatchOptions,
+        inbox: mpsc::Receiver<Job>,
+        peak: Arc<AtomicUsize>,
+    ) -> Self {
+        let disk = options
+            .prefix_cache_dir
+            .as_ref()
+            .and_then(|root| DiskTier::open(root, &session.dir, options.prefix_cache_disk_bytes));
+        let prefix = PrefixCache::new(options.prefix_cache_bytes, disk);
+        Self {
+            session,
+            options,
+            inbox,
+            waiting: VecDeque::new(),
+            active: Vec::new(),
+            prefix,
+            in_flight: Vec::new(),
+            tags: Vec::new(),
+            next_id: 0,
+            open: true,
+            peak,
+        }
+    }
+
+    fn run(&mut self) {
+        loop {
+            self.receive();
+            if !self.open
+                && self.waiting.is_empty()
+                && self.active.is_empty()
+                && self.in_flight.is_empty()
+            {
+                return;
+            }
+            self.admit();
+            if let Err(e) = self.iterate() {
+                // A failed step leaves every cache in it in doubt: fail the
+                // requests that were running, keep serving new ones.
+                let message = e.to_string();
+                for seq in self.active.drain(..) {
+                    let _ = seq
+                        .job
+                        .events
+                        .send(Event::Done(Err(Error::EngineStopped(message.clone()))));
+                }
+                self.tags.clear();
+                self.in_flight.clear();
+            }
+        }
+    }
+
+    /// Takes new jobs: waits for one when there is nothing to do.
+    fn receive(&mut self) {
+        if !self.open {
+            return;
+        }
+        if self.waiting.is_empty() && self.active.is_empty() && self.in_flight.is_empty() {
+            match self.inbox.recv() {
+                Ok(job) => self.waiting.push_back(job),
+                Err(_) => {
+                    self.open = false;
+                    return;
+                }
+            }
+        }
+        loop {
+            match self.inbox.try_recv() {
+                Ok(job) => self.waiting.push_back(job),
+                Err(mpsc::TryRecvError::Empty) => return,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    self.open = false;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Starts waiting jobs while there is room.
+    fn admit(&mut self) {
+        while self.active.len() < self.options.max_sequences.max(1) {
+            let Some(job) = self.waiting.pop_front() else {
+                return;
+            };
+            if job.cancel.load(Ordering::Relaxed) {
+                continue;
+            }
+            match self.start(&job.request) {
+                Ok(parts) => {
+                    let (prompt, hashes, cache, filled, sampler) = parts;
+                    let stops = StopMatcher::new(&job.request.stop);
+                    self.active.push(Seq {
+                        job,
+                        prompt,
+                        hashes,
+                        cache,
+                        filled,
+                        cached_prompt_tokens: filled,
+                        sampler,
+                        stops,
+                        decoder: StreamDecoder::new(),
+                        text: String::new(),
+                        token_ids: Vec::new(),
+                        pending: None,
+                        sampled: 0,
+                        first_token_at: None,
+                        finished: None,
+                    });
+                    self.tags.push(self.next_id);
+                    self.next_id += 1;
+                }
+                Err(e) => {
+                    let _ = job.events.send(Event::Done(Err(e)));
+                }
+            }
+        }
+    }
+
+    /// Checks a request and finds its cached prefix.
+    #[allow(clippy::type_complexity)]
+    fn start(
+        &mut self,
+        request: &GenerateRequest,
+    ) -> Result<(Vec<u32>, Vec<u64>, Vec<KvCache>, usize, Sampler)> {
+        if request.max_tokens == 0 {
+            return Err(Error::InvalidRequest(
+                "max_tokens must be at least 1".into(),
+            ));
+        }
+        let prompt = self.session.prompt_tokens(&request.prompt)?;
+        if prompt.is_empty() {
+            return Err(Error::InvalidRequest("the prompt has no tokens".into()));
+        }
+        let sampler = Sampler::new(request.sampling.clone())?;
+        // The last prompt token is fed by the first decoding step, so only
+        // blocks before it are cached or restored.
+        let body = &prompt[..prompt.len() - 1];
+        let hashes = block_hashes(body);
+        let (filled, cache) = match self.prefix.restore(body, &hashes)? {
+            Some(found) => found,
+            None => (0, self.session.model.new_cache()),
+        };
+        Ok((prompt, hashes, cache, filled, sampler))
+    }
+
+    /// One step: build and queue the next forward pass, then read the
+    /// tokens of the previous one.
+    fn iterate(&mut self) -> Result<()> {
+        // Cancelled requests leave before the step is built.
+        for seq in &mut self.active {
+            if seq.finished.is_none() && seq.job.cancel.load(Ordering::Relaxed) {
+                seq.finished = Some(FinishReason::Cancelled);
+            }
+        }
+        self.retire();
+        // Blocks of the step in flight, which is read below.
+        let computed = self.prefix.take_unsaved();
+        let queued = self.build()?;
+        let previous = std::mem::replace(&mut self.in_flight, queued);
+        for (id, token) in previous {
+            let Some(at) = self.tags.iter().position(|&i| i == id) else {
+                continue;
+            };
+            let id = token
+                .try_item_cast::<u32>()
+                .map_err(|e| Error::Mlx(mlx_rs::error::Exception::custom(e.to_string())))?;
+            self.accept(at, id)?;
+        }
+        // That step is done: its new prefix blocks can be written.
+        self.prefix.persist(computed)?;
+        self.retire();
+        Ok(())
+    }
+
+    /// Builds and queues one packed forward pass; returns its sampled tokens.
+    fn build(&mut self) -> Result<Vec<(usize, Array)>> {
+        let mut parts: Vec<Array> = Vec::new();
+        let mut lens: Vec<i32> = Vec::new();
+        let mut want: Vec<bool> = Vec::new();
+        let mut members: Vec<usize> = Vec::new();
+        let mut budget = self.options.step_tokens;
+        // Decoding sequences first: one token each.
+        for (at, seq) in self.active.iter_mut().enumerate() {
+            if seq.finished.is_some()
+                || !seq.prefilled()
+                || seq.sampled >= seq.job.request.max_tokens
+            {
+                continue;
+            }
+            let input = match seq.pending.take() {
+                Some(token) => token.reshape(&[1, 1])?,
+                None if seq.sampled == 0 => ids(&seq.prompt[seq.prompt.len() - 1..])?,
+                // Its token is still in flight.
+                None => continue,
+            };
+            parts.push(input);
+            lens.push(1);
+            want.push(true);
+            members.push(at);
+            budget = budget.saturating_sub(1);
+        }
+        // Then prompt chunks, in arrival order, one per sequence, ending at
+        // the next block boundary (or the prompt's last token but one).
+        let mut prefilling = Vec::new();
+        for (at, seq) in self.active.iter().enumerate() {
+            if seq.finished.is_some() || seq.prefilled() {
+                continue;
+            }
+            let end = ((seq.filled / BLOCK + 1) * BLOCK).min(seq.prompt.len() - 1);
+            let len = end - seq.filled;
+            if len > budget && !parts.is_empty() {
+                break;
+            }
+            parts.push(ids(&seq.prompt[seq.filled..end])?);
+            lens.push(len as i32);
+            want.push(false);
+            members.push(at);
+            prefilling.push((at, end));
+            budget = budget.saturating_sub(len);
+        }
+        if parts.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.peak.fetch_max(parts.len(), Ordering::Relaxed);
+        let input = if parts.len() == 1 {
+            parts.pop().expect("one part")
+        } else {
+            concatenate(&parts, 1)?
+        };
+        let mut caches: Vec<&mut [KvCache]> = Vec::with_capacity(members.len());
+        {
+            // Disjoint borrows of the members' caches, in member order.
+            let mut slots: Vec<Option<&mut Vec<KvCache>>> =
+                self.active.iter_mut().map(|s| Some(&mut s.cache)).collect();
+            for &at in &members {
+                caches.push(slots[at].take().expect("each sequence once"));
+            }
+        }
+        let logits = self
+            .session
+            .model
+            .packed_logits(&input, &mut caches, &lens, &want)?;
+        drop(caches);
+
+        let mut to_eval: Vec<Array> = Vec::new();
+        let mut queued = Vec::new();
+        if let Some(logits) = logits {
+            let decoding: Vec<usize> = members
+                .iter()
+                .zip(&want)
+                .filter(|(_, &w)| w)
+                .map(|(&at, _)| at)
+                .collect();
+            // Greedy rows share three ops: the log-sum-exp of each row (as
+            // `Session::step` computes it for one) and the argmax.
+            let greedy = if decoding
+                .iter()
+                .any(|&at| self.active[at].sampler.is_greedy())
+            {
+                let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
+                Some(argmax_axis(&logprobs, -1, None)?)
+            } else {
+                None
+            };
+            for (row, at) in decoding.into_iter().enumerate() {
+                let seq = &mut self.active[at];
+                let token = match &greedy {
+                    Some(tokens) if seq.sampler.is_greedy() => tokens.at((.., row as i32))?,
+                    _ => {
+                        let logits = logits.at((.., row as i32, ..))?;
+                        // As `Session::step`: a log-sum-exp over the `(1, vocab)` row.
+                        let logprobs = logits.subtract(logits.logsumexp(true)?)?;
+                        seq.sampler.sample(&logprobs)?
+                    }
+                };
+                seq.pending = Some(token.clone());
+                seq.sampled += 1;
+                to_eval.push(token.clone());
+                queued.push((self.tags[at], token));
+            }
+        }
+        for (at, end) in prefilling {
+            let seq = &mut self.active[at];
+            let start = seq.filled;
+            seq.filled = end;
+            to_eval.extend(seq.cache.iter().flat_map(KvCache::state).cloned());
+            // A whole block computed as one chunk goes to the prefix cache.
+            if end - start == BLOCK && end % BLOCK == 0 {
+                let index = end / BLOCK - 1;
+                let hash = seq.hashes[index];
+                if self.prefix.enabled() && !self.prefix.contains(hash) {
+                    to_eval.extend(self.prefix.insert(hash, index, &seq.prompt, &seq.cache)?);
+                }
+            }
+        }
+        async_eval(to_eval.iter())?;
+        Ok(queued)
+    }
+
+    /// Takes sampled token `id` of sequence `at`: stop checks, text, event.
+    fn accept(&mut self, at: usize, id: u32) -> Result<()> {
+        let tokenizer = &self.session.tokenizer;
+        let seq = &mut self.active[at];
+        if seq.finished.is_some() {
+            return Ok(());
+        }
+        if seq.first_token_at.is_none() {
+            seq.first_token_at = Some(Instant::now());
+        }
+        if !seq.job.request.ignore_eos && tokenizer.is_eos(id) {
+            seq.finished = Some(FinishReason::Stop);
+            return Ok(());
+        }
+        seq.token_ids.push(id);
+        let piece = seq.decoder.push(tokenizer, id)?;
+        let (piece, stopped) = seq.stops.push(&piece);
+        seq.text.push_str(&piece);
+        let sent = seq.job.events.send(Event::Token {
+            token: Some(id),
+            text: piece,
+        });
+        if stopped {
+            seq.finished = Some(FinishReason::Stop);
+        } else if sent.is_err() || seq.job.cancel.load(Ordering::Relaxed) {
+            seq.finished = Some(FinishReason::Cancelled);
+        } else if seq.token_ids.len() >= seq.job.request.max_tokens {
+            seq.finished = Some(FinishReason::Length);
+        }
+        Ok(())
+    }
+
+    /// Answers and drops finished sequences.
+    fn retire(&mut self) {
+        let tokenizer = &self.session.tokenizer;
+        let mut at = 0;
+        while at < self.active.len() {
+            let Some(reason) = self.active[at].finished else {
+                at += 1;
+                continue;
+            };
+            let mut seq = self.active.remove(at);
+            self.tags.remove(at);
+            let result = finish(&mut seq, reason, tokenizer);
+            let _ = seq.job.events.send(Event::Done(result));
+        }
+    }
+}
+
+/// The last text held back, and the request's completion.
+fn finish(seq: &mut Seq, reason: FinishReason, tokenizer: &crate::Tokenizer) -> Result<Completion> {
+    if reason != FinishReason::Cancelled {
+        let (mut tail, stopped) = seq.stops.push(&seq.decoder.finish(tokenizer)?);
+        if !stopped {
+            tail.push_str(&seq.stops.finish());
+        }
+        if !tail.is_empty() {
+            seq.text.push_str(&tail);
+            let _ = seq.job.events.send(Event::Token {
+                token: None,
+                text: tail,
+            });
+        }
+    }
+    let end = Instant::now();
+    let first = seq.first_token_at.unwrap_or(end);
+    let completion_tokens = seq.token_ids.len();
+    Ok(Completion {
+        text: std::mem::take(&mut seq.text),
+        token_ids: std::mem::take(&mut seq.token_ids),
+        finish_reason: reason,
+        usage: Usage {
+            prompt_tokens: seq.prompt.len(),
+            cached_prompt_tokens: seq.cached_prompt_tokens,
+            completion_tokens,
+        },
+        timings: Timings {
+            time_to_first_token: first - seq.job.received,
+            decode: end - first,
+            ..Timings::default()
+        },
+    })
+}

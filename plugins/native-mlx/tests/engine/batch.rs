@@ -1,0 +1,309 @@
+//! Continuous batching: a request's tokens are the same alone or batched, cold or from the prefix cache.
+
+use std::ops::ControlFlow;
+use std::sync::Barrier;
+
+use hangar_native_mlx::{
+    BatchOptions, Batcher, Completion, FinishReason, GenerateRequest, Prompt, SamplingParams,
+    Session,
+};
+
+use crate::fixtures::fixtures;
+
+/// `n` pseudo-random ids of the tiny vocabulary (512), different per `seed`.
+fn prompt(seed: u64, n: usize) -> Vec<u32> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) % 500) as u32 + 3
+        })
+        .collect()
+}
+
+fn request(ids: &[u32], max_tokens: usize) -> GenerateRequest {
+    let mut r = GenerateRequest::new(Prompt::Tokens(ids.to_vec()), max_tokens);
+    r.ignore_eos = true;
+    r
+}
+
+fn batcher(model: &str, prefix_cache_bytes: usize) -> Batcher {
+    let session = Session::load(&fixtures().model(model)).unwrap();
+    Batcher::start(
+        session,
+        BatchOptions {
+            prefix_cache_bytes,
+            ..BatchOptions::default()
+        },
+    )
+}
+
+fn run(b: &Batcher, r: &GenerateRequest) -> Completion {
+    let mut streamed = String::new();
+    let done = b
+        .generate(r.clone(), |e| {
+            streamed.push_str(e.text);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(streamed, done.text);
+    done
+}
+
+/// Runs every request at once, from one thread each.
+fn run_together(b: &Batcher, requests: &[GenerateRequest]) -> Vec<Completion> {
+    let start = Barrier::new(requests.len());
+    std::thread::scope(|s| {
+        let handles: Vec<_> = requests
+            .iter()
+            .map(|r| {
+                let start = &start;
+                s.spawn(move || {
+                    start.wait();
+                    run(b, r)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Prompts shorter and longer than a prefill chunk (128), so that batched
+/// steps mix decoding tokens with prompt chunks of other requests.
+fn mixed_requests() -> Vec<GenerateRequest> {
+    [(1, 12), (2, 40), (3, 200), (4, 5), (5, 300), (6, 129)]
+        .iter()
+        .map(|&(seed, n)| request(&prompt(seed, n), 20))
+        .collect()
+}
+
+fn same_tokens_alone_and_batched(model: &str) {
+    let requests = mixed_requests();
+    let b = batcher(model, 0);
+    let alone: Vec<Vec<u32>> = requests.iter().map(|r| run(&b, r).token_ids).collect();
+    assert_eq!(b.peak_batch(), 1);
+    let together: Vec<Vec<u32>> = run_together(&b, &requests)
+        .into_iter()
+        .map(|c| c.token_ids)
+        .collect();
+    assert!(b.peak_batch() >= 4, "only {} ran together", b.peak_batch());
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a.len(), 20);
+        assert_eq!(a, t, "{model}: request {i} differs when batched");
+    }
+}
+
+#[test]
+fn greedy_tokens_are_the_same_alone_and_batched_float32() {
+    same_tokens_alone_and_batched("llama");
+}
+
+#[test]
+fn greedy_tokens_are_the_same_alone_and_batched_4bit_qwen3() {
+    same_tokens_alone_and_batched("qwen3-q4");
+}
+
+#[test]
+fn greedy_tokens_are_the_same_alone_and_batched_bfloat16() {
+    same_tokens_alone_and_batched("llama-bf16");
+}
+
+#[test]
+fn a_short_prompt_gives_the_session_tokens() {
+    // A prompt within one chunk is prefilled in one pass by both paths.
+    let r = request(&prompt(9, 60), 24);
+    let mut session = Session::load(&fixtures().model("llama")).unwrap();
+    let expected = session.generate(&r, |_| ControlFlow::Continue(())).unwrap();
+    let b = batcher("llama", 0);
+    assert_eq!(run(&b, &r).token_ids, expected.token_ids);
+}
+
+#[test]
+fn seeded_sampling_is_the_same_alone_and_batched() {
+    let mut requests = mixed_requests();
+    for (i, r) in requests.iter_mut().enumerate() {
+        r.sampling = SamplingParams {
+            temperature: 0.9,
+            top_k: 50,
+            seed: Some(100 + i as u64),
+            ..SamplingParams::greedy()
+        };
+    }
+    let b = batcher("llama", 0);
+    let alone: Vec<Vec<u32>> = requests.iter().map(|r| run(&b, r).token_ids).collect();
+    let together: Vec<Vec<u32>> = run_together(&b, &requests)
+        .into_iter()
+        .map(|c| c.token_ids)
+        .collect();
+    assert_eq!(alone, together);
+}
+
+#[test]
+fn a_cached_prefix_gives_the_same_tokens_as_cold() {
+    let b = batcher("llama", 64 << 20);
+    let cold = batcher("llama", 0);
+    let first = prompt(21, 300);
+    let a = run(&b, &request(&first, 16));
+    assert_eq!(a.usage.cached_prompt_tokens, 0);
+
+    // The same prompt again: both whole blocks of its first 299 tokens.
+    let again = run(&b, &request(&first, 16));
+    assert_eq!(again.usage.cached_prompt_tokens, 256);
+    assert_eq!(again.token_ids, a.token_ids);
+
+    // A prompt sharing 200 tokens: the first block only.
+    let mut other = first[..200].to_vec();
+    other.extend(prompt(22, 90));
+    let warm = run(&b, &request(&other, 16));
+    assert_eq!(warm.usage.cached_prompt_tokens, 128);
+    assert_eq!(warm.token_ids, run(&cold, &request(&other, 16)).token_ids);
+    // The check has teeth: a different first block changes the answer.
+    let mut changed = other.clone();
+    changed[..128].copy_from_slice(&prompt(23, 128));
+    assert_ne!(run(&cold, &request(&changed, 16)).token_ids, warm.token_ids);
+
+    // Batched with others, from the cache: still the same.
+    let mut requests = mixed_requests();
+    requests.push(request(&other, 16));
+    let together = run_together(&b, &requests);
+    let last = together.last().unwrap();
+    assert_eq!(last.usage.cached_prompt_tokens, 256);
+    assert_eq!(last.token_ids, warm.token_ids);
+}
+
+#[test]
+fn cancelling_one_request_leaves_the_others_running() {
+    let b = batcher("llama", 0);
+    let requests = mixed_requests();
+    let start = Barrier::new(2);
+    let (cancelled, other) = std::thread::scope(|s| {
+        let start = &start;
+        let b = &b;
+        let r0 = &requests[2];
+        let r1 = &requests[4];
+        let c = s.spawn(move || {
+            start.wait();
+            let mut n = 0;
+            b.generate(r0.clone(), |_| {
+                n += 1;
+                if n == 3 {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+            .unwrap()
+        });
+        let o = s.spawn(move || {
+            start.wait();
+            run(b, r1)
+        });
+        (c.join().unwrap(), o.join().unwrap())
+    });
+    assert_eq!(cancelled.finish_reason, FinishReason::Cancelled);
+    assert_eq!(cancelled.token_ids.len(), 3);
+    assert_eq!(other.finish_reason, FinishReason::Length);
+    assert_eq!(other.token_ids, run(&b, &requests[4]).token_ids);
+}
+
+#[test]
+fn bad_requests_fail_alone() {
+    let b = batcher("llama", 0);
+    let err = b.generate(request(&[], 4), |_| ControlFlow::Continue(()));
+    assert_eq!(
+        err.unwrap_err().to_string(),
+        "invalid request: the prompt has no tokens"
+    );
+    assert_eq!(run(&b, &request(&[1, 2, 3], 4)).token_ids.len(), 4);
+}
+
+fn with_disk(model: &str, dir: &std::path::Path) -> Batcher {
+    let session = Session::load(&fixtures().model(model)).unwrap();
+    Batcher::start(
+        session,
+        BatchOptions {
+            prefix_cache_bytes: 64 << 20,
+            prefix_cache_dir: Some(dir.to_owned()),
+            ..BatchOptions::default()
+        },
+    )
+}
+
+/// The block files under `dir`, sorted.
+fn block_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .flat_map(|model| std::fs::read_dir(model.unwrap().path()).unwrap())
+        .map(|f| f.unwrap().path())
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn the_disk_tier_survives_a_restart_and_never_serves_a_bad_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = prompt(31, 300);
+    let cold = run(&batcher("llama", 0), &request(&ids, 16));
+
+    // Dropping the engine waits for its writes.
+    let first = with_disk("llama", dir.path());
+    assert_eq!(run(&first, &request(&ids, 16)).token_ids, cold.token_ids);
+    drop(first);
+    let files = block_files(dir.path());
+    assert_eq!(files.len(), 2, "{files:?}");
+
+    let restarted = with_disk("llama", dir.path());
+    let warm = run(&restarted, &request(&ids, 16));
+    assert_eq!(warm.usage.cached_prompt_tokens, 256);
+    assert_eq!(warm.token_ids, cold.token_ids);
+    drop(restarted);
+
+    // A damaged second block: the first is served, the second recomputed
+    // (and written again).
+    let second = files
+        .iter()
+        .find(|f| {
+            // Block 1's header lists the prompt's tokens from 128 on.
+            let text = std::fs::read(f).unwrap();
+            let header = String::from_utf8_lossy(&text[16..2000.min(text.len())]).into_owned();
+            header.contains(&format!("\"tokens\":[{},{},", ids[128], ids[129]))
+        })
+        .expect("the second block's file");
+    let mut bytes = std::fs::read(second).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(second, &bytes).unwrap();
+    let damaged = with_disk("llama", dir.path());
+    let again = run(&damaged, &request(&ids, 16));
+    assert_eq!(again.usage.cached_prompt_tokens, 128);
+    assert_eq!(again.token_ids, cold.token_ids);
+    drop(damaged);
+    assert_ne!(
+        std::fs::read(second).unwrap(),
+        bytes,
+        "the damaged file was replaced"
+    );
+
+    // Another model finds files under its own name only; a block file of
+    // this model copied there is refused.
+    let other_cold = run(&batcher("qwen2", 0), &request(&ids, 16));
+    let other = with_disk("qwen2", dir.path());
+    drop(other);
+    let other_dir = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .find(|d| !second.starts_with(d))
+        .expect("a folder for the second model");
+    for f in &files {
+        std::fs::copy(f, other_dir.join(f.file_name().unwrap())).unwrap();
+    }
+    let other = with_disk("qwen2", dir.path());
+    let foreign = run(&other, &request(&ids, 16));
+    assert_eq!(foreign.usage.cached_prompt_tokens, 0);
+    assert_eq!(foreign.token_ids, other_cold.token_ids);
+}

@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""Serving benchmark: native-mlx against mlx_lm.server, both through `hangar serve`.
+
+Starts two `hangar serve` processes on the same model folder: one where
+native-mlx serves the `mlx` format (its default), one where mlx-lm does
+(`[default_engines] mlx = "mlx-lm"`). Then, rounds interleaved (A B A B ...):
+
+- concurrency: N clients stream chat completions at once (each its own
+  prompt, `max_tokens` tokens); aggregate decode tokens/s (all completion
+  tokens over the round's wall time) and p50/p99 time to first token;
+- long prompt: time to first token of a ~4000-token prompt, cold (a prompt
+  never seen), warm (the same prompt again, from the prefix cache in
+  memory), and warm after the server restarted (from a disk cache, if the
+  engine keeps one).
+
+Prints markdown tables: the median over rounds and the min-max, and the
+native-mlx / mlx-lm ratio of the medians.
+
+Usage: serving_bench.py --hangar BIN --plugins-dir DIR --model DIR [options]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import openai
+
+SERVING = re.compile(r"hangar: serving (\d+) model\(s\) on http://(\S+)")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+WORDS = ("quick brown fox jumps over lazy dog small model load run stop hello world "
+         "engine folder weights tokenizer config prompt tokens network step text hangar "
+         "airfield pilots morning doors numbers logbooks questions answers lists red green blue").split()
+
+
+class Server:
+    """One `hangar serve` process and its address."""
+
+    def __init__(self, name, args, env):
+        self.name, self.args, self.env = name, args, env
+        self.start()
+
+    def start(self):
+        self.url = ""
+        self.proc = subprocess.Popen(self.args, env=self.env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        ready = threading.Event()
+        self.log = []
+
+        def read():
+            for raw in self.proc.stderr:
+                line = ANSI.sub("", raw.decode(errors="replace").rstrip("\n"))
+                self.log.append(line)
+                if not ready.is_set() and (m := SERVING.search(line)):
+                    self.url = "http://" + m.group(2)
+                    ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(120):
+            self.stop()
+            sys.exit(f"{self.name}: hangar did not start:\n" + "\n".join(self.log[-30:]))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def text(rng, words):
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+async def one(client, model, prompt, max_tokens):
+    """Streams one chat completion: (time to first token s, completion tokens, end time)."""
+    start = time.perf_counter()
+    first = None
+    tokens = 0
+    stream = await client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+        temperature=0, stream=True, stream_options={"include_usage": True})
+    async for chunk in stream:
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
+            first = time.perf_counter() - start
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    end = time.perf_counter()
+    return (first if first is not None else end - start), tokens, end
+
+
+async def concurrent(url, model, streams, prompts, max_tokens):
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0,
+                                  timeout=3600) as client:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(one(client, model, p, max_tokens) for p in prompts[:streams]))
+        wall = max(r[2] for r in results) - start
+        ttfts = sorted(r[0] for r in results)
+        total = sum(r[1] for r in results)
+        return {
+            "tok_s": total / wall,
+            "ttft_p50": percentile(ttfts, 50),
+            "ttft_p99": percentile(ttfts, 99),
+        }
+
+
+def percentile(sorted_values, p):
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    k = (len(sorted_values) - 1) * p / 100
+    lo = int(k)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
+
+
+def ttft(url, model, prompt):
+    """Time to first token and the reported cached prompt tokens of one request."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=3600)
+    start = time.perf_counter()
+    first = None
+    cached = None
+    prompt_tokens = None
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=4, temperature=0,
+        stream=True, stream_options={"include_usage": True})
+    for chunk in stream:
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
+            first = time.perf_counter() - start
+        if chunk.usage is not None:
+            prompt_tokens = chunk.usage.prompt_tokens
+            details = chunk.usage.prompt_tokens_details
+            cached = details.cached_tokens if details is not None else None
+    return (first if first is not None else time.perf_counter() - start), prompt_tokens, cached
+
+
+def prompt_of_tokens(url, model, rng, want):
+    """A prompt of about `want` tokens (measured through the server)."""
+    words = want // 2
+    for _ in range(4):
+        p = text(rng, words)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=3600)
+        r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": p}],
+                                           max_tokens=1)
+        got = r.usage.prompt_tokens
+        if abs(got - want) <= want // 50:
+            return p
+        words = max(1, int(words * want / got))
+    return text(rng, words)
+
+
+def summary(values):
+    return statistics.median(values), min(values), max(values)
+
+
+def fmt(values, unit_scale=1.0, digits=0):
+    m, lo, hi = summary([v * unit_scale for v in values])
+    return f"{m:.{digits}f} ({lo:.{digits}f}–{hi:.{digits}f})"
+
+
+def main():
+    # A TERM (a timeout, a supervisor) runs the `finally` below too, so no
+    # `hangar serve` outlives the benchmark.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hangar", required=True)
+    ap.add_argument("--plugins-dir", required=True)
+    ap.add_argument("--model", required=True, help="the model folder both engines serve")
+    ap.add_argument("--python", default=sys.executable, help="the interpreter that runs mlx_lm.server")
+    ap.add_argument("--streams", default="1,8,32,64")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--prompt-words", type=int, default=40)
+    ap.add_argument("--long-prompt-tokens", type=int, default=4000)
+    ap.add_argument("--long-rounds", type=int, default=3)
+    ap.add_argument("--json", help="also write the raw results here")
+    args = ap.parse_args()
+
+    root = tempfile.mkdtemp(prefix="hangar-serving-bench-")
+    models = os.path.join(root, "models")
+    os.makedirs(models)
+    name = "bench"
+    os.symlink(os.path.abspath(args.model), os.path.join(models, name))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HANGAR_API_KEY", "HANGAR_MODEL_DIR", "HANGAR_PLUGINS_DIR", "HANGAR_CONFIG",
+                        "HANGAR_SETTINGS")}
+    env.setdefault("HANGAR_LOG", "warn")
+    servers = {}
+    for engine in ("native-mlx", "mlx-lm"):
+        home = os.path.join(root, engine)
+        os.makedirs(os.path.join(home, "state"))
+        with open(os.path.join(home, "config.toml"), "w") as f:
+            f.write(f'[plugins.mlx-lm]\nprogram = "{args.python}"\nallow_programs = ["python3"]\n')
+        with open(os.path.join(home, "settings.toml"), "w") as f:
+            f.write(f'[default_engines]\nmlx = "{engine}"\n')
+        servers[engine] = Server(engine, [
+            args.hangar, "serve", "--port", "0", "--model-dir", models,
+            "--plugins-dir", args.plugins_dir, "--config", os.path.join(home, "config.toml"),
+            "--state-dir", os.path.join(home, "state")], env)
+    order = list(servers)
+    try:
+        rng = random.Random(0)
+        # Warm-up: load the model, compile what compiles.
+        for engine, srv in servers.items():
+            asyncio.run(concurrent(srv.url, name, 2, [text(rng, 20)] * 2, 8))
+        streams = [int(s) for s in args.streams.split(",")]
+        results = {e: {n: [] for n in streams} for e in servers}
+        for r in range(args.rounds):
+            for n in streams:
+                for engine in (order if r % 2 == 0 else order[::-1]):
+                    # Fresh prompts every round: no prefix is shared.
+                    prompts = [f"{r}-{n}-{i}: " + text(rng, args.prompt_words) for i in range(n)]
+                    res = asyncio.run(concurrent(servers[engine].url, name, n, prompts, args.max_tokens))
+                    results[engine][n].append(res)
+                    print(f"round {r} streams {n} {engine}: {res['tok_s']:.0f} tok/s, "
+                          f"ttft p50 {res['ttft_p50']*1000:.0f} ms p99 {res['ttft_p99']*1000:.0f} ms",
+                          file=sys.stderr, flush=True)
+
+        long = {e: {"cold": [], "warm": [], "disk": [], "cached": [], "prompt": []} for e in servers}
+        for r in range(args.long_rounds):
+            for engine in (order if r % 2 == 0 else order[::-1]):
+                srv = servers[engine]
+                p = prompt_of_tokens(srv.url, name, random.Random(1000 + r), args.long_prompt_tokens)
+                # The calibration request already saw `p`: the cold run takes a variant.
+                p = f"round {r} {engine} " + p
+                cold, prompt_tokens, _ = ttft(srv.url, name, p)
+                warm, _, cached = ttft(srv.url, name, p)
+                srv.stop()
+                srv.start()
+                ttft(srv.url, name, text(rng, 5))  # load the model again
+                disk, _, disk_cached = ttft(srv.url, name, p)
+                long[engine]["cold"].append(cold)
+                long[engine]["warm"].append(warm)
+                long[engine]["disk"].append(disk)
+                long[engine]["cached"].append((cached, disk_cached))
+                long[engine]["prompt"].append(prompt_tokens)
+                print(f"long round {r} {engine}: {prompt_tokens} tokens, cold {cold*1000:.0f} ms, "
+                      f"warm {warm*1000:.0f} ms (cached {cached}), after restart {disk*1000:.0f} ms "
+                      f"(cached {disk_cached})", file=sys.stderr, flush=True)
+    finally:
+        for srv in servers.values():
+            srv.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"concurrency": results, "long": long}, f, indent=1)
+    a, b = order
+    print(f"\n### Concurrent streaming chat, {args.max_tokens} tokens each, {args.rounds} rounds "
+          f"(median, min–max)\n")
+    print(f"| streams | {a} tok/s | {b} tok/s | ratio | {a} TTFT p50 ms | {b} TTFT p50 ms "
+          f"| {a} TTFT p99 ms | {b} TTFT p99 ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n in streams:
+        ra, rb = results[a][n], results[b][n]
+        ratio = [x["tok_s"] / y["tok_s"] for x, y in zip(ra, rb)]
+        print(f"| {n} | {fmt([x['tok_s'] for x in ra])} | {fmt([x['tok_s'] for x in rb])} "
+              f"| {fmt(ratio, digits=2)} "
+              f"| {fmt([x['ttft_p50'] for x in ra], 1000)} | {fmt([x['ttft_p50'] for x in rb], 1000)} "
+              f"| {fmt([x['ttft_p99'] for x in ra], 1000)} | {fmt([x['ttft_p99'] for x in rb], 1000)} |")
+    if not args.long_rounds:
+        return
+    print(f"\n### Time to first token of a long prompt, {args.long_rounds} rounds (median, min–max, ms)\n")
+    print("| engine | prompt tokens | cold | warm (memory) | warm / cold | after restart | restart / cold "
+          "| cached tokens (warm, restart) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for e in order:
+        L = long[e]
+        print(f"| {e} | {L['prompt'][0]} | {fmt(L['cold'], 1000)} | {fmt(L['warm'], 1000)} "
+              f"| {fmt([w / c for w, c in zip(L['warm'], L['cold'])], digits=3)} | {fmt(L['disk'], 1000)} "
+              f"| {fmt([d / c for d, c in zip(L['disk'], L['cold'])], digits=3)} | {L['cached']} |")
+
+
+if __name__ == "__main__":
+    main()
