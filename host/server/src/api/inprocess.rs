@@ -12,8 +12,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use abi_stable::sabi_trait::TD_Opaque;
 use abi_stable::std_types::{RResult, RStr};
-use axum::body::{Body, Bytes};
-use axum::http::{header, StatusCode};
+use axum::body::Bytes;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hangar_plugin_api::abi::{SinkControl, TokenSink, TokenSink_TO};
@@ -168,12 +168,7 @@ impl Served {
         let body = futures_util::stream::unfold(out_rx, |mut rx| async move {
             rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
         });
-        Ok(Response::builder()
-            .status(StatusCode::OK)
-            .header(header::CONTENT_TYPE, "text/event-stream")
-            .header(header::CACHE_CONTROL, "no-cache")
-            .body(Body::from_stream(body))
-            .expect("a valid response"))
+        Ok(super::sse::response(body))
     }
 
     fn generate_request(

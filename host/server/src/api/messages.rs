@@ -28,7 +28,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -531,12 +531,7 @@ async fn answer_with(response: Response, ask: Ask) -> Response {
         let next = s.next().await?;
         Some((Ok::<_, Infallible>(next), s))
     });
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(stream))
-        .expect("a valid response")
+    super::sse::response(stream)
 }
 
 /// A whole (non-streamed) message.

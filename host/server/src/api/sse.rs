@@ -9,7 +9,13 @@
 //! string, a line that is not one JSON object) goes through a full
 //! `serde_json` parse, as every event once did.
 
+use std::convert::Infallible;
+
+use axum::body::Body;
+use axum::http::{header, StatusCode};
+use axum::response::Response;
 use bytes::{Bytes, BytesMut};
+use futures_util::Stream;
 use memchr::memmem;
 use serde_json::Value;
 
@@ -62,6 +68,19 @@ fn event_ends(buffer: &[u8], from: usize, ends: &mut Vec<usize>) {
             start = i + 1;
         }
     }
+}
+
+/// A `200 text/event-stream` response whose body is `events`, polled by
+/// hyper as the client's connection takes them.
+pub(super) fn response(
+    events: impl Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
+) -> Response {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(events))
+        .expect("a valid response")
 }
 
 /// Whether `event` is the stream's `data: [DONE]` marker.

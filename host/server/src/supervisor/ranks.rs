@@ -15,14 +15,7 @@ use std::collections::HashMap;
 /// missing).
 pub(crate) fn find(pgid: i32, marker: &str) -> Option<u32> {
     let mut marked: HashMap<u32, u32> = HashMap::new();
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for pid in super::rss::pids()? {
         let Some(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok() else {
             continue;
         };

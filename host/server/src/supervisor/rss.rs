@@ -12,14 +12,7 @@ pub(crate) fn tree_rss(root: u32) -> Option<u64> {
 /// Resident bytes of `root` itself and of all its descendants together.
 pub(crate) fn tree_rss_parts(root: u32) -> Option<(u64, u64)> {
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for pid in pids()? {
         if let Some(ppid) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
             .as_deref()
@@ -36,6 +29,17 @@ pub(crate) fn tree_rss_parts(root: u32) -> Option<(u64, u64)> {
         stack.extend(children.remove(&pid).unwrap_or_default());
     }
     Some((own, below))
+}
+
+/// Every process's pid, from `/proc`; `None` where there is no `/proc`
+/// (macOS).
+pub(crate) fn pids() -> Option<impl Iterator<Item = u32>> {
+    Some(
+        std::fs::read_dir("/proc")
+            .ok()?
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok()),
+    )
 }
 
 /// The parent pid from a `/proc/PID/stat` line (the command name, in
