@@ -147,6 +147,11 @@ pub struct LoadRequest {
     /// alone. Added in 1.x: plugins built before it never see a cluster.
     #[serde(default)]
     pub cluster: Option<Cluster>,
+    /// A writable folder for this plugin's caches that outlives sessions
+    /// and host restarts (`<state dir>/cache/<plugin id>`; a prefix cache
+    /// on disk, say). Added in 1.1: `None` from older hosts.
+    #[serde(default)]
+    pub cache_dir: Option<String>,
 }
 
 /// One model spread over several machines by the engine's own distributed

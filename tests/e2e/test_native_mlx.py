@@ -110,3 +110,41 @@ def test_a_crashed_worker_is_cleaned_up_like_any_engine(native):
 
 def test_anthropic_messages_on_native_mlx(native):
     exercise(native.url, LLAMA)
+
+
+def test_a_long_prompt_is_served_from_the_prefix_cache_and_from_disk_after_a_restart(env, tmp_path):
+    # A host of its own, restarted on the same state dir: the disk tier
+    # lives in the folder the host gives the plugin (LoadRequest.cache_dir,
+    # <state>/cache/native-mlx), which outlives sessions and the host.
+    config = tmp_path / "config.toml"
+    config.write_text(f'[plugins.mlx-lm]\nprogram = "{env["python"]}"\nallow_programs = ["python3"]\n')
+    args = list(env["base_args"])
+    args[args.index("--config") + 1] = str(config)
+    args[args.index("--state-dir") + 1] = str(tmp_path / "state")
+    prompt = " ".join(f"w{i}" for i in range(400))
+    blocks = tmp_path / "state" / "cache" / "native-mlx" / "prefix"
+
+    def cached(srv):
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        r = client.completions.create(model=LLAMA, prompt=prompt, max_tokens=2, temperature=0)
+        assert r.usage.prompt_tokens >= 256, r.usage
+        details = r.usage.prompt_tokens_details
+        return r.usage.prompt_tokens, (details.cached_tokens if details else 0)
+
+    srv = Server("hangar (native-mlx, prefix cache)", args, env["proc_env"])
+    try:
+        prompt_tokens, cold = cached(srv)
+        assert cold == 0
+        _, warm = cached(srv)
+        # Whole 128-token blocks, short of the last token (which must be computed).
+        assert 128 <= warm < prompt_tokens and warm % 128 == 0, (warm, prompt_tokens)
+        # Blocks reach the disk off the engine thread.
+        assert wait_until(lambda: len(list(blocks.rglob("*.kv"))) >= warm // 128, 10), list(blocks.rglob("*"))
+    finally:
+        assert not srv.stop()
+    srv = Server("hangar (native-mlx, prefix cache, restarted)", args, env["proc_env"])
+    try:
+        _, from_disk = cached(srv)
+        assert from_disk == warm
+    finally:
+        assert not srv.stop()

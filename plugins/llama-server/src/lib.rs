@@ -225,6 +225,7 @@ mod tests {
             port: 8123,
             work_dir: "/tmp/w".into(),
             cluster: None,
+            cache_dir: None,
         }
     }
 

@@ -225,6 +225,7 @@ fn request() -> LoadRequest {
         port: 8181,
         work_dir: "/work/s1".into(),
         cluster: None,
+        cache_dir: None,
     }
 }
 

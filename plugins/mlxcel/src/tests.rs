@@ -104,6 +104,7 @@ fn check_request(
         port: 9000,
         work_dir: format!("{root_text}/work"),
         cluster: None,
+        cache_dir: None,
     };
     edit(&mut request);
     let text = match plan_launch(&request) {

@@ -55,7 +55,7 @@ impl Plugin for NativeMlx {
     }
 
     fn load_in_process(request: LoadRequest) -> Result<Box<dyn Engine>, String> {
-        let options = batch_options(&request.plugin_settings, &request.work_dir)?;
+        let options = batch_options(&request.plugin_settings, request.cache_dir.as_deref())?;
         let session = Session::load(Path::new(&request.model_path))
             .map_err(|e| format!("model '{}': {e}", request.model_id))?;
         Ok(Box::new(Loaded(Batcher::start(session, options))))
@@ -68,7 +68,7 @@ export_plugin!(NativeMlx);
 /// not given.
 fn batch_options(
     settings: &std::collections::BTreeMap<String, Value>,
-    work_dir: &str,
+    cache_dir: Option<&str>,
 ) -> Result<BatchOptions, String> {
     let mut options = BatchOptions::default();
     let number = |name: &str, min: u64| -> Result<Option<u64>, String> {
@@ -101,13 +101,10 @@ fn batch_options(
                 "setting 'prefix_cache_dir' of native-mlx must be a folder path, got {other}"
             ))
         }
-        // The host's work folder is `<state dir>/sessions/<session>` and
-        // removed with the session; the disk tier lives beside the
-        // sessions so that it outlives them and the host.
-        None => Path::new(work_dir)
-            .parent()
-            .and_then(Path::parent)
-            .map(|state| state.join("cache").join("native-mlx-prefix")),
+        // The host's cache folder for this plugin outlives sessions and
+        // restarts; a host older than plugin-api 1.1 gives none, and the
+        // disk tier stays off unless the setting names a folder.
+        None => cache_dir.map(|dir| Path::new(dir).join("prefix")),
     };
     Ok(options)
 }

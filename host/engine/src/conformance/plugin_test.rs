@@ -379,6 +379,7 @@ impl PluginTest {
             port: 18080,
             work_dir: work_dir.display().to_string(),
             cluster: None,
+            cache_dir: None,
         })
     }
 

@@ -30,7 +30,7 @@ use crate::settings::SettingsStore;
 use crate::supervisor::health::{Monitor, State};
 pub(crate) use crate::supervisor::STOP_GRACE;
 use crate::supervisor::{free_port, launch, Launch};
-use plan::{plan, How};
+use plan::{plan, Dirs, How};
 pub(crate) use session::{Backend, InFlight, RankInfo, Served, Session};
 
 /// Why a model could not be loaded. Cloned to every request that waited.
@@ -543,8 +543,13 @@ impl Sessions {
         let (m, wd, keeper) = (model.clone(), work_dir.clone(), self.keeper.clone());
         let settings = self.settings.clone();
         let skip = skip.to_vec();
+        let state = self.state_dir.clone();
         let planned = tokio::task::spawn_blocking(move || {
-            plan(&registry, &settings, &keeper, &m, port, &wd, &skip)
+            let dirs = Dirs {
+                work: &wd,
+                state: &state,
+            };
+            plan(&registry, &settings, &keeper, &m, port, dirs, &skip)
         })
         .await
         .map_err(|e| host_err(format!("planning failed: {e}")))?;

@@ -40,6 +40,14 @@ pub(super) enum How {
     },
 }
 
+/// Where a session's files go: its own work folder (removed with it) and
+/// the host's state dir, under which each plugin has a cache folder that
+/// outlives sessions and restarts.
+pub(super) struct Dirs<'a> {
+    pub work: &'a Path,
+    pub state: &'a Path,
+}
+
 /// Resolves the model's engine and asks its plugin how to serve it
 /// (blocking: plugin calls and probes are synchronous). A plugin that runs
 /// inference itself is hosted by `hangar worker` (the `keeper` binary),
@@ -51,9 +59,10 @@ pub(super) fn plan(
     keeper: &Path,
     model: &Model,
     port: u16,
-    work_dir: &Path,
+    dirs: Dirs<'_>,
     skip: &[String],
 ) -> Result<Planned, LoadError> {
+    let work_dir = dirs.work;
     let stored = settings.get();
     let (entry, engine) = registry
         .serving_except(&model.format, &stored.default_engines, skip)
@@ -99,6 +108,7 @@ pub(super) fn plan(
         port,
         work_dir: work_dir.display().to_string(),
         cluster,
+        cache_dir: Some(dirs.state.join("cache").join(&chosen).display().to_string()),
     };
     let planned = |how| Planned {
         plugin: chosen.clone(),
