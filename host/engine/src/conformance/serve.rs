@@ -226,12 +226,12 @@ fn http(
     stream.set_read_timeout(Some(limit)).map_err(fail)?;
     stream.set_write_timeout(Some(limit)).map_err(fail)?;
     let body = body.unwrap_or_default();
-    write!(
-        stream,
+    // One write: `write!` on the socket would send each piece on its own.
+    let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {address}\r\nAccept: */*\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    )
-    .map_err(fail)?;
+    );
+    stream.write_all(request.as_bytes()).map_err(fail)?;
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
     reader.read_line(&mut line).map_err(fail)?;
@@ -296,8 +296,16 @@ mod tests {
         let address = listener.local_addr().unwrap().to_string();
         let server = std::thread::spawn(move || {
             let (mut stream, _) = listener.accept().unwrap();
-            let mut request = [0u8; 1024];
-            let _ = stream.read(&mut request);
+            // Read the whole request (headers, then the body `{}`): closing
+            // with bytes unread resets the connection, and the client may
+            // send the body in a write of its own.
+            let (mut request, mut buf) = (Vec::new(), [0u8; 1024]);
+            while !request.ends_with(b"\r\n\r\n{}") {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&buf[..n]),
+                }
+            }
             stream.write_all(raw.as_bytes()).unwrap();
         });
         let answer = http(

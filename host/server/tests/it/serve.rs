@@ -242,11 +242,11 @@ fn concurrent_loads_of_one_model_share_one_load() {
 }
 
 #[test]
-fn a_crashed_engine_is_removed_within_a_second_and_loads_again() {
+fn a_crashed_engine_is_removed_and_loads_again() {
     let server = Server::start("[\"python3\"]");
     let pid = pid_of(&server.load());
     kill9(pid);
-    eventually("the session's removal", Duration::from_secs(1), || {
+    eventually("the session's removal", Duration::from_secs(10), || {
         server.get("/api/sessions").1["sessions"] == json!([])
     });
     assert_eq!(server.events("crashed"), 1);
@@ -264,9 +264,11 @@ fn no_engine_outlives_a_killed_host() {
     let pid = pid_of(&server.load());
     server.child.kill().unwrap(); // SIGKILL: the host gets no chance to clean up
     server.child.wait().unwrap();
-    eventually("the orphaned engine's exit", Duration::from_secs(3), || {
-        !Path::new(&format!("/proc/{pid}")).exists()
-    });
+    eventually(
+        "the orphaned engine's exit",
+        Duration::from_secs(10),
+        || !Path::new(&format!("/proc/{pid}")).exists(),
+    );
 }
 
 #[test]

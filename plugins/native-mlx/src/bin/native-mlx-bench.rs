@@ -56,6 +56,11 @@ struct Args {
     /// (each its own prompt); prints aggregate tokens/s per run.
     #[arg(long)]
     concurrent: Option<usize>,
+    /// Instead: print the greedy token ids of one request on the bench
+    /// prompt as JSON (`{"model": ..., "ids": [...]}`), to compare engines'
+    /// outputs (scripts/gpu-bench.sh).
+    #[arg(long, conflicts_with = "concurrent")]
+    ids: bool,
 }
 
 /// Averages over the timed runs.
@@ -76,23 +81,43 @@ fn prompt(len: usize, vocab: u32) -> Vec<u32> {
         .collect()
 }
 
-fn measure(args: &Args, dir: &Path) -> Result<Measurement> {
-    let started = Instant::now();
+/// The model at `dir`, loaded as the flags ask.
+fn load(args: &Args, dir: &Path) -> Result<Session> {
     let options = LoadOptions {
         fuse_projections: args.unfused.then_some(false),
         ..LoadOptions::default()
     };
-    let mut session =
-        Session::load_with(dir, &options).with_context(|| format!("loading {}", dir.display()))?;
-    let load_s = started.elapsed().as_secs_f64();
+    Session::load_with(dir, &options).with_context(|| format!("loading {}", dir.display()))
+}
+
+/// The bench prompt as a greedy request that ignores end-of-sequence.
+fn request(args: &Args, session: &Session) -> GenerateRequest {
     let vocab = session.model().config().vocab_size as u32;
-    let request = GenerateRequest {
+    GenerateRequest {
         ignore_eos: true,
         ..GenerateRequest::new(
             Prompt::Tokens(prompt(args.prompt_tokens, vocab)),
             args.gen_tokens,
         )
-    };
+    }
+}
+
+/// The greedy ids of the bench request.
+fn greedy_ids(args: &Args, dir: &Path) -> Result<Vec<u32>> {
+    let mut session = load(args, dir)?;
+    let mut ids = Vec::with_capacity(args.gen_tokens);
+    session.generate(&request(args, &session), |event| {
+        ids.extend(event.token);
+        ControlFlow::Continue(())
+    })?;
+    Ok(ids)
+}
+
+fn measure(args: &Args, dir: &Path) -> Result<Measurement> {
+    let started = Instant::now();
+    let mut session = load(args, dir)?;
+    let load_s = started.elapsed().as_secs_f64();
+    let request = request(args, &session);
     let (mut prompt_tps, mut decode_tps, mut ttft) = (0.0, 0.0, 0.0);
     let mut step_us = [0.0; 4];
     for run in 0..=args.runs {
@@ -195,7 +220,7 @@ fn peak_rss_mib() -> Option<f64> {
 fn main() -> Result<()> {
     let args = Args::parse();
     let mlx = probe()?;
-    if !args.json {
+    if !args.json && !args.ids {
         println!(
             "native-mlx on MLX {} ({}), prompt {} tokens, {} generated, {} runs",
             mlx.version, mlx.device, args.prompt_tokens, args.gen_tokens, args.runs
@@ -206,6 +231,11 @@ fn main() -> Result<()> {
         );
     }
     for dir in &args.models {
+        if args.ids {
+            let ids = greedy_ids(&args, dir)?;
+            println!("{}", serde_json::json!({ "model": dir, "ids": ids }));
+            continue;
+        }
         if let Some(n) = args.concurrent {
             batched(&args, dir, n)?;
             continue;

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# native-mlx against mlx-lm on a GPU (MLX's CUDA build), engine level (no
+# HTTP): greedy ids of both engines compared, single-stream decode, and
+# aggregate tokens/s at several concurrent streams (native-mlx's batcher
+# against mlx-lm's batch_generate, what mlx_lm.server batches with). Every
+# measurement runs in a fresh process; rounds interleave the engines
+# (A B A B ...); the table gives medians with min-max.
+#
+# It builds nothing: it runs where Rust is absent (a lent GPU machine).
+# Build the bench binary where Rust is, against the same MLX version, and
+# bring it along:
+#   (cd plugins/native-mlx && cargo build --release --bin native-mlx-bench)
+#
+# Usage: scripts/gpu-bench.sh BENCH_BINARY [SHAPE...]   (default: qwen05)
+#   qwen05  Qwen2.5-0.5B dimensions, bfloat16
+#   qwen7   Qwen2.5-7B dimensions, bfloat16 (about 15 GB of random weights)
+# Env: PYTHON (an interpreter with mlx for CUDA and mlx-lm; default python3),
+#   BENCH_DIR (models, default /tmp/hangar-gpu-bench), ROUNDS (3),
+#   STREAMS ("1 8 32 64"), GEN (tokens per concurrent stream, 128),
+#   SINGLE_GEN (tokens of the single-stream runs, 256).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="${1:?usage: scripts/gpu-bench.sh BENCH_BINARY [qwen05|qwen7 ...]}"
+shift
+SHAPES=("$@")
+[[ ${#SHAPES[@]} -gt 0 ]] || SHAPES=(qwen05)
+PY="${PYTHON:-python3}"
+BENCH_DIR="${BENCH_DIR:-/tmp/hangar-gpu-bench}"
+ROUNDS="${ROUNDS:-3}"
+read -r -a STREAMS <<<"${STREAMS:-1 8 32 64}"
+GEN="${GEN:-128}"
+SINGLE_GEN="${SINGLE_GEN:-256}"
+BENCH="$REPO/plugins/native-mlx/bench"
+RESULTS="$(mktemp)"
+trap 'rm -f "$RESULTS"' EXIT
+
+record() { # shape, kind, engine, streams, value
+  printf '{"shape":"%s","kind":"%s","engine":"%s","streams":%s,"value":%s}\n' "$@" >>"$RESULTS"
+}
+
+for shape in "${SHAPES[@]}"; do
+  case "$shape" in
+    qwen05) dims=(--hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 --vocab 151936) ;;
+    qwen7) dims=(--hidden 3584 --layers 28 --heads 28 --kv-heads 4 --intermediate 18944 --vocab 152064) ;;
+    *) echo "unknown shape '$shape' (qwen05, qwen7)" >&2; exit 2 ;;
+  esac
+  model="$BENCH_DIR/$shape"
+  if [[ ! -f "$model/config.json" ]]; then
+    echo "gpu-bench: making $model" >&2
+    "$PY" "$REPO/scripts/make_tiny_model.py" "$model" --arch qwen2 --dtype bfloat16 "${dims[@]}" >/dev/null
+  fi
+
+  # Greedy ids of both engines, for a short and a long prompt.
+  for prompt in 12 512; do
+    native="$("$BIN" --ids --prompt-tokens "$prompt" --gen-tokens 64 "$model")"
+    reference="$("$PY" - "$model" "$prompt" <<'PYTHON'
+import json, sys
+model, n = sys.argv[1], int(sys.argv[2])
+vocab = json.load(open(f"{model}/config.json"))["vocab_size"]
+print(json.dumps({"cases": [{"model": model, "max_tokens": 64,
+                             "prompt": [(i * 7919 + 13) % vocab for i in range(n)]}]}))
+PYTHON
+    )"
+    reference="$("$PY" "$REPO/plugins/native-mlx/tests/mlx_lm_reference.py" <<<"$reference")"
+    "$PY" - "$shape" "$prompt" "$native" "$reference" >>"$RESULTS" <<'PYTHON'
+import json, sys
+shape, prompt = sys.argv[1], int(sys.argv[2])
+native, reference = json.loads(sys.argv[3])["ids"], json.loads(sys.argv[4])["ids"][0]
+first = next((i for i, (a, b) in enumerate(zip(native, reference)) if a != b), None)
+print(json.dumps({"shape": shape, "kind": "ids", "prompt": prompt, "same": native == reference,
+                  "first_difference": first, "tokens": len(native)}))
+PYTHON
+  done
+
+  for round in $(seq "$ROUNDS"); do
+    echo "gpu-bench: $shape round $round: single stream" >&2
+    value="$("$BIN" --json --runs 1 --prompt-tokens 128 --gen-tokens "$SINGLE_GEN" "$model" |
+      "$PY" -c 'import json,sys; print(json.load(sys.stdin)["decode_tps"])')"
+    record "$shape" single native-mlx 1 "$value"
+    value="$("$PY" "$BENCH/mlx_lm_bench.py" --runs 1 --prompt-tokens 128 --gen-tokens "$SINGLE_GEN" "$model" |
+      "$PY" -c 'import json,sys; print(json.load(sys.stdin)["decode_tps"])')"
+    record "$shape" single mlx-lm 1 "$value"
+    for n in "${STREAMS[@]}"; do
+      echo "gpu-bench: $shape round $round: $n streams" >&2
+      # The timed run's line: "... run 1: X tok/s aggregate (...)".
+      value="$("$BIN" --concurrent "$n" --runs 1 --gen-tokens "$GEN" "$model" |
+        sed -n 's/.* run 1: \([0-9.]*\) tok\/s aggregate.*/\1/p')"
+      record "$shape" aggregate native-mlx "$n" "$value"
+      value="$("$PY" "$BENCH/mlx_lm_batch_bench.py" --concurrent "$n" --runs 1 --gen-tokens "$GEN" "$model" |
+        sed -n 's/.* run 1: \([0-9.]*\) tok\/s aggregate.*/\1/p')"
+      record "$shape" aggregate mlx-lm "$n" "$value"
+    done
+  done
+done
+
+"$PY" - "$RESULTS" "$ROUNDS" <<'PYTHON'
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+print(f"medians [min-max] over {sys.argv[2]} interleaved rounds, tokens/s\n")
+print("| model | ids check |")
+print("|---|---|")
+for r in (r for r in rows if r["kind"] == "ids"):
+    verdict = "same" if r["same"] else f"differ from token {r['first_difference']}"
+    print(f"| {r['shape']}, {r['prompt']}-token prompt, {r['tokens']} greedy ids | {verdict} |")
+print()
+print("| model | what | streams | native-mlx | mlx-lm | ratio of medians |")
+print("|---|---|---:|---:|---:|---:|")
+groups = {}
+for r in (r for r in rows if r["kind"] != "ids"):
+    groups.setdefault((r["shape"], r["kind"], r["streams"]), {}).setdefault(r["engine"], []).append(r["value"])
+def cell(values):
+    return f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
+for (shape, kind, streams), engines in groups.items():
+    n, m = engines["native-mlx"], engines["mlx-lm"]
+    what = "decode, one stream" if kind == "single" else "aggregate decode"
+    print(f"| {shape} | {what} | {streams} | {cell(n)} | {cell(m)} | "
+          f"{statistics.median(n) / statistics.median(m):.2f}x |")
+PYTHON
