@@ -4,7 +4,8 @@
 # aggregate tokens/s at several concurrent streams (native-mlx's batcher
 # against mlx-lm's batch_generate, what mlx_lm.server batches with). Every
 # measurement runs in a fresh process; rounds interleave the engines
-# (A B A B ...); the table gives medians with min-max.
+# (A B A B ...); the table gives medians with min-max. A run that fails is
+# recorded without a figure ("no result") and the rest goes on.
 #
 # It builds nothing: it runs where Rust is absent (a lent GPU machine).
 # Build the bench binary where Rust is, against the same MLX version, and
@@ -14,10 +15,13 @@
 # Usage: scripts/gpu-bench.sh BENCH_BINARY [SHAPE...]   (default: qwen05)
 #   qwen05  Qwen2.5-0.5B dimensions, bfloat16
 #   qwen7   Qwen2.5-7B dimensions, bfloat16 (about 15 GB of random weights)
+#   tiny    the test shape, float32: a dry run of the script on a CPU
 # Env: PYTHON (an interpreter with mlx for CUDA and mlx-lm; default python3),
 #   BENCH_DIR (models, default /tmp/hangar-gpu-bench), ROUNDS (3),
 #   STREAMS ("1 8 32 64"), GEN (tokens per concurrent stream, 128),
-#   SINGLE_GEN (tokens of the single-stream runs, 256).
+#   SINGLE_GEN (tokens of the single-stream runs, 256), IDS=0 and SINGLE=0
+#   skip the ids check and the single-stream runs (to split a run in parts),
+#   RESULTS_FILE (keep the raw results, one JSON object a line, there too).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,27 +36,33 @@ read -r -a STREAMS <<<"${STREAMS:-1 8 32 64}"
 GEN="${GEN:-128}"
 SINGLE_GEN="${SINGLE_GEN:-256}"
 BENCH="$REPO/plugins/native-mlx/bench"
-RESULTS="$(mktemp)"
-trap 'rm -f "$RESULTS"' EXIT
+RESULTS="${RESULTS_FILE:-$(mktemp)}"
+[[ -n "${RESULTS_FILE:-}" ]] || trap 'rm -f "$RESULTS"' EXIT
 
-record() { # shape, kind, engine, streams, value
-  printf '{"shape":"%s","kind":"%s","engine":"%s","streams":%s,"value":%s}\n' "$@" >>"$RESULTS"
+record() { # shape, kind, engine, streams, value (null when a run gave none)
+  printf '{"shape":"%s","kind":"%s","engine":"%s","streams":%s,"value":%s}\n' \
+    "$1" "$2" "$3" "$4" "${5:-null}" >>"$RESULTS"
 }
 
 for shape in "${SHAPES[@]}"; do
   case "$shape" in
     qwen05) dims=(--hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 --vocab 151936) ;;
     qwen7) dims=(--hidden 3584 --layers 28 --heads 28 --kv-heads 4 --intermediate 18944 --vocab 152064) ;;
-    *) echo "unknown shape '$shape' (qwen05, qwen7)" >&2; exit 2 ;;
+    tiny) dims=() ;;
+    *) echo "unknown shape '$shape' (qwen05, qwen7, tiny)" >&2; exit 2 ;;
   esac
+  dtype=bfloat16
+  [[ "$shape" == tiny ]] && dtype=float32
   model="$BENCH_DIR/$shape"
   if [[ ! -f "$model/config.json" ]]; then
     echo "gpu-bench: making $model" >&2
-    "$PY" "$REPO/scripts/make_tiny_model.py" "$model" --arch qwen2 --dtype bfloat16 "${dims[@]}" >/dev/null
+    "$PY" "$REPO/scripts/make_tiny_model.py" "$model" --arch qwen2 --dtype "$dtype" "${dims[@]}" >/dev/null
   fi
 
   # Greedy ids of both engines, for a short and a long prompt.
-  for prompt in 12 512; do
+  prompts=(12 512)
+  [[ "${IDS:-1}" == 0 ]] && prompts=()
+  for prompt in "${prompts[@]}"; do
     native="$("$BIN" --ids --prompt-tokens "$prompt" --gen-tokens 64 "$model")"
     reference="$("$PY" - "$model" "$prompt" <<'PYTHON'
 import json, sys
@@ -74,21 +84,23 @@ PYTHON
   done
 
   for round in $(seq "$ROUNDS"); do
-    echo "gpu-bench: $shape round $round: single stream" >&2
-    value="$("$BIN" --json --runs 1 --prompt-tokens 128 --gen-tokens "$SINGLE_GEN" "$model" |
-      "$PY" -c 'import json,sys; print(json.load(sys.stdin)["decode_tps"])')"
-    record "$shape" single native-mlx 1 "$value"
-    value="$("$PY" "$BENCH/mlx_lm_bench.py" --runs 1 --prompt-tokens 128 --gen-tokens "$SINGLE_GEN" "$model" |
-      "$PY" -c 'import json,sys; print(json.load(sys.stdin)["decode_tps"])')"
-    record "$shape" single mlx-lm 1 "$value"
+    if [[ "${SINGLE:-1}" != 0 ]]; then
+      echo "gpu-bench: $shape round $round: single stream" >&2
+      value="$("$BIN" --json --runs 1 --prompt-tokens 128 --gen-tokens "$SINGLE_GEN" "$model" |
+        "$PY" -c 'import json,sys; print(json.load(sys.stdin)["decode_tps"])')" || value=""
+      record "$shape" single native-mlx 1 "$value"
+      value="$("$PY" "$BENCH/mlx_lm_bench.py" --runs 1 --prompt-tokens 128 --gen-tokens "$SINGLE_GEN" "$model" |
+        "$PY" -c 'import json,sys; print(json.load(sys.stdin)["decode_tps"])')" || value=""
+      record "$shape" single mlx-lm 1 "$value"
+    fi
     for n in "${STREAMS[@]}"; do
       echo "gpu-bench: $shape round $round: $n streams" >&2
       # The timed run's line: "... run 1: X tok/s aggregate (...)".
       value="$("$BIN" --concurrent "$n" --runs 1 --gen-tokens "$GEN" "$model" |
-        sed -n 's/.* run 1: \([0-9.]*\) tok\/s aggregate.*/\1/p')"
+        sed -n 's/.* run 1: \([0-9.]*\) tok\/s aggregate.*/\1/p')" || value=""
       record "$shape" aggregate native-mlx "$n" "$value"
       value="$("$PY" "$BENCH/mlx_lm_batch_bench.py" --concurrent "$n" --runs 1 --gen-tokens "$GEN" "$model" |
-        sed -n 's/.* run 1: \([0-9.]*\) tok\/s aggregate.*/\1/p')"
+        sed -n 's/.* run 1: \([0-9.]*\) tok\/s aggregate.*/\1/p')" || value=""
       record "$shape" aggregate mlx-lm "$n" "$value"
     done
   done
@@ -107,12 +119,15 @@ print()
 print("| model | what | streams | native-mlx | mlx-lm | ratio of medians |")
 print("|---|---|---:|---:|---:|---:|")
 groups = {}
-for r in (r for r in rows if r["kind"] != "ids"):
+for r in (r for r in rows if r["kind"] != "ids" and r["value"] is not None):
     groups.setdefault((r["shape"], r["kind"], r["streams"]), {}).setdefault(r["engine"], []).append(r["value"])
 def cell(values):
     return f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
 for (shape, kind, streams), engines in groups.items():
-    n, m = engines["native-mlx"], engines["mlx-lm"]
+    n, m = engines.get("native-mlx"), engines.get("mlx-lm")
+    if not n or not m:
+        print(f"| {shape} | {kind} | {streams} | {cell(n) if n else 'no result'} | {cell(m) if m else 'no result'} | |")
+        continue
     what = "decode, one stream" if kind == "single" else "aggregate decode"
     print(f"| {shape} | {what} | {streams} | {cell(n)} | {cell(m)} | "
           f"{statistics.median(n) / statistics.median(m):.2f}x |")
