@@ -31,6 +31,30 @@ pub(crate) fn mlx_version() -> Result<String> {
     }
 }
 
+/// MLX's switch for the CUDA backend's graph-cache check.
+const THRASHING_CHECK: &str = "MLX_ENABLE_CACHE_THRASHING_CHECK";
+
+/// MLX settings a serving engine needs, applied before MLX builds a stream
+/// (it reads them as each stream's command encoder is made).
+///
+/// MLX's CUDA backend caches captured graphs per stream and, by default,
+/// throws once that cache has missed more than twice its capacity over the
+/// process's life (a count that is never reset). Continuous batching changes
+/// the graph from step to step (sequences join and leave, each attends over
+/// its own cache), so a served engine passes that count: on an H200 at 64
+/// streams every request failed with "Cache thrashing is happening" within
+/// one run of 8 192 tokens, and the throw ends the engine. The check warns
+/// of speed lost, not of wrong results, so it is off unless the operator set
+/// it (MLX's own test runner turns it off the same way).
+fn serving_defaults() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os(THRASHING_CHECK).is_none() {
+            std::env::set_var(THRASHING_CHECK, "0");
+        }
+    });
+}
+
 /// An MLX stream that any thread may use, one thread at a time.
 ///
 /// Since MLX 0.32 streams are thread-affine: one made by `new_stream`, and
@@ -46,6 +70,7 @@ impl SendStream {
     /// A new thread-unsafe stream on the CPU (`cpu`) or the default device.
     #[allow(unsafe_code)]
     pub(crate) fn new(cpu: bool) -> Result<Self> {
+        serving_defaults();
         // This thread's default stream of the wanted device: it names the
         // device, and its heap object receives the new stream below.
         let stream = if cpu { Stream::cpu() } else { Stream::new() };
@@ -90,3 +115,21 @@ impl Clone for SendStream {
 // never builds or evaluates graphs on it from two threads at once.
 #[allow(unsafe_code)]
 unsafe impl Send for SendStream {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_are_made_with_the_graph_cache_check_decided() {
+        let before = std::env::var_os(THRASHING_CHECK);
+        SendStream::new(true).unwrap();
+        // Off unless the environment had decided before (this process's
+        // first stream may have been made by another test).
+        let after = std::env::var_os(THRASHING_CHECK);
+        match before {
+            Some(set) => assert_eq!(after, Some(set)),
+            None => assert_eq!(after.as_deref(), Some("0".as_ref())),
+        }
+    }
+}

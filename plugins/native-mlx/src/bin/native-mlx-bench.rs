@@ -188,7 +188,13 @@ fn batched(args: &Args, dir: &Path, n: usize) -> Result<()> {
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().expect("no panic").unwrap_or(0))
+                .map(|h| match h.join().expect("no panic") {
+                    Ok(tokens) => tokens,
+                    Err(e) => {
+                        eprintln!("a request failed: {e}");
+                        0
+                    }
+                })
                 .sum()
         });
         let wall = start.elapsed().as_secs_f64();
