@@ -287,6 +287,12 @@ pub(crate) fn compare(
             e.peak_rss_bytes.as_ref(),
             LowerIsBetter,
         );
+        push(
+            "peak GPU bytes".into(),
+            old.peak_gpu_bytes.as_ref(),
+            e.peak_gpu_bytes.as_ref(),
+            LowerIsBetter,
+        );
     }
     let now_keys: Vec<_> = now.engines.iter().map(key).collect();
     for old in &earlier.engines {

@@ -5,8 +5,8 @@
 //! (A B A B …), each loading the engine afresh: load time, time to first
 //! token of a never-seen prompt (cold) and of the same prompt again
 //! (warm), decode tokens/s, aggregate tokens/s at each concurrency, and the
-//! peak resident memory of the engine's processes (for an engine inside
-//! the host, the host's).
+//! peak resident and GPU memory of the engine's processes (for an engine
+//! inside the host, the host's).
 //! Every measure is a median with its min–max; the record keeps the
 //! provenance (versions, platform, settings, model files, prompts, times).
 
@@ -413,43 +413,80 @@ fn prompt(seed: u64, purpose: &str, words: u32) -> String {
     out.join(" ")
 }
 
-/// Samples the resident memory of the host and of its process tree below
-/// it until stopped; returns both peaks.
-struct RssSampler {
+/// Samples the memory of the host and of its process tree below it until
+/// stopped: resident memory every 50 ms, GPU memory every 500 ms (where
+/// `nvidia-smi` answers; it takes tens of milliseconds).
+struct MemorySampler {
     stop: Arc<AtomicBool>,
-    peaks: Arc<[AtomicU64; 2]>,
+    /// Peak resident bytes of the host, and of the processes below it.
+    rss: Arc<[AtomicU64; 2]>,
+    /// Peak GPU bytes of the host, and of the processes below it.
+    gpu: Arc<[AtomicU64; 2]>,
     thread: std::thread::JoinHandle<()>,
 }
 
-impl RssSampler {
-    fn start(host: u32) -> RssSampler {
+/// What a [`MemorySampler`] saw: peaks of the engine's processes.
+struct Peaks {
+    rss: Option<u64>,
+    gpu: Option<u64>,
+}
+
+impl MemorySampler {
+    fn start(host: u32) -> MemorySampler {
+        use crate::supervisor::rss;
         let stop = Arc::new(AtomicBool::new(false));
-        let peaks = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+        let peaks = || Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+        let (rss_peaks, gpu_peaks) = (peaks(), peaks());
         let thread = {
-            let (stop, peaks) = (stop.clone(), peaks.clone());
+            let (stop, rss_peaks, gpu_peaks) = (stop.clone(), rss_peaks.clone(), gpu_peaks.clone());
             std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    if let Some((own, below)) = crate::supervisor::rss::tree_rss_parts(host) {
-                        peaks[0].fetch_max(own, Ordering::Relaxed);
-                        peaks[1].fetch_max(below, Ordering::Relaxed);
+                let mut gpu = true;
+                for tick in 0u64.. {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    if let (Some(own), Some(below)) = (rss::rss(host), rss::descendants(host)) {
+                        let below_rss = below.iter().filter_map(|&pid| rss::rss(pid)).sum();
+                        rss_peaks[0].fetch_max(own, Ordering::Relaxed);
+                        rss_peaks[1].fetch_max(below_rss, Ordering::Relaxed);
+                        if gpu && tick % 10 == 0 {
+                            // No nvidia-smi: no GPU figure, and no more asking.
+                            match rss::gpu_memory_by_pid() {
+                                Some(by_pid) => {
+                                    let of = |pid: &u32| by_pid.get(pid).copied().unwrap_or(0);
+                                    gpu_peaks[0].fetch_max(of(&host), Ordering::Relaxed);
+                                    gpu_peaks[1]
+                                        .fetch_max(below.iter().map(of).sum(), Ordering::Relaxed);
+                                }
+                                None => gpu = false,
+                            }
+                        }
                     }
                     std::thread::sleep(Duration::from_millis(50));
                 }
             })
         };
-        RssSampler {
+        MemorySampler {
             stop,
-            peaks,
+            rss: rss_peaks,
+            gpu: gpu_peaks,
             thread,
         }
     }
 
-    /// The peak of the host process (`in_host`: the engine runs inside it),
-    /// or of the processes below it (the engine's, under its keeper).
-    fn finish(self, in_host: bool) -> Option<u64> {
+    /// The peaks of the host process (`in_host`: the engine runs inside
+    /// it), or of the processes below it (the engine's, under its keeper);
+    /// a figure that stayed zero is none.
+    fn finish(self, in_host: bool) -> Peaks {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.thread.join();
-        Some(self.peaks[usize::from(!in_host)].load(Ordering::Relaxed)).filter(|p| *p > 0)
+        let peak = |p: &[AtomicU64; 2]| {
+            Some(p[usize::from(!in_host)].load(Ordering::Relaxed)).filter(|p| *p > 0)
+        };
+        Peaks {
+            rss: peak(&self.rss),
+            gpu: peak(&self.gpu),
+        }
     }
 }
 
@@ -463,6 +500,7 @@ struct Samples {
     prompt_counted: BTreeMap<u32, u64>,
     aggregate: BTreeMap<u32, Vec<f64>>,
     rss: Vec<f64>,
+    gpu: Vec<f64>,
     short: u32,
     in_host: bool,
     settings: Value,
@@ -566,7 +604,7 @@ async fn rounds(
             );
             bar.set_message(format!("{label}: loading"));
             s.settings = select(host, c).await?;
-            let sampler = RssSampler::start(host_pid);
+            let sampler = MemorySampler::start(host_pid);
             let started = Instant::now();
             let in_host = load(host, c).await?;
             s.load.push(started.elapsed().as_secs_f64());
@@ -610,9 +648,9 @@ async fn rounds(
                 s.aggregate.entry(n).or_default().push(tokens as f64 / wall);
             }
             unload(host, c).await?;
-            if let Some(peak) = sampler.finish(in_host) {
-                s.rss.push(peak as f64);
-            }
+            let peaks = sampler.finish(in_host);
+            s.rss.extend(peaks.rss.map(|b| b as f64));
+            s.gpu.extend(peaks.gpu.map(|b| b as f64));
             bar.inc(1);
         }
     }
@@ -638,6 +676,7 @@ async fn rounds(
             prompt_tokens_counted: s.prompt_counted,
             aggregate_tps: summarize(&s.aggregate),
             peak_rss_bytes: Summary::of(&s.rss),
+            peak_gpu_bytes: Summary::of(&s.gpu),
             answers_short: s.short,
             rss_of: if s.in_host {
                 "host process (the engine runs inside it)".into()
@@ -752,6 +791,7 @@ pub(crate) mod fixtures {
             prompt_tokens_counted: BTreeMap::new(),
             aggregate_tps: BTreeMap::new(),
             peak_rss_bytes: None,
+            peak_gpu_bytes: None,
             answers_short: 0,
             rss_of: "engine process tree".into(),
         }

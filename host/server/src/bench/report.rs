@@ -123,6 +123,10 @@ pub(crate) struct EngineResult {
     /// The engine's process tree's peak resident memory per round (bytes);
     /// for an engine inside the host, the host's.
     pub peak_rss_bytes: Option<Summary>,
+    /// The same processes' peak memory on NVIDIA GPUs per round (bytes);
+    /// none without `nvidia-smi` or where no round used a GPU.
+    #[serde(default)]
+    pub peak_gpu_bytes: Option<Summary>,
     /// Answers that ended before `gen_tokens` (an end-of-sequence token):
     /// their rates cover fewer tokens.
     #[serde(default)]
@@ -207,6 +211,12 @@ fn columns(report: &Report) -> Vec<Column> {
         "peak RSS MiB".into(),
         Box::new(|e: &EngineResult| cell(e.peak_rss_bytes.as_ref(), 1.0 / 1048576.0, 0)),
     ));
+    if report.engines.iter().any(|e| e.peak_gpu_bytes.is_some()) {
+        cols.push((
+            "peak GPU MiB".into(),
+            Box::new(|e: &EngineResult| cell(e.peak_gpu_bytes.as_ref(), 1.0 / 1048576.0, 0)),
+        ));
+    }
     cols
 }
 

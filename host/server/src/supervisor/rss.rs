@@ -1,5 +1,6 @@
 //! What an engine's process tree holds in memory: the resident set of the
-//! keeper and every process below it, read from Linux's `/proc`.
+//! keeper and every process below it, read from Linux's `/proc`, and what
+//! processes hold on NVIDIA GPUs (`nvidia-smi`).
 
 use std::collections::HashMap;
 
@@ -11,6 +12,14 @@ pub(crate) fn tree_rss(root: u32) -> Option<u64> {
 
 /// Resident bytes of `root` itself and of all its descendants together.
 pub(crate) fn tree_rss_parts(root: u32) -> Option<(u64, u64)> {
+    let below = descendants(root)?;
+    let own = rss(root)?;
+    Some((own, below.iter().filter_map(|&pid| rss(pid)).sum()))
+}
+
+/// Every process below `root` (children, their children, ...); `None`
+/// where `/proc` cannot be read.
+pub(crate) fn descendants(root: u32) -> Option<Vec<u32>> {
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
     for pid in pids()? {
         if let Some(ppid) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -21,14 +30,46 @@ pub(crate) fn tree_rss_parts(root: u32) -> Option<(u64, u64)> {
             children.entry(ppid).or_default().push(pid);
         }
     }
-    let own = rss(root)?;
-    let mut below = 0;
+    let mut below = Vec::new();
     let mut stack = children.remove(&root).unwrap_or_default();
     while let Some(pid) = stack.pop() {
-        below += rss(pid).unwrap_or(0);
+        below.push(pid);
         stack.extend(children.remove(&pid).unwrap_or_default());
     }
-    Some((own, below))
+    Some(below)
+}
+
+/// The memory each process holds on NVIDIA GPUs, summed over GPUs, by pid:
+/// `nvidia-smi`'s compute apps. `None` where `nvidia-smi` is missing or
+/// fails. Inside a container whose pids the driver does not see, no pid
+/// matches.
+pub(crate) fn gpu_memory_by_pid() -> Option<HashMap<u32, u64>> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args([
+            "--query-compute-apps=pid,used_memory",
+            "--format=csv,noheader,nounits",
+        ])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| parse_compute_apps(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// `nvidia-smi --query-compute-apps=pid,used_memory` lines (`pid, MiB`) as
+/// bytes by pid; lines it cannot read (`[N/A]`) are left out.
+fn parse_compute_apps(text: &str) -> HashMap<u32, u64> {
+    let mut by_pid = HashMap::new();
+    for line in text.lines() {
+        let mut fields = line.split(',').map(str::trim);
+        let pid = fields.next().and_then(|f| f.parse::<u32>().ok());
+        let mib = fields.next().and_then(|f| f.parse::<u64>().ok());
+        if let (Some(pid), Some(mib)) = (pid, mib) {
+            *by_pid.entry(pid).or_default() += mib << 20;
+        }
+    }
+    by_pid
 }
 
 /// Every process's pid, from `/proc`; `None` where there is no `/proc`
@@ -49,7 +90,8 @@ fn parent(stat: &str) -> Option<u32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
-fn rss(pid: u32) -> Option<u64> {
+/// Resident bytes of one process.
+pub(crate) fn rss(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -58,6 +100,16 @@ fn rss(pid: u32) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn gpu_memory_is_read_per_process_and_summed_over_gpus() {
+        let text = "1234, 5000\n77, 12\n1234, 1000\n88, [N/A]\n";
+        let by_pid = super::parse_compute_apps(text);
+        assert_eq!(by_pid.get(&1234), Some(&(6000 << 20)));
+        assert_eq!(by_pid.get(&77), Some(&(12 << 20)));
+        assert_eq!(by_pid.get(&88), None);
+        assert!(super::parse_compute_apps("").is_empty());
+    }
+
     #[test]
     fn the_parent_is_read_past_a_command_name_with_spaces_and_parentheses() {
         assert_eq!(super::parent("42 (a b) c)) S 7 42 42 0"), Some(7));
