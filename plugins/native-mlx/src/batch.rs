@@ -5,10 +5,15 @@
 //! requests and drops finished ones; each step runs every decoding
 //! sequence's next token and chunks of waiting prompts, within a token
 //! budget, as one packed forward pass (see `Model::packed_logits`): the
-//! projections and the MLP see all tokens at once, attention stays per
-//! sequence. Prompt chunks start at multiples of [`BLOCK`] whatever else
-//! runs, so a request computes the same shapes alone or batched, cold or
-//! from the prefix cache, and greedy tokens do not depend on its company.
+//! projections and the MLP see all tokens at once. A prompt is prefilled
+//! into a cache of its own; once it decodes, its keys and values move to
+//! the shared paged pool (`KvPool`), where one write per layer stores every
+//! decoding sequence's new position and sequences of similar length attend
+//! in one kernel. Prompt chunks start at multiples of [`BLOCK`] whatever
+//! else runs, and decoding attention reads padded lengths that depend on
+//! the sequence alone, so a request computes the same shapes alone or
+//! batched, cold or from the prefix cache, and greedy tokens do not depend
+//! on its company.
 //!
 //! As in `Session`, step n+1 is built and queued before token n is read,
 //! so graph building overlaps evaluation.
@@ -29,6 +34,8 @@ use crate::cache::KvCache;
 use crate::disk::DiskTier;
 use crate::error::{Error, Result};
 use crate::indexing::IndexOnStream;
+use crate::model::{Decode, Group};
+use crate::pool::{KvPool, Pages};
 use crate::prefix::{block_hashes, PrefixCache, BLOCK};
 use crate::sampling::Sampler;
 use crate::session::{ids, StopMatcher};
@@ -184,7 +191,10 @@ struct Seq {
     prompt: Vec<u32>,
     /// Hashes of the prompt's whole blocks (all but its last token).
     hashes: Vec<u64>,
+    /// Keys and values while the prompt is prefilled.
     cache: Vec<KvCache>,
+    /// Keys and values in the pool, from the first decoding step on.
+    pages: Option<Pages>,
     /// Prompt tokens in `cache`.
     filled: usize,
     cached_prompt_tokens: usize,
@@ -215,6 +225,7 @@ struct Engine {
     inbox: mpsc::Receiver<Job>,
     waiting: VecDeque<Job>,
     active: Vec<Seq>,
+    pool: KvPool,
     prefix: PrefixCache,
     /// The tokens of the step in flight: (index into `active` at build
     /// time is not stable, so) the sequence's identity and its token.
@@ -244,6 +255,7 @@ impl Engine {
             inbox,
             waiting: VecDeque::new(),
             active: Vec::new(),
+            pool: KvPool::new(),
             prefix,
             in_flight: Vec::new(),
             tags: Vec::new(),
@@ -276,6 +288,11 @@ impl Engine {
                 }
                 self.tags.clear();
                 self.in_flight.clear();
+                self.pool.clear();
+            }
+            // Idle: the pool's memory goes back.
+            if self.active.is_empty() && self.in_flight.is_empty() && !self.pool.is_empty() {
+                self.pool.clear();
             }
         }
     }
@@ -324,6 +341,7 @@ impl Engine {
                         prompt,
                         hashes,
                         cache,
+                        pages: None,
                         filled,
                         cached_prompt_tokens: filled,
                         sampler,
@@ -409,7 +427,9 @@ impl Engine {
         let mut want: Vec<bool> = Vec::new();
         let mut members: Vec<usize> = Vec::new();
         let mut budget = self.options.step_tokens;
-        // Decoding sequences first: one token each.
+        // Decoding sequences first, one token each, grouped by the padded
+        // length their attention reads.
+        let mut decoding: Vec<(i32, usize, Array)> = Vec::new();
         for (at, seq) in self.active.iter_mut().enumerate() {
             if seq.finished.is_some()
                 || !seq.prefilled()
@@ -423,6 +443,22 @@ impl Engine {
                 // Its token is still in flight.
                 None => continue,
             };
+            let pages = match &mut seq.pages {
+                Some(pages) => pages,
+                None => {
+                    let mut pages = Pages::default();
+                    self.pool.adopt(&mut pages, &seq.cache)?;
+                    seq.cache = Vec::new();
+                    seq.pages.insert(pages)
+                }
+            };
+            let len = pages.len() + 1;
+            self.pool.reserve(pages, len);
+            decoding.push((Pages::padded(len), at, input));
+        }
+        decoding.sort_by_key(|&(padded, _, _)| padded);
+        let decode = self.decode_batch(&decoding)?;
+        for (_, at, input) in decoding {
             parts.push(input);
             lens.push(1);
             want.push(true);
@@ -457,19 +493,25 @@ impl Engine {
         } else {
             concatenate(&parts, 1)?
         };
-        let mut caches: Vec<&mut [KvCache]> = Vec::with_capacity(members.len());
+        let mut caches: Vec<&mut [KvCache]> = Vec::with_capacity(prefilling.len());
         {
-            // Disjoint borrows of the members' caches, in member order.
+            // Disjoint borrows of the prefilling members' caches, in order.
             let mut slots: Vec<Option<&mut Vec<KvCache>>> =
                 self.active.iter_mut().map(|s| Some(&mut s.cache)).collect();
-            for &at in &members {
+            for &(at, _) in &prefilling {
                 caches.push(slots[at].take().expect("each sequence once"));
             }
         }
-        let logits = self
-            .session
-            .model
-            .packed_logits(&input, &mut caches, &lens, &want)?;
+        let mut decode = decode.map(|(rows, positions, groups)| Decode {
+            pool: &mut self.pool,
+            rows,
+            positions,
+            groups,
+        });
+        let logits =
+            self.session
+                .model
+                .packed_logits(&input, decode.as_mut(), &mut caches, &lens, &want)?;
         drop(caches);
 
         let mut to_eval: Vec<Array> = Vec::new();
@@ -527,6 +569,46 @@ impl Engine {
         Ok(queued)
     }
 
+    /// The pool rows, positions and attention groups of the decoding
+    /// sequences `decoding` (padded length, index into `active`, input), in
+    /// that order, whose new position is reserved; fills that position.
+    #[allow(clippy::type_complexity)]
+    fn decode_batch(
+        &mut self,
+        decoding: &[(i32, usize, Array)],
+    ) -> Result<Option<(Array, Array, Vec<Group>)>> {
+        if decoding.is_empty() {
+            return Ok(None);
+        }
+        let (mut rows, mut positions) = (Vec::new(), Vec::new());
+        let mut groups = Vec::new();
+        let mut members = decoding.iter().peekable();
+        while let Some(&&(padded, _, _)) = members.peek() {
+            let (mut index, mut mask, mut count) = (Vec::new(), Vec::new(), 0);
+            while let Some((_, at, _)) = members.next_if(|m| m.0 == padded) {
+                let pages = self.active[*at].pages.as_mut().expect("in the pool");
+                let pos = pages.len();
+                KvPool::fill(pages, pos + 1);
+                rows.push(pages.row(pos));
+                positions.push(pos);
+                index.extend((0..padded).map(|p| pages.row(if p <= pos { p } else { 0 })));
+                mask.extend((0..padded).map(|p| p <= pos));
+                count += 1;
+            }
+            groups.push(Group {
+                rows: count,
+                index: Array::from_slice(&index, &[count, padded]),
+                mask: Array::from_slice(&mask, &[count, 1, 1, padded]),
+            });
+        }
+        let n = rows.len() as i32;
+        Ok(Some((
+            Array::from_slice(&rows, &[n]),
+            Array::from_slice(&positions, &[n]),
+            groups,
+        )))
+    }
+
     /// Takes sampled token `id` of sequence `at`: stop checks, text, event.
     fn accept(&mut self, at: usize, id: u32) -> Result<()> {
         let tokenizer = &self.session.tokenizer;
@@ -570,6 +652,9 @@ impl Engine {
             };
             let mut seq = self.active.remove(at);
             self.tags.remove(at);
+            if let Some(pages) = seq.pages.take() {
+                self.pool.release(pages);
+            }
             let result = finish(&mut seq, reason, tokenizer);
             let _ = seq.job.events.send(Event::Done(result));
         }

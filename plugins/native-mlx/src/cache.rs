@@ -52,6 +52,17 @@ impl KvCache {
         }
     }
 
+    /// The valid keys and values (views of the cache); `None` when empty.
+    pub(crate) fn valid(&self) -> Result<Option<(Array, Array)>> {
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) if self.offset > 0 => Ok(Some((
+                k.at((Ellipsis, ..self.offset, ..))?,
+                v.at((Ellipsis, ..self.offset, ..))?,
+            ))),
+            _ => Ok(None),
+        }
+    }
+
     /// Number of valid positions.
     pub(crate) fn offset(&self) -> i32 {
         self.offset

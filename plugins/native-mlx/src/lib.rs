@@ -37,6 +37,7 @@ mod ffi;
 mod indexing;
 mod model;
 mod plugin;
+mod pool;
 mod prefix;
 mod probe;
 mod sampling;

@@ -58,9 +58,14 @@ struct Args {
     concurrent: Option<usize>,
     /// Instead: print the greedy token ids of one request on the bench
     /// prompt as JSON (`{"model": ..., "ids": [...]}`), to compare engines'
-    /// outputs (scripts/gpu-bench.sh).
+    /// outputs (scripts/gpu-bench.sh). Also the batching engine's ids of
+    /// the same request alone (`batch_of_one`) and among `--company` - 1
+    /// others (`batched`), which exactness requires to be the same.
     #[arg(long, conflicts_with = "concurrent")]
     ids: bool,
+    /// With `--ids`: how many requests the batched run has in all.
+    #[arg(long, default_value_t = 8, requires = "ids")]
+    company: usize,
 }
 
 /// Averages over the timed runs.
@@ -102,15 +107,41 @@ fn request(args: &Args, session: &Session) -> GenerateRequest {
     }
 }
 
-/// The greedy ids of the bench request.
-fn greedy_ids(args: &Args, dir: &Path) -> Result<Vec<u32>> {
+/// The greedy ids of the bench request: from a session, then from the
+/// batching engine alone and with `--company` - 1 other requests.
+fn greedy_ids(args: &Args, dir: &Path) -> Result<serde_json::Value> {
     let mut session = load(args, dir)?;
-    let mut ids = Vec::with_capacity(args.gen_tokens);
-    session.generate(&request(args, &session), |event| {
-        ids.extend(event.token);
-        ControlFlow::Continue(())
-    })?;
-    Ok(ids)
+    let request = request(args, &session);
+    let vocab = session.model().config().vocab_size as u32;
+    let alone = session
+        .generate(&request, |_| ControlFlow::Continue(()))?
+        .token_ids;
+    drop(session);
+    let batcher = Batcher::start(load(args, dir)?, BatchOptions::default());
+    let batch_of_one = batcher
+        .generate(request.clone(), |_| ControlFlow::Continue(()))?
+        .token_ids;
+    let others: Vec<GenerateRequest> = (1..args.company)
+        .map(|i| {
+            let mut other = request.clone();
+            if let Prompt::Tokens(ids) = &mut other.prompt {
+                ids[0] = (i as u32 * 31 + 7) % vocab;
+            }
+            other
+        })
+        .collect();
+    let batched = std::thread::scope(|s| {
+        let first = s.spawn(|| batcher.generate(request.clone(), |_| ControlFlow::Continue(())));
+        for other in &others {
+            s.spawn(|| batcher.generate(other.clone(), |_| ControlFlow::Continue(())));
+        }
+        first.join().expect("no panic")
+    })?
+    .token_ids;
+    Ok(serde_json::json!({
+        "model": dir, "ids": alone, "batch_of_one": batch_of_one, "batched": batched,
+        "peak_batch": batcher.peak_batch(),
+    }))
 }
 
 fn measure(args: &Args, dir: &Path) -> Result<Measurement> {
@@ -153,7 +184,7 @@ fn measure(args: &Args, dir: &Path) -> Result<Measurement> {
 /// `n` requests at once through a [`Batcher`]: aggregate decode tokens/s
 /// (all generated tokens over the wall time) per run.
 fn batched(args: &Args, dir: &Path, n: usize) -> Result<()> {
-    let session = Session::load(dir).with_context(|| format!("loading {}", dir.display()))?;
+    let session = load(args, dir)?;
     let vocab = session.model().config().vocab_size as u32;
     let batcher = Batcher::start(session, BatchOptions::default());
     let requests: Vec<GenerateRequest> = (0..n)
@@ -238,8 +269,7 @@ fn main() -> Result<()> {
     }
     for dir in &args.models {
         if args.ids {
-            let ids = greedy_ids(&args, dir)?;
-            println!("{}", serde_json::json!({ "model": dir, "ids": ids }));
+            println!("{}", greedy_ids(&args, dir)?);
             continue;
         }
         if let Some(n) = args.concurrent {

@@ -12,7 +12,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::Path;
 
-use mlx_rs::fast::{rms_norm, rope, scaled_dot_product_attention, ScaledDotProductAttentionMask};
+use mlx_rs::fast::{
+    rms_norm, rope, rope_dynamic, scaled_dot_product_attention, ScaledDotProductAttentionMask,
+};
 use mlx_rs::nn::sigmoid;
 use mlx_rs::ops::{arange, concatenate, select};
 use mlx_rs::transforms::compile::compile;
@@ -23,6 +25,7 @@ use crate::cache::KvCache;
 use crate::config::{Family, ModelConfig, RopeScaling};
 use crate::error::Result;
 use crate::indexing::IndexOnStream;
+use crate::pool::KvPool;
 use layers::{Embedding, Layout, Linear, Parallel, Projections};
 use weights::Weights;
 
@@ -108,6 +111,45 @@ impl Rope {
             self.freqs.as_ref(),
         )?)
     }
+
+    /// Like [`Rope::apply`] for `x` of shape `(n, heads, 1, dim)` whose row
+    /// `i` is at position `positions[i]` (MLX computes a scalar offset the
+    /// same way).
+    fn apply_at(&self, x: &Array, positions: &Array) -> Result<Array> {
+        Ok(rope_dynamic(
+            x,
+            self.dims,
+            self.traditional,
+            self.base,
+            self.scale,
+            positions,
+            self.freqs.as_ref(),
+        )?)
+    }
+}
+
+/// The decoding rows of a packed step (its first rows, one token each),
+/// whose keys and values live in the pool.
+pub(crate) struct Decode<'a> {
+    pub(crate) pool: &'a mut KvPool,
+    /// The pool row of each decoding token's position, `(n,)` int32.
+    pub(crate) rows: Array,
+    /// Each decoding token's position (its RoPE offset), `(n,)` int32.
+    pub(crate) positions: Array,
+    /// Consecutive runs of decoding rows that attend over the same padded
+    /// length, in row order.
+    pub(crate) groups: Vec<Group>,
+}
+
+/// Decoding rows that attend together: one gather and one attention kernel.
+pub(crate) struct Group {
+    /// How many rows.
+    pub(crate) rows: i32,
+    /// The pool rows each reads, `(rows, padded)` int32; padding repeats a
+    /// row of the sequence's own, which the mask hides.
+    pub(crate) index: Array,
+    /// Which of those positions are the sequence's, `(rows, 1, 1, padded)` bool.
+    pub(crate) mask: Array,
 }
 
 /// Llama 3.1's scaled RoPE frequencies, with the same ops and the same
@@ -203,38 +245,127 @@ impl Attention {
     }
 
     /// Attention of several sequences packed along the token axis: `x` is
-    /// `(1, sum of lens, hidden)`, sequence `i` has `lens[i]` new tokens and
-    /// its own cache. The projections run once over every token; each
-    /// sequence attends over its own cache with exactly the ops (and shapes)
-    /// it would alone, so a row's result does not depend on its neighbours.
+    /// `(1, sum of lens, hidden)`. The first rows are `decode`'s (keys and
+    /// values in the pool, one token each); then sequence `i` of the rest
+    /// has `lens[i]` new tokens and its own cache. The projections run once
+    /// over every token; a sequence's attention computes the same shapes
+    /// alone or batched, so a row's result does not depend on its neighbours.
     fn forward_packed(
         &self,
         x: &Array,
+        decode: Option<(&mut Decode, usize, usize)>,
         caches: &mut [&mut KvCache],
         lens: &[i32],
         rope: &Rope,
     ) -> Result<Array> {
         let projected = self.project(x)?;
-        let out = if let [cache] = caches {
-            self.attend_one(projected, cache, rope)?
+        let decoding = decode.as_ref().map_or(0, |(d, _, _)| d.rows.dim(0));
+        let sizes: Vec<i32> = (decoding > 0)
+            .then_some(decoding)
+            .into_iter()
+            .chain(lens.iter().copied())
+            .collect();
+        let mut parts = if sizes.len() == 1 {
+            vec![projected]
         } else {
-            let starts: Vec<i32> = lens
+            let starts: Vec<i32> = sizes
                 .iter()
                 .scan(0, |end, &len| {
                     *end += len;
                     Some(*end)
                 })
-                .take(lens.len() - 1)
+                .take(sizes.len() - 1)
                 .collect();
-            let outs = projected
-                .split_rows(&starts)?
-                .into_iter()
-                .zip(caches.iter_mut())
-                .map(|(part, cache)| self.attend_one(part, cache, rope))
-                .collect::<Result<Vec<_>>>()?;
+            projected.split_rows(&starts)?
+        }
+        .into_iter();
+        let mut outs = Vec::with_capacity(sizes.len());
+        if let Some((d, layer, layers)) = decode {
+            let part = parts.next().expect("a decoding part");
+            outs.push(self.attend_decoding(part, d, layer, layers, rope)?);
+        }
+        for (part, cache) in parts.zip(caches.iter_mut()) {
+            outs.push(self.attend_one(part, cache, rope)?);
+        }
+        let out = if outs.len() == 1 {
+            outs.pop().expect("one part")
+        } else {
             concatenate(&outs, 1)?
         };
         self.o_proj.forward(&out)
+    }
+
+    /// The decoding rows' attention (`(1, n, ...)` projections of one token
+    /// each): their keys and values go to `layer`'s pool with one write,
+    /// and each group attends with one gather and one kernel, over its
+    /// padded length under its mask.
+    fn attend_decoding(
+        &self,
+        projected: Projected,
+        d: &mut Decode,
+        layer: usize,
+        layers: usize,
+        rope: &Rope,
+    ) -> Result<Array> {
+        let n = d.rows.dim(0);
+        // `(1, n, count * head_dim)` to `(n, count, 1, head_dim)`: the
+        // same memory, as for one token alone.
+        let heads = |y: Array, count: i32, norm: Option<&Array>| -> Result<Array> {
+            let y = y.reshape(&[n, count, 1, -1])?;
+            Ok(match norm {
+                Some(w) => rms_norm(&y, Some(w), self.eps)?,
+                None => y,
+            })
+        };
+        let (q_heads, kv_heads) = (self.num_heads, self.num_kv_heads);
+        let (queries, keys, values) = match projected {
+            Projected::Joined(qkv) => {
+                let all = heads(qkv, q_heads + 2 * kv_heads, None)?;
+                let roped = rope.apply_at(&all.at((.., ..q_heads + kv_heads))?, &d.positions)?;
+                (
+                    roped.at((.., ..q_heads))?,
+                    roped.at((.., q_heads..))?,
+                    all.at((.., q_heads + kv_heads..))?,
+                )
+            }
+            Projected::Split([q, k, v]) => {
+                let (q_norm, k_norm) = match &self.qk_norms {
+                    Some((q, k)) => (Some(q), Some(k)),
+                    None => (None, None),
+                };
+                (
+                    rope.apply_at(&heads(q, q_heads, q_norm)?, &d.positions)?,
+                    rope.apply_at(&heads(k, kv_heads, k_norm)?, &d.positions)?,
+                    heads(v, kv_heads, None)?,
+                )
+            }
+        };
+        let pool = d.pool.write(
+            layer,
+            layers,
+            &d.rows,
+            &keys.reshape(&[n, kv_heads, -1])?,
+            &values.reshape(&[n, kv_heads, -1])?,
+        )?;
+        let mut outs = Vec::with_capacity(d.groups.len());
+        let mut start = 0;
+        for group in &d.groups {
+            let q = if group.rows == n {
+                queries.clone()
+            } else {
+                queries.at(start..start + group.rows)?
+            };
+            start += group.rows;
+            let (k, v) = KvPool::gather(&pool, &group.index)?;
+            let mask = ScaledDotProductAttentionMask::Array(&group.mask);
+            let out = scaled_dot_product_attention(q, k, v, self.scale, mask, None)?;
+            outs.push(out.reshape(&[1, group.rows, -1])?);
+        }
+        Ok(if outs.len() == 1 {
+            outs.pop().expect("one group")
+        } else {
+            concatenate(&outs, 1)?
+        })
     }
 
     fn project(&self, x: &Array) -> Result<Projected> {
@@ -416,12 +547,14 @@ impl Block {
     fn forward_packed(
         &self,
         x: &Array,
+        decode: Option<(&mut Decode, usize, usize)>,
         caches: &mut [&mut KvCache],
         lens: &[i32],
         rope: &Rope,
     ) -> Result<Array> {
         let r = self.attention.forward_packed(
             &rms_norm(x, Some(&self.input_norm), self.eps)?,
+            decode,
             caches,
             lens,
             rope,
@@ -578,21 +711,44 @@ impl Model {
 
     /// One step of a packed batch: the new tokens of several sequences
     /// side by side in `ids` (`(1, sum of lens)`), sequence `i` with
-    /// `lens[i]` tokens and the caches `caches[i]`. Returns the logits
-    /// `(1, n, vocab)` of the last token of each sequence whose `want` is
-    /// set, in order (`None` when none is wanted). Lazy.
+    /// `lens[i]` tokens. The first sequences are `decode`'s (one token
+    /// each, keys and values in its pool); the others have the caches
+    /// `caches`, in order. Returns the logits `(1, n, vocab)` of the last
+    /// token of each sequence whose `want` is set, in order (`None` when
+    /// none is wanted). Lazy.
     pub(crate) fn packed_logits(
         &self,
         ids: &Array,
+        mut decode: Option<&mut Decode>,
         caches: &mut [&mut [KvCache]],
         lens: &[i32],
         want: &[bool],
     ) -> Result<Option<Array>> {
+        let decoding = decode.as_ref().map_or(0, |d| d.rows.dim(0)) as usize;
         let mut h = self.embed.forward(ids)?;
+        let layers = self.blocks.len();
         for (layer, block) in self.blocks.iter().enumerate() {
             let mut layer_caches: Vec<&mut KvCache> =
                 caches.iter_mut().map(|c| &mut c[layer]).collect();
-            h = block.forward_packed(&h, &mut layer_caches, lens, &self.rope)?;
+            h = block.forward_packed(
+                &h,
+                decode.as_deref_mut().map(|d| (d, layer, layers)),
+                &mut layer_caches,
+                &lens[decoding..],
+                &self.rope,
+            )?;
+        }
+        // The usual step: the decoding rows, one token each, are the first
+        // rows and the only ones wanted: one slice.
+        let wanted = want.iter().filter(|&&w| w).count();
+        if wanted > 0 && want[..wanted].iter().all(|&w| w) && lens[..wanted].iter().all(|&l| l == 1)
+        {
+            let h = if wanted == h.dim(1) as usize {
+                h
+            } else {
+                h.at((.., ..wanted as i32, ..))?
+            };
+            return self.head(&h).map(Some);
         }
         let mut end = 0;
         let mut lasts = Vec::new();

@@ -114,12 +114,16 @@ fn greedy_tokens_are_the_same_alone_and_batched_bfloat16() {
 
 #[test]
 fn a_short_prompt_gives_the_session_tokens() {
-    // A prompt within one chunk is prefilled in one pass by both paths.
-    let r = request(&prompt(9, 60), 24);
-    let mut session = Session::load(&fixtures().model("llama")).unwrap();
-    let expected = session.generate(&r, |_| ControlFlow::Continue(())).unwrap();
-    let b = batcher("llama", 0);
-    assert_eq!(run(&b, &r).token_ids, expected.token_ids);
+    // A prompt within one chunk is prefilled in one pass by both paths;
+    // decoding then reads the pool, padded and masked, past a bucket's end
+    // (100 + 60 positions), where the session reads its own cache.
+    for model in ["llama", "qwen3-q4", "llama-bf16"] {
+        let r = request(&prompt(9, 100), 60);
+        let mut session = Session::load(&fixtures().model(model)).unwrap();
+        let expected = session.generate(&r, |_| ControlFlow::Continue(())).unwrap();
+        let b = batcher(model, 0);
+        assert_eq!(run(&b, &r).token_ids, expected.token_ids, "{model}");
+    }
 }
 
 #[test]
