@@ -26,9 +26,9 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use mlx_rs::ops::concatenate;
-use mlx_rs::ops::indexing::argmax_axis;
+use mlx_rs::ops::indexing::{argmax_axis, take_axis};
 use mlx_rs::transforms::async_eval;
-use mlx_rs::{with_stream, Array};
+use mlx_rs::{with_stream, Array, Dtype};
 
 use crate::cache::KvCache;
 use crate::disk::DiskTier;
@@ -203,8 +203,9 @@ struct Seq {
     decoder: StreamDecoder,
     text: String,
     token_ids: Vec<u32>,
-    /// The last sampled token, not yet fed back (lazy while its step runs).
-    pending: Option<Array>,
+    /// Where the last sampled token, not yet fed back, is in the tokens of
+    /// the step in flight (see `InFlight`).
+    pending: Option<i32>,
     /// Tokens sampled so far, read or not.
     sampled: usize,
     first_token_at: Option<Instant>,
@@ -219,6 +220,16 @@ impl Seq {
     }
 }
 
+/// A queued step's sampled tokens: one `(1, n)` array, so that the next
+/// step feeds them back with one op and reads them with one wait, however
+/// many sequences decode.
+struct InFlight {
+    tokens: Array,
+    /// The identity of the sequence of each row (indices into `active`
+    /// are not stable across a step).
+    tags: Vec<usize>,
+}
+
 struct Engine {
     session: Session,
     options: BatchOptions,
@@ -227,9 +238,8 @@ struct Engine {
     active: Vec<Seq>,
     pool: KvPool,
     prefix: PrefixCache,
-    /// The tokens of the step in flight: (index into `active` at build
-    /// time is not stable, so) the sequence's identity and its token.
-    in_flight: Vec<(usize, Array)>,
+    /// The step queued last, whose tokens are read after the next is built.
+    in_flight: Option<InFlight>,
     /// Identities of `active`, parallel to it.
     tags: Vec<usize>,
     next_id: usize,
@@ -257,7 +267,7 @@ impl Engine {
             active: Vec::new(),
             pool: KvPool::new(),
             prefix,
-            in_flight: Vec::new(),
+            in_flight: None,
             tags: Vec::new(),
             next_id: 0,
             open: true,
@@ -271,7 +281,7 @@ impl Engine {
             if !self.open
                 && self.waiting.is_empty()
                 && self.active.is_empty()
-                && self.in_flight.is_empty()
+                && self.in_flight.is_none()
             {
                 return;
             }
@@ -287,11 +297,11 @@ impl Engine {
                         .send(Event::Done(Err(Error::EngineStopped(message.clone()))));
                 }
                 self.tags.clear();
-                self.in_flight.clear();
+                self.in_flight = None;
                 self.pool.clear();
             }
             // Idle: the pool's memory goes back.
-            if self.active.is_empty() && self.in_flight.is_empty() && !self.pool.is_empty() {
+            if self.active.is_empty() && self.in_flight.is_none() && !self.pool.is_empty() {
                 self.pool.clear();
             }
         }
@@ -302,7 +312,7 @@ impl Engine {
         if !self.open {
             return;
         }
-        if self.waiting.is_empty() && self.active.is_empty() && self.in_flight.is_empty() {
+        if self.waiting.is_empty() && self.active.is_empty() && self.in_flight.is_none() {
             match self.inbox.recv() {
                 Ok(job) => self.waiting.push_back(job),
                 Err(_) => {
@@ -404,15 +414,14 @@ impl Engine {
         // Blocks of the step in flight, which is read below.
         let computed = self.prefix.take_unsaved();
         let queued = self.build()?;
-        let previous = std::mem::replace(&mut self.in_flight, queued);
-        for (id, token) in previous {
-            let Some(at) = self.tags.iter().position(|&i| i == id) else {
-                continue;
-            };
-            let id = token
-                .try_item_cast::<u32>()
-                .map_err(|e| Error::Mlx(mlx_rs::error::Exception::custom(e.to_string())))?;
-            self.accept(at, id)?;
+        if let Some(previous) = std::mem::replace(&mut self.in_flight, queued) {
+            previous.tokens.eval()?;
+            let ids: Vec<u32> = previous.tokens.as_slice::<u32>().to_vec();
+            for (tag, id) in previous.tags.into_iter().zip(ids) {
+                if let Some(at) = self.tags.iter().position(|&t| t == tag) {
+                    self.accept(at, id)?;
+                }
+            }
         }
         // That step is done: its new prefix blocks can be written.
         self.prefix.persist(computed)?;
@@ -421,15 +430,17 @@ impl Engine {
     }
 
     /// Builds and queues one packed forward pass; returns its sampled tokens.
-    fn build(&mut self) -> Result<Vec<(usize, Array)>> {
+    fn build(&mut self) -> Result<Option<InFlight>> {
         let mut parts: Vec<Array> = Vec::new();
         let mut lens: Vec<i32> = Vec::new();
         let mut want: Vec<bool> = Vec::new();
         let mut members: Vec<usize> = Vec::new();
         let mut budget = self.options.step_tokens;
         // Decoding sequences first, one token each, grouped by the padded
-        // length their attention reads.
-        let mut decoding: Vec<(i32, usize, Array)> = Vec::new();
+        // length their attention reads. A token is a row of the step in
+        // flight, or a prompt's last token (the first step of a sequence).
+        let mut decoding: Vec<(i32, usize, Input)> = Vec::new();
+        let mut firsts: Vec<u32> = Vec::new();
         for (at, seq) in self.active.iter_mut().enumerate() {
             if seq.finished.is_some()
                 || !seq.prefilled()
@@ -438,8 +449,11 @@ impl Engine {
                 continue;
             }
             let input = match seq.pending.take() {
-                Some(token) => token.reshape(&[1, 1])?,
-                None if seq.sampled == 0 => ids(&seq.prompt[seq.prompt.len() - 1..])?,
+                Some(row) => Input::Row(row),
+                None if seq.sampled == 0 => {
+                    firsts.push(seq.prompt[seq.prompt.len() - 1]);
+                    Input::First(firsts.len() as i32 - 1)
+                }
                 // Its token is still in flight.
                 None => continue,
             };
@@ -458,8 +472,10 @@ impl Engine {
         }
         decoding.sort_by_key(|&(padded, _, _)| padded);
         let decode = self.decode_batch(&decoding)?;
-        for (_, at, input) in decoding {
-            parts.push(input);
+        if !decoding.is_empty() {
+            parts.push(self.decoding_input(&decoding, &firsts)?);
+        }
+        for &(_, at, _) in &decoding {
             lens.push(1);
             want.push(true);
             members.push(at);
@@ -485,9 +501,9 @@ impl Engine {
             budget = budget.saturating_sub(len);
         }
         if parts.is_empty() {
-            return Ok(Vec::new());
+            return Ok(None);
         }
-        self.peak.fetch_max(parts.len(), Ordering::Relaxed);
+        self.peak.fetch_max(lens.len(), Ordering::Relaxed);
         let input = if parts.len() == 1 {
             parts.pop().expect("one part")
         } else {
@@ -515,7 +531,7 @@ impl Engine {
         drop(caches);
 
         let mut to_eval: Vec<Array> = Vec::new();
-        let mut queued = Vec::new();
+        let mut queued = None;
         if let Some(logits) = logits {
             let decoding: Vec<usize> = members
                 .iter()
@@ -525,31 +541,45 @@ impl Engine {
                 .collect();
             // Greedy rows share three ops: the log-sum-exp of each row (as
             // `Session::step` computes it for one) and the argmax.
-            let greedy = if decoding
+            let all_greedy = decoding
                 .iter()
-                .any(|&at| self.active[at].sampler.is_greedy())
+                .all(|&at| self.active[at].sampler.is_greedy());
+            let greedy = if all_greedy
+                || decoding
+                    .iter()
+                    .any(|&at| self.active[at].sampler.is_greedy())
             {
                 let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
                 Some(argmax_axis(&logprobs, -1, None)?)
             } else {
                 None
             };
-            for (row, at) in decoding.into_iter().enumerate() {
+            let mut rows = Vec::new();
+            for (row, &at) in decoding.iter().enumerate() {
                 let seq = &mut self.active[at];
-                let token = match &greedy {
-                    Some(tokens) if seq.sampler.is_greedy() => tokens.at((.., row as i32))?,
-                    _ => {
-                        let logits = logits.at((.., row as i32, ..))?;
-                        // As `Session::step`: a log-sum-exp over the `(1, vocab)` row.
-                        let logprobs = logits.subtract(logits.logsumexp(true)?)?;
-                        seq.sampler.sample(&logprobs)?
-                    }
-                };
-                seq.pending = Some(token.clone());
+                if !all_greedy {
+                    rows.push(match &greedy {
+                        Some(tokens) if seq.sampler.is_greedy() => tokens.at((.., row as i32))?,
+                        _ => {
+                            let logits = logits.at((.., row as i32, ..))?;
+                            // As `Session::step`: a log-sum-exp over the `(1, vocab)` row.
+                            let logprobs = logits.subtract(logits.logsumexp(true)?)?;
+                            seq.sampler.sample(&logprobs)?.as_dtype(Dtype::Uint32)?
+                        }
+                    });
+                }
+                seq.pending = Some(row as i32);
                 seq.sampled += 1;
-                to_eval.push(token.clone());
-                queued.push((self.tags[at], token));
             }
+            let tokens = match greedy {
+                Some(tokens) if all_greedy => tokens,
+                _ => concatenate(&rows, 0)?.reshape(&[1, -1])?,
+            };
+            to_eval.push(tokens.clone());
+            queued = Some(InFlight {
+                tokens,
+                tags: decoding.iter().map(|&at| self.tags[at]).collect(),
+            });
         }
         for (at, end) in prefilling {
             let seq = &mut self.active[at];
@@ -569,13 +599,38 @@ impl Engine {
         Ok(queued)
     }
 
+    /// The `(1, n)` input tokens of the decoding sequences `decoding`, in
+    /// order: rows of the step in flight and first tokens `firsts`, in
+    /// one op (none when the rows are the step's own, in order).
+    fn decoding_input(&self, decoding: &[(i32, usize, Input)], firsts: &[u32]) -> Result<Array> {
+        let previous = self.in_flight.as_ref().map(|f| &f.tokens);
+        let from_previous = previous.map_or(0, |p| p.dim(1));
+        let index: Vec<i32> = decoding
+            .iter()
+            .map(|(_, _, input)| match *input {
+                Input::Row(row) => row,
+                Input::First(i) => from_previous + i,
+            })
+            .collect();
+        if firsts.is_empty() && index.iter().copied().eq(0..from_previous) {
+            return Ok(previous.expect("rows of the step in flight").clone());
+        }
+        let source = match previous {
+            Some(p) if !firsts.is_empty() => concatenate(&[p.clone(), ids(firsts)?], 1)?,
+            Some(p) => p.clone(),
+            None => ids(firsts)?,
+        };
+        let index = Array::from_slice(&index, &[index.len() as i32]);
+        Ok(take_axis(&source, &index, 1)?)
+    }
+
     /// The pool rows, positions and attention groups of the decoding
     /// sequences `decoding` (padded length, index into `active`, input), in
     /// that order, whose new position is reserved; fills that position.
     #[allow(clippy::type_complexity)]
     fn decode_batch(
         &mut self,
-        decoding: &[(i32, usize, Array)],
+        decoding: &[(i32, usize, Input)],
     ) -> Result<Option<(Array, Array, Vec<Group>)>> {
         if decoding.is_empty() {
             return Ok(None);
@@ -659,6 +714,15 @@ impl Engine {
             let _ = seq.job.events.send(Event::Done(result));
         }
     }
+}
+
+/// Where a decoding sequence's next input token is.
+#[derive(Debug, Clone, Copy)]
+enum Input {
+    /// This row of the step in flight.
+    Row(i32),
+    /// This index of the step's first tokens (prompts' last tokens).
+    First(i32),
 }
 
 /// The last text held back, and the request's completion.

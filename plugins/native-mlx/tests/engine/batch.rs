@@ -128,8 +128,10 @@ fn a_short_prompt_gives_the_session_tokens() {
 
 #[test]
 fn seeded_sampling_is_the_same_alone_and_batched() {
+    // Every other request stays greedy: a step that mixes greedy and
+    // sampled rows builds its tokens row by row.
     let mut requests = mixed_requests();
-    for (i, r) in requests.iter_mut().enumerate() {
+    for (i, r) in requests.iter_mut().enumerate().filter(|(i, _)| i % 2 == 1) {
         r.sampling = SamplingParams {
             temperature: 0.9,
             top_k: 50,
