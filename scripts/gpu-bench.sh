@@ -44,6 +44,11 @@ record() { # shape, kind, engine, streams, value (null when a run gave none)
     "$1" "$2" "$3" "$4" "${5:-null}" >>"$RESULTS"
 }
 
+record_run() { # shape, engine, streams, the timed run's line of a concurrent bench
+  record "$1" aggregate "$2" "$3" "$(sed -n 's/.* run 1: \([0-9.]*\) tok\/s aggregate.*/\1/p' <<<"$4")"
+  record "$1" ttft_p99 "$2" "$3" "$(sed -n 's/.* ttft p50 [0-9.]* ms p99 \([0-9.]*\) ms.*/\1/p' <<<"$4")"
+}
+
 for shape in "${SHAPES[@]}"; do
   case "$shape" in
     qwen05) dims=(--hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 --vocab 151936) ;;
@@ -101,13 +106,13 @@ PYTHON
     fi
     for n in "${STREAMS[@]}"; do
       echo "gpu-bench: $shape round $round: $n streams" >&2
-      # The timed run's line: "... run 1: X tok/s aggregate (...)".
-      value="$("$BIN" --concurrent "$n" --runs 1 --gen-tokens "$GEN" "$model" |
-        sed -n 's/.* run 1: \([0-9.]*\) tok\/s aggregate.*/\1/p')" || value=""
-      record "$shape" aggregate native-mlx "$n" "$value"
-      value="$("$PY" "$BENCH/mlx_lm_batch_bench.py" --concurrent "$n" --runs 1 --gen-tokens "$GEN" "$model" |
-        sed -n 's/.* run 1: \([0-9.]*\) tok\/s aggregate.*/\1/p')" || value=""
-      record "$shape" aggregate mlx-lm "$n" "$value"
+      # The timed run's line: "... run 1: X tok/s aggregate (..., ttft p50
+      # A ms p99 B ms...)".
+      line="$("$BIN" --concurrent "$n" --runs 1 --gen-tokens "$GEN" "$model" | grep ' run 1: ')" || line=""
+      record_run "$shape" native-mlx "$n" "$line"
+      line="$("$PY" "$BENCH/mlx_lm_batch_bench.py" --concurrent "$n" --runs 1 --gen-tokens "$GEN" "$model" |
+        grep ' run 1: ')" || line=""
+      record_run "$shape" mlx-lm "$n" "$line"
     done
   done
 done
@@ -115,7 +120,7 @@ done
 "$PY" - "$RESULTS" "$ROUNDS" <<'PYTHON'
 import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
-print(f"medians [min-max] over {sys.argv[2]} interleaved rounds, tokens/s\n")
+print(f"medians [min-max] over {sys.argv[2]} interleaved rounds, tokens/s unless marked\n")
 print("| model, prompt | 64 greedy ids | first difference |")
 print("|---|---|---|")
 for r in (r for r in rows if r["kind"] == "ids"):
@@ -135,7 +140,8 @@ for (shape, kind, streams), engines in groups.items():
     if not n or not m:
         print(f"| {shape} | {kind} | {streams} | {cell(n) if n else 'no result'} | {cell(m) if m else 'no result'} | |")
         continue
-    what = "decode, one stream" if kind == "single" else "aggregate decode"
+    what = {"single": "decode, one stream", "aggregate": "aggregate decode",
+            "ttft_p99": "p99 time to first token, ms (lower is better)"}[kind]
     print(f"| {shape} | {what} | {streams} | {cell(n)} | {cell(m)} | "
           f"{statistics.median(n) / statistics.median(m):.2f}x |")
 PYTHON

@@ -10,7 +10,7 @@
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -200,7 +200,7 @@ fn batched(args: &Args, dir: &Path, n: usize) -> Result<()> {
         .collect();
     for run in 0..=args.runs {
         let start = Instant::now();
-        let tokens: usize = std::thread::scope(|s| {
+        let (tokens, mut ttfts): (Vec<usize>, Vec<Duration>) = std::thread::scope(|s| {
             let handles: Vec<_> = requests
                 .iter()
                 .map(|r| {
@@ -213,31 +213,45 @@ fn batched(args: &Args, dir: &Path, n: usize) -> Result<()> {
                         }
                         batcher
                             .generate(r, |_| ControlFlow::Continue(()))
-                            .map(|c| c.usage.completion_tokens)
+                            .map(|c| (c.usage.completion_tokens, c.timings.time_to_first_token))
                     })
                 })
                 .collect();
             handles
                 .into_iter()
-                .map(|h| match h.join().expect("no panic") {
-                    Ok(tokens) => tokens,
+                .filter_map(|h| match h.join().expect("no panic") {
+                    Ok(done) => Some(done),
                     Err(e) => {
                         eprintln!("a request failed: {e}");
-                        0
+                        None
                     }
                 })
-                .sum()
+                .unzip()
         });
         let wall = start.elapsed().as_secs_f64();
+        let tokens: usize = tokens.iter().sum();
         println!(
-            "{} x{n} run {run}{}: {:.1} tok/s aggregate ({tokens} tokens in {wall:.2} s, peak batch {})",
+            "{} x{n} run {run}{}: {:.1} tok/s aggregate ({tokens} tokens in {wall:.2} s, \
+             ttft p50 {:.1} ms p99 {:.1} ms, peak batch {})",
             dir.display(),
             if run == 0 { " (warm-up)" } else { "" },
             tokens as f64 / wall,
+            percentile_ms(&mut ttfts, 50),
+            percentile_ms(&mut ttfts, 99),
             batcher.peak_batch()
         );
     }
     Ok(())
+}
+
+/// The nearest-rank `p`th percentile of `times`, in milliseconds (NaN
+/// when there are none).
+fn percentile_ms(times: &mut [Duration], p: usize) -> f64 {
+    times.sort();
+    let rank = (p * times.len()).div_ceil(100).max(1);
+    times
+        .get(rank - 1)
+        .map_or(f64::NAN, |t| t.as_secs_f64() * 1e3)
 }
 
 /// The process's peak resident set (VmHWM), in MiB.
