@@ -317,29 +317,9 @@ impl Attention {
                 None => y,
             })
         };
-        let (q_heads, kv_heads) = (self.num_heads, self.num_kv_heads);
-        let (queries, keys, values) = match projected {
-            Projected::Joined(qkv) => {
-                let all = heads(qkv, q_heads + 2 * kv_heads, None)?;
-                let roped = rope.apply_at(&all.at((.., ..q_heads + kv_heads))?, &d.positions)?;
-                (
-                    roped.at((.., ..q_heads))?,
-                    roped.at((.., q_heads..))?,
-                    all.at((.., q_heads + kv_heads..))?,
-                )
-            }
-            Projected::Split([q, k, v]) => {
-                let (q_norm, k_norm) = match &self.qk_norms {
-                    Some((q, k)) => (Some(q), Some(k)),
-                    None => (None, None),
-                };
-                (
-                    rope.apply_at(&heads(q, q_heads, q_norm)?, &d.positions)?,
-                    rope.apply_at(&heads(k, kv_heads, k_norm)?, &d.positions)?,
-                    heads(v, kv_heads, None)?,
-                )
-            }
-        };
+        let (queries, keys, values) =
+            self.heads_of(projected, heads, |x| rope.apply_at(x, &d.positions))?;
+        let kv_heads = self.num_kv_heads;
         let pool = d.pool.write(
             layer,
             layers,
@@ -365,6 +345,45 @@ impl Attention {
             outs.pop().expect("one group")
         } else {
             concatenate(&outs, 1)?
+        })
+    }
+
+    /// Queries, keys and values in heads (`heads` reshapes and norms one
+    /// projection), with RoPE (`rope`) on queries and keys: the same ops for
+    /// one sequence and for a batch's decoding rows.
+    fn heads_of(
+        &self,
+        projected: Projected,
+        heads: impl Fn(Array, i32, Option<&Array>) -> Result<Array>,
+        rope: impl Fn(&Array) -> Result<Array>,
+    ) -> Result<(Array, Array, Array)> {
+        let (q_heads, kv_heads) = (self.num_heads, self.num_kv_heads);
+        Ok(match projected {
+            // Fused and without per-head norms: the heads of queries, keys
+            // and values lie side by side in one output, so one reshape and
+            // one transpose serve all three, and one RoPE the queries and
+            // keys together (it acts on each head alike): fewer ops to encode
+            // per layer, the same numbers.
+            Projected::Joined(qkv) => {
+                let all = heads(qkv, q_heads + 2 * kv_heads, None)?;
+                let roped = rope(&all.at((.., ..q_heads + kv_heads))?)?;
+                (
+                    roped.at((.., ..q_heads))?,
+                    roped.at((.., q_heads..))?,
+                    all.at((.., q_heads + kv_heads..))?,
+                )
+            }
+            Projected::Split([q, k, v]) => {
+                let (q_norm, k_norm) = match &self.qk_norms {
+                    Some((q, k)) => (Some(q), Some(k)),
+                    None => (None, None),
+                };
+                (
+                    rope(&heads(q, q_heads, q_norm)?)?,
+                    rope(&heads(k, kv_heads, k_norm)?)?,
+                    heads(v, kv_heads, None)?,
+                )
+            }
         })
     }
 
@@ -404,37 +423,7 @@ impl Attention {
             })
         };
         let offset = cache.offset();
-        let (queries, keys, values) = match projected {
-            // Fused and without per-head norms: the heads of queries, keys
-            // and values lie side by side in one output, so one reshape and
-            // one transpose serve all three, and one RoPE the queries and
-            // keys together (it acts on each head alike): fewer ops to encode
-            // per layer, the same numbers.
-            Projected::Joined(qkv) => {
-                let (q_heads, kv_heads) = (self.num_heads, self.num_kv_heads);
-                let all = heads(qkv, q_heads + 2 * kv_heads, None)?;
-                let roped = rope.apply(&all.at((.., ..q_heads + kv_heads))?, offset)?;
-                (
-                    roped.at((.., ..q_heads))?,
-                    roped.at((.., q_heads..))?,
-                    all.at((.., q_heads + kv_heads..))?,
-                )
-            }
-            Projected::Split([q, k, v]) => {
-                let (q_norm, k_norm) = match &self.qk_norms {
-                    Some((q, k)) => (Some(q), Some(k)),
-                    None => (None, None),
-                };
-                let queries = heads(q, self.num_heads, q_norm)?;
-                let keys = heads(k, self.num_kv_heads, k_norm)?;
-                let values = heads(v, self.num_kv_heads, None)?;
-                (
-                    rope.apply(&queries, offset)?,
-                    rope.apply(&keys, offset)?,
-                    values,
-                )
-            }
-        };
+        let (queries, keys, values) = self.heads_of(projected, heads, |x| rope.apply(x, offset))?;
         let (keys, values) = cache.update_and_fetch(&keys, &values)?;
 
         let out = self.attend(&queries, &keys, &values)?;
