@@ -8,9 +8,9 @@
 # recorded without a figure ("no result") and the rest goes on.
 #
 # It builds nothing: it runs where Rust is absent (a lent GPU machine).
-# Build the bench binary where Rust is, against the same MLX version, and
-# bring it along:
-#   (cd plugins/native-mlx && cargo build --release --bin native-mlx-bench)
+# scripts/gpu-prepare.sh builds the bench binary where Rust is, against MLX's
+# CUDA wheel, and lays it out with the wheels for carrying;
+# scripts/gpu-device.sh installs them on the GPU machine.
 #
 # Usage: scripts/gpu-bench.sh BENCH_BINARY [SHAPE...]   (default: qwen05)
 #   qwen05  Qwen2.5-0.5B dimensions, bfloat16

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The device half of scripts/gpu-prepare.sh, run on the GPU machine from the
+# repo's root:
+#   stage:   copies the carried .dev/a (first wheel part, bench binary) to
+#            /tmp/gpu, out of the repo, since a carried folder that the next
+#            call does not name is removed there;
+#   install: adds the carried .dev/b, joins the CUDA wheel, installs MLX for
+#            CUDA and mlx-lm into /tmp/gpu/site (no index: nothing can be
+#            fetched there; their other needs, numpy, transformers and
+#            friends, are on the image) and writes /tmp/gpu-env.sh, which
+#            sets PYTHONPATH, LD_LIBRARY_PATH (the image's NVIDIA libraries
+#            and libmlx.so) and PYTHON for scripts/gpu-bench.sh.
+# Env: NVIDIA_SITE (where the image's nvidia/*/lib folders are; default
+# /opt/torch/.venv/lib/python3.12/site-packages).
+set -euo pipefail
+DIR=/tmp/gpu
+case "${1:-}" in
+  stage)
+    mkdir -p "$DIR"
+    cp .dev/a/* "$DIR"/
+    chmod +x "$DIR/native-mlx-bench"
+    echo "gpu-device: staged $(ls "$DIR" | tr '\n' ' ')"
+    ;;
+  install)
+    [[ -f "$DIR/cuda.part.aa" ]] || { echo "gpu-device: run 'stage' first, on this machine (it was given back?)" >&2; exit 2; }
+    cp .dev/b/* "$DIR"/
+    cat "$DIR"/cuda.part.* >"$DIR/mlx_cuda_13-0.32.2-py3-none-manylinux_2_35_x86_64.whl"
+    python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$DIR/site" \
+      "$DIR"/mlx_cuda_13-*.whl "$DIR"/mlx-0.32.2-*.whl "$DIR"/mlx_lm-*.whl
+    nvidia="${NVIDIA_SITE:-/opt/torch/.venv/lib/python3.12/site-packages}"
+    libs="$(ls -d "$nvidia"/nvidia/*/lib | tr '\n' ':')$DIR/site/mlx/lib"
+    cat >/tmp/gpu-env.sh <<ENV
+export PYTHONPATH=$DIR/site LD_LIBRARY_PATH=$libs PYTHON=python3 PYTHONUNBUFFERED=1
+ENV
+    . /tmp/gpu-env.sh
+    python3 -c 'import importlib.metadata as m, mlx.core as mx; print("gpu-device: MLX", m.version("mlx"), "on", mx.default_device())'
+    ;;
+  *)
+    echo "usage: scripts/gpu-device.sh stage|install" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Prepares a GPU run of scripts/gpu-bench.sh on a machine that has a CUDA GPU
+# but no Rust and no package index (the lent device machines): builds
+# native-mlx-bench here against MLX's CUDA wheel and lays out what travels,
+# in two folders of at most 64 MiB each (the wheel alone is about 87 MB):
+#   .dev/a: the first part of the mlx-cuda-13 wheel and the bench binary;
+#   .dev/b: the rest of that wheel, the mlx (cp312) and mlx-lm wheels.
+# On the device, carry .dev/a in one call and .dev/b in the next (within the
+# time the machine stays warm), each running scripts/gpu-device.sh.
+# Idempotent: downloads and the build are reused.
+#
+# The binary links the CUDA wheel's libmlx.so, whose CUDA libraries are not
+# here: the link allows them to be missing (--allow-shlib-undefined), and
+# on the device LD_LIBRARY_PATH finds them (scripts/gpu-device.sh).
+# Env: PART_BYTES (45M), CARGO_TARGET_DIR (default
+# plugins/native-mlx/target/cuda).
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+MLX=0.32.2
+WHL=.dev/whl
+PREFIX=.dev/prefix
+mkdir -p "$WHL" .dev/a .dev/b
+
+if ! ls "$WHL"/mlx_cuda_13-"$MLX"-*.whl >/dev/null 2>&1; then
+  echo "gpu-prepare: downloading mlx-cuda-13, mlx and mlx-lm $MLX" >&2
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_35_x86_64 --platform manylinux_2_17_x86_64 \
+    -d "$WHL" "mlx==$MLX" "mlx-cuda-13==$MLX" "mlx-lm==$MLX" >&2
+fi
+cuda="$(ls "$WHL"/mlx_cuda_13-"$MLX"-*.whl)"
+python="$(ls "$WHL"/mlx-"$MLX"-*.whl)"
+if [[ ! -f "$PREFIX/mlx/lib/libmlx.so" ]]; then
+  mkdir -p "$PREFIX"
+  (cd "$PREFIX" && unzip -q -o "$REPO/$cuda" && unzip -q -o "$REPO/$python")
+fi
+
+scripts/native-mlx-prepare.sh
+target="${CARGO_TARGET_DIR:-$REPO/plugins/native-mlx/target/cuda}"
+echo "gpu-prepare: building native-mlx-bench against $PREFIX/mlx (MLX for CUDA)" >&2
+(cd plugins/native-mlx && MLX_PREFIX="$REPO/$PREFIX/mlx" CARGO_TARGET_DIR="$target" \
+  RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined" \
+  cargo build --quiet --release --bin native-mlx-bench)
+
+rm -f .dev/a/* .dev/b/*
+split -b "${PART_BYTES:-45M}" "$cuda" .dev/a/cuda.part.
+for part in .dev/a/cuda.part.*; do
+  [[ "$part" == .dev/a/cuda.part.aa ]] || mv "$part" .dev/b/
+done
+cp "$target/release/native-mlx-bench" .dev/a/
+cp "$WHL"/mlx-"$MLX"-*.whl "$WHL"/mlx_lm-"$MLX"-*.whl .dev/b/
+du -sh .dev/a .dev/b >&2
+cat >&2 <<'TEXT'
+gpu-prepare: ready. On the device:
+  call 1 (carry .dev/a): scripts/gpu-device.sh stage
+  call 2 (carry .dev/b): scripts/gpu-device.sh install && . /tmp/gpu-env.sh && scripts/gpu-bench.sh /tmp/gpu/native-mlx-bench qwen05
+  later calls, while warm:  . /tmp/gpu-env.sh && ...
+TEXT
