@@ -9,7 +9,11 @@
 #            fetched there; their other needs, numpy, transformers and
 #            friends, are on the image) and writes /tmp/gpu-env.sh, which
 #            sets PYTHONPATH, LD_LIBRARY_PATH (the image's NVIDIA libraries
-#            and libmlx.so) and PYTHON for scripts/gpu-bench.sh.
+#            and libmlx.so) and PYTHON for scripts/gpu-bench.sh;
+#   tests:   runs the engine's test binary (after install) on the GPU, with
+#            this checkout as its repository and the image's Python with
+#            the installed mlx-lm as its reference; arguments go to the
+#            binary (a filter, --test-threads).
 # Env: NVIDIA_SITE (where the image's nvidia/*/lib folders are; default
 # /opt/torch/.venv/lib/python3.12/site-packages).
 set -euo pipefail
@@ -24,6 +28,7 @@ case "${1:-}" in
   install)
     [[ -f "$DIR/cuda.part.aa" ]] || { echo "gpu-device: run 'stage' first, on this machine (it was given back?)" >&2; exit 2; }
     cp .dev/b/* "$DIR"/
+    chmod +x "$DIR"/native-mlx-engine-tests
     cat "$DIR"/cuda.part.* >"$DIR/mlx_cuda_13-0.32.2-py3-none-manylinux_2_35_x86_64.whl"
     python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$DIR/site" \
       "$DIR"/mlx_cuda_13-*.whl "$DIR"/mlx-0.32.2-*.whl "$DIR"/mlx_lm-*.whl
@@ -35,8 +40,14 @@ ENV
     . /tmp/gpu-env.sh
     python3 -c 'import importlib.metadata as m, mlx.core as mx; print("gpu-device: MLX", m.version("mlx"), "on", mx.default_device())'
     ;;
+  tests)
+    [[ -f /tmp/gpu-env.sh ]] || { echo "gpu-device: run 'install' first" >&2; exit 2; }
+    . /tmp/gpu-env.sh
+    shift
+    HANGAR_REPO="$PWD" HANGAR_PYTHON="$(command -v python3)" "$DIR"/native-mlx-engine-tests "$@"
+    ;;
   *)
-    echo "usage: scripts/gpu-device.sh stage|install" >&2
+    echo "usage: scripts/gpu-device.sh stage|install|tests [ARGS]" >&2
     exit 2
     ;;
 esac

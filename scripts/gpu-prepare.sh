@@ -4,7 +4,8 @@
 # native-mlx-bench here against MLX's CUDA wheel and lays out what travels,
 # in two folders of at most 64 MiB each (the wheel alone is about 87 MB):
 #   .dev/a: the first part of the mlx-cuda-13 wheel and the bench binary;
-#   .dev/b: the rest of that wheel, the mlx (cp312) and mlx-lm wheels.
+#   .dev/b: the rest of that wheel, the mlx (cp312) and mlx-lm wheels, and
+#           the engine's test binary (tests/engine, the parity suite).
 # On the device, carry .dev/a in one call and .dev/b in the next (within the
 # time the machine stays warm), each running scripts/gpu-device.sh.
 # Idempotent: downloads and the build are reused.
@@ -41,6 +42,15 @@ echo "gpu-prepare: building native-mlx-bench against $PREFIX/mlx (MLX for CUDA)"
 (cd plugins/native-mlx && MLX_PREFIX="$REPO/$PREFIX/mlx" CARGO_TARGET_DIR="$target" \
   RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined" \
   cargo build --quiet --release --bin native-mlx-bench)
+echo "gpu-prepare: building the engine's test binary (the parity suite) likewise" >&2
+tests="$(cd plugins/native-mlx && MLX_PREFIX="$REPO/$PREFIX/mlx" CARGO_TARGET_DIR="$target" \
+  RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined" \
+  cargo test --quiet --release --no-run --test engine --message-format=json |
+  python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "engine" and m.get("executable"):
+        print(m["executable"])')"
 
 rm -f .dev/a/* .dev/b/*
 split -b "${PART_BYTES:-45M}" "$cuda" .dev/a/cuda.part.
@@ -49,10 +59,12 @@ for part in .dev/a/cuda.part.*; do
 done
 cp "$target/release/native-mlx-bench" .dev/a/
 cp "$WHL"/mlx-"$MLX"-*.whl "$WHL"/mlx_lm-"$MLX"-*.whl .dev/b/
+cp "$tests" .dev/b/native-mlx-engine-tests
 du -sh .dev/a .dev/b >&2
 cat >&2 <<'TEXT'
 gpu-prepare: ready. On the device:
   call 1 (carry .dev/a): scripts/gpu-device.sh stage
   call 2 (carry .dev/b): scripts/gpu-device.sh install && . /tmp/gpu-env.sh && scripts/gpu-bench.sh /tmp/gpu/native-mlx-bench qwen05
   later calls, while warm:  . /tmp/gpu-env.sh && ...
+  the engine's tests there:  scripts/gpu-device.sh tests [FILTER]
 TEXT

@@ -20,10 +20,10 @@
 
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::{argmax_axis, take_axis};
@@ -73,6 +73,45 @@ impl Default for BatchOptions {
     }
 }
 
+/// What the engine's steps have computed so far, and how long they took:
+/// where a batched run's time goes (`native-mlx-bench --concurrent`).
+///
+/// A step's time is the interval between reading the tokens of the step
+/// before it and reading its own: with step n+1 queued before step n is
+/// read, that is the device's time for the step once the device is busy.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepStats {
+    /// The most sequences (decoding rows and prompt chunks) of one step.
+    pub peak_batch: usize,
+    /// Steps that only decode, their decoding rows in all, and their time.
+    pub decode_steps: u64,
+    pub decode_rows: u64,
+    pub decode_time: Duration,
+    /// Steps that also prefill prompt chunks: their count, decoding rows,
+    /// prompt tokens and time.
+    pub mixed_steps: u64,
+    pub mixed_rows: u64,
+    pub mixed_prompt_tokens: u64,
+    pub mixed_time: Duration,
+}
+
+impl StepStats {
+    /// Counts a step of `rows` decoding rows and `prompt_tokens` prompt
+    /// tokens that took `time`.
+    fn record(&mut self, rows: usize, prompt_tokens: usize, time: Duration) {
+        if prompt_tokens == 0 {
+            self.decode_steps += 1;
+            self.decode_rows += rows as u64;
+            self.decode_time += time;
+        } else {
+            self.mixed_steps += 1;
+            self.mixed_rows += rows as u64;
+            self.mixed_prompt_tokens += prompt_tokens as u64;
+            self.mixed_time += time;
+        }
+    }
+}
+
 enum Event {
     Token { token: Option<u32>, text: String },
     Done(Result<Completion>),
@@ -88,8 +127,7 @@ struct Job {
 /// A session served by its own thread, many requests at a time.
 pub struct Batcher {
     jobs: Option<mpsc::Sender<Job>>,
-    /// The most sequences one step has computed so far.
-    peak: Arc<AtomicUsize>,
+    stats: Arc<Mutex<StepStats>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -97,20 +135,20 @@ impl Batcher {
     /// Moves `session` to a new engine thread.
     pub fn start(session: Session, options: BatchOptions) -> Self {
         let (jobs, inbox) = mpsc::channel();
-        let peak = Arc::new(AtomicUsize::new(0));
-        let engine_peak = peak.clone();
+        let stats = Arc::new(Mutex::new(StepStats::default()));
+        let engine_stats = stats.clone();
         let thread = std::thread::Builder::new()
             .name("native-mlx-engine".into())
             .spawn(move || {
                 let stream = session.stream.0.clone();
                 with_stream(&stream, || {
-                    Engine::new(session, options, inbox, engine_peak).run()
+                    Engine::new(session, options, inbox, engine_stats).run()
                 });
             })
             .expect("the OS starts a thread");
         Self {
             jobs: Some(jobs),
-            peak,
+            stats,
             thread: Some(thread),
         }
     }
@@ -118,7 +156,12 @@ impl Batcher {
     /// The most sequences one step has computed together so far (how much
     /// batching happened).
     pub fn peak_batch(&self) -> usize {
-        self.peak.load(Ordering::Relaxed)
+        self.step_stats().peak_batch
+    }
+
+    /// The engine's step statistics so far.
+    pub fn step_stats(&self) -> StepStats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Runs `request` with whatever else is running, calling `on_token` on
@@ -225,6 +268,8 @@ impl Seq {
 /// many sequences decode.
 struct InFlight {
     tokens: Array,
+    /// Prompt tokens the step also computed.
+    prompt_tokens: usize,
     /// The identity of the sequence of each row (indices into `active`
     /// are not stable across a step).
     tags: Vec<usize>,
@@ -244,7 +289,9 @@ struct Engine {
     tags: Vec<usize>,
     next_id: usize,
     open: bool,
-    peak: Arc<AtomicUsize>,
+    stats: Arc<Mutex<StepStats>>,
+    /// When the tokens of the last step were read.
+    last_read: Option<Instant>,
 }
 
 impl Engine {
@@ -252,7 +299,7 @@ impl Engine {
         session: Session,
         options: BatchOptions,
         inbox: mpsc::Receiver<Job>,
-        peak: Arc<AtomicUsize>,
+        stats: Arc<Mutex<StepStats>>,
     ) -> Self {
         let disk = options
             .prefix_cache_dir
@@ -271,7 +318,8 @@ impl Engine {
             tags: Vec::new(),
             next_id: 0,
             open: true,
-            peak,
+            stats,
+            last_read: None,
         }
     }
 
@@ -300,9 +348,13 @@ impl Engine {
                 self.in_flight = None;
                 self.pool.clear();
             }
-            // Idle: the pool's memory goes back.
-            if self.active.is_empty() && self.in_flight.is_none() && !self.pool.is_empty() {
-                self.pool.clear();
+            // Idle: the pool's memory goes back, and the wait for the next
+            // request is no step's time.
+            if self.active.is_empty() && self.in_flight.is_none() {
+                self.last_read = None;
+                if !self.pool.is_empty() {
+                    self.pool.clear();
+                }
             }
         }
     }
@@ -416,6 +468,11 @@ impl Engine {
         let queued = self.build()?;
         if let Some(previous) = std::mem::replace(&mut self.in_flight, queued) {
             previous.tokens.eval()?;
+            let now = Instant::now();
+            if let Some(before) = self.last_read.replace(now) {
+                let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+                stats.record(previous.tags.len(), previous.prompt_tokens, now - before);
+            }
             let ids: Vec<u32> = previous.tokens.as_slice::<u32>().to_vec();
             for (tag, id) in previous.tags.into_iter().zip(ids) {
                 if let Some(at) = self.tags.iter().position(|&t| t == tag) {
@@ -503,7 +560,14 @@ impl Engine {
         if parts.is_empty() {
             return Ok(None);
         }
-        self.peak.fetch_max(lens.len(), Ordering::Relaxed);
+        {
+            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            stats.peak_batch = stats.peak_batch.max(lens.len());
+        }
+        let prompt_tokens = prefilling
+            .iter()
+            .map(|&(at, end)| end - self.active[at].filled)
+            .sum();
         let input = if parts.len() == 1 {
             parts.pop().expect("one part")
         } else {
@@ -578,6 +642,7 @@ impl Engine {
             to_eval.push(tokens.clone());
             queued = Some(InFlight {
                 tokens,
+                prompt_tokens,
                 tags: decoding.iter().map(|&at| self.tags[at]).collect(),
             });
         }

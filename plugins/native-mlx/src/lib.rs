@@ -44,7 +44,7 @@ mod sampling;
 mod session;
 mod tokenizer;
 
-pub use batch::{BatchOptions, Batcher};
+pub use batch::{BatchOptions, Batcher, StepStats};
 pub use chat::{ChatMessage, ChatOptions, ChatTemplate};
 pub use config::{
     Family, ModelConfig, QuantParams, Quantization, RopeScaling, SUPPORTED_MODEL_TYPES,

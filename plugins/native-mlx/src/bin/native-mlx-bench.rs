@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Parser;
 use hangar_native_mlx::{
-    probe, BatchOptions, Batcher, GenerateRequest, LoadOptions, Prompt, Session,
+    probe, BatchOptions, Batcher, GenerateRequest, LoadOptions, Prompt, Session, StepStats,
 };
 
 /// mimalloc replaces malloc for the whole process, MLX included (feature
@@ -199,6 +199,7 @@ fn batched(args: &Args, dir: &Path, n: usize) -> Result<()> {
         })
         .collect();
     for run in 0..=args.runs {
+        let before = batcher.step_stats();
         let start = Instant::now();
         let (tokens, mut ttfts): (Vec<usize>, Vec<Duration>) = std::thread::scope(|s| {
             let handles: Vec<_> = requests
@@ -240,8 +241,27 @@ fn batched(args: &Args, dir: &Path, n: usize) -> Result<()> {
             percentile_ms(&mut ttfts, 99),
             batcher.peak_batch()
         );
+        println!("    steps: {}", steps(&before, &batcher.step_stats()));
     }
     Ok(())
+}
+
+/// Where the steps between `before` and `after` spent their time.
+fn steps(before: &StepStats, after: &StepStats) -> String {
+    let per = |time: Duration, n: u64| time.as_secs_f64() * 1e3 / n.max(1) as f64;
+    let (decode, mixed) = (
+        after.decode_steps - before.decode_steps,
+        after.mixed_steps - before.mixed_steps,
+    );
+    format!(
+        "{decode} decode-only at {:.2} ms ({:.1} rows) each, {mixed} with prompt chunks at \
+         {:.2} ms ({:.1} rows, {:.0} prompt tokens) each",
+        per(after.decode_time - before.decode_time, decode),
+        (after.decode_rows - before.decode_rows) as f64 / decode.max(1) as f64,
+        per(after.mixed_time - before.mixed_time, mixed),
+        (after.mixed_rows - before.mixed_rows) as f64 / mixed.max(1) as f64,
+        (after.mixed_prompt_tokens - before.mixed_prompt_tokens) as f64 / mixed.max(1) as f64,
+    )
 }
 
 /// The nearest-rank `p`th percentile of `times`, in milliseconds (NaN

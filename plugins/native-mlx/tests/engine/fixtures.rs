@@ -151,8 +151,12 @@ pub fn fixtures() -> &'static Fixtures {
     FIXTURES.get_or_init(build)
 }
 
+/// The repository: `HANGAR_REPO`, for a test binary carried to another
+/// machine (scripts/gpu-device.sh), or where this one was built.
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    std::env::var_os("HANGAR_REPO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
 }
 
 fn python() -> PathBuf {
@@ -230,7 +234,7 @@ fn build() -> Fixtures {
     let request = json!({"convert": convert, "cases": cases, "chats": chats}).to_string();
 
     let mut child = Command::new(python())
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mlx_lm_reference.py"))
+        .arg(repo().join("plugins/native-mlx/tests/mlx_lm_reference.py"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
