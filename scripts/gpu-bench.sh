@@ -108,7 +108,10 @@ PYTHON
       echo "gpu-bench: $shape round $round: $n streams" >&2
       # The timed run's line: "... run 1: X tok/s aggregate (..., ttft p50
       # A ms p99 B ms...)".
-      line="$("$BIN" --concurrent "$n" --runs 1 --gen-tokens "$GEN" "$model" | grep ' run 1: ')" || line=""
+      # The next line says where its steps' time went (to the log).
+      out="$("$BIN" --concurrent "$n" --runs 1 --gen-tokens "$GEN" "$model")" || out=""
+      grep -A1 ' run 1: ' <<<"$out" | sed -n 's/^ *steps:/gpu-bench: native-mlx steps:/p' >&2 || true
+      line="$(grep ' run 1: ' <<<"$out")" || line=""
       record_run "$shape" native-mlx "$n" "$line"
       line="$("$PY" "$BENCH/mlx_lm_batch_bench.py" --concurrent "$n" --runs 1 --gen-tokens "$GEN" "$model" |
         grep ' run 1: ')" || line=""

@@ -5,8 +5,9 @@ dimensions of a model, with random weights (no model folder):
 1. each projection's matmul at M rows (the M decoding rows of a step, and a
    prompt chunk), against the time to read its weights once;
 2. one layer's decoding attention at B sequences of a padded context: MLX's
-   fused vector kernel (no mask), the unfused path a mask forces, and
-   native-mlx's pool read (a gather of rows, then the masked kernel);
+   fused vector kernel (no mask), the unfused path a mask forces, and a
+   paged pool's read before it (a gather of rows first, as native-mlx read
+   it once, and of heads first in 8-byte words, as KvPool::gather reads);
 3. mlx-lm's whole decoding step at batch B: on a plain KVCache (every row
    the same length, no mask) and on the BatchKVCache its batch generator
    uses (left padding, a mask), pipelined as generate_step runs it.
@@ -74,31 +75,51 @@ def attention(dims, batches, context, iters, rounds):
     scale = d ** -0.5
     print(f"one layer's decoding attention, {heads} query heads, {kv_heads} kv heads, "
           f"padded context {context}, ms:\n")
-    print("| sequences | vector kernel, no mask | masked (unfused) | pool gather + masked |")
-    print("|---:|---:|---:|---:|")
+    print("| sequences | vector kernel, no mask | masked (unfused) | pool gather, rows first "
+          "| pool gather, heads first, 8-byte words |")
+    print("|---:|---:|---:|---:|---:|")
     for b in batches:
         q = mx.random.normal((b, heads, 1, d)).astype(mx.bfloat16)
         k = mx.random.normal((b, kv_heads, context, d)).astype(mx.bfloat16)
         v = mx.random.normal((b, kv_heads, context, d)).astype(mx.bfloat16)
         lengths = mx.array([context - (j * 37) % (context // 2) for j in range(b)])
         mask = (mx.arange(context)[None, :] < lengths[:, None]).reshape(b, 1, 1, context)
-        # A pool of twice the rows needed, read at a scattered page order.
+        # A pool of twice the rows needed, read in 128-row pages in a
+        # scattered order: rows first (take, then a transposed view, as
+        # native-mlx read it before), and heads first as 8-byte words
+        # (take_along_axis, contiguous output; native-mlx's KvPool::gather).
         rows = 2 * b * context
-        pool_k = mx.random.normal((rows, kv_heads, d)).astype(mx.bfloat16)
-        pool_v = mx.random.normal((rows, kv_heads, d)).astype(mx.bfloat16)
-        index = (mx.arange(b * context).reshape(b, context) * 7919) % rows
-        mx.eval(q, k, v, mask, pool_k, pool_v, index)
+        pages = mx.array([(j * 7919) % (rows // 128) for j in range(b * context // 128)])
+        index = (pages[:, None] * 128 + mx.arange(128)[None, :]).reshape(b, context)
+        rows_k = mx.random.normal((rows, kv_heads, d)).astype(mx.bfloat16)
+        rows_v = mx.random.normal((rows, kv_heads, d)).astype(mx.bfloat16)
+        heads_k, heads_v = rows_k.transpose(1, 0, 2), rows_v.transpose(1, 0, 2)
+        mx.eval(q, k, v, mask, rows_k, rows_v, heads_k, heads_v, index)
+        flat = index.reshape(1, -1, 1)
+        rep = heads // kv_heads
+        q_heads = q.reshape(b, kv_heads, rep, d).transpose(1, 0, 2, 3).reshape(kv_heads * b, rep, 1, d)
+        mask_heads = mx.broadcast_to(mask[None], (kv_heads, b, 1, 1, context)).reshape(
+            kv_heads * b, 1, 1, context)
+        mx.eval(q_heads, mask_heads, flat)
         plain = timed(lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale),
                       iters, rounds)
         masked = timed(lambda: mx.fast.scaled_dot_product_attention(
             q, k, v, scale=scale, mask=mask), iters, rounds)
 
-        def pooled():
-            pk = mx.take(pool_k, index, axis=0).transpose(0, 2, 1, 3)
-            pv = mx.take(pool_v, index, axis=0).transpose(0, 2, 1, 3)
+        def rows_first():
+            pk = mx.take(rows_k, index, axis=0).transpose(0, 2, 1, 3)
+            pv = mx.take(rows_v, index, axis=0).transpose(0, 2, 1, 3)
             return mx.fast.scaled_dot_product_attention(q, pk, pv, scale=scale, mask=mask)
 
-        print(f"| {b} | {fmt(plain)} | {fmt(masked)} | {fmt(timed(pooled, iters, rounds))} |")
+        def heads_first():
+            def read(pool):
+                words = mx.take_along_axis(pool.view(mx.uint64), flat, axis=1)
+                return words.view(mx.bfloat16).reshape(-1, 1, context, d)
+            return mx.fast.scaled_dot_product_attention(
+                q_heads, read(heads_k), read(heads_v), scale=scale, mask=mask_heads)
+
+        print(f"| {b} | {fmt(plain)} | {fmt(masked)} | {fmt(timed(rows_first, iters, rounds))} "
+              f"| {fmt(timed(heads_first, iters, rounds))} |")
     print()
 
 
@@ -151,11 +172,13 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--skip-model", action="store_true")
+    ap.add_argument("--skip-matmuls", action="store_true")
     args = ap.parse_args()
     dims = SHAPES[args.shape]
     batches = [int(b) for b in args.batches.split(",")]
     print(f"MLX {mx.__version__} on {mx.default_device()}, {args.shape}, bfloat16\n")
-    matmuls(dims, batches, args.iters, args.rounds)
+    if not args.skip_matmuls:
+        matmuls(dims, batches, args.iters, args.rounds)
     attention(dims, batches, args.context, args.iters, args.rounds)
     if not args.skip_model:
         model_steps(dims, batches, args.context // 2, args.iters, args.rounds)

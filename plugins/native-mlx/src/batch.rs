@@ -715,10 +715,15 @@ impl Engine {
                 mask.extend((0..padded).map(|p| p <= pos));
                 count += 1;
             }
+            // The mask once per key/value head, as the pool's gather lays
+            // the rows out.
+            let heads = self.session.model.config().num_kv_heads;
+            let mask: Vec<bool> = (0..heads).flat_map(|_| mask.iter().copied()).collect();
             groups.push(Group {
                 rows: count,
-                index: Array::from_slice(&index, &[count, padded]),
-                mask: Array::from_slice(&mask, &[count, 1, 1, padded]),
+                padded,
+                index: Array::from_slice(&index, &[1, count * padded, 1]),
+                mask: Array::from_slice(&mask, &[heads * count, 1, 1, padded]),
             });
         }
         let n = rows.len() as i32;

@@ -145,10 +145,14 @@ pub(crate) struct Decode<'a> {
 pub(crate) struct Group {
     /// How many rows.
     pub(crate) rows: i32,
-    /// The pool rows each reads, `(rows, padded)` int32; padding repeats a
-    /// row of the sequence's own, which the mask hides.
+    /// The length each reads, a multiple of the pool's bucket.
+    pub(crate) padded: i32,
+    /// The pool rows each reads, `(1, rows * padded, 1)` int32, row by row;
+    /// padding repeats a row of the sequence's own, which the mask hides.
     pub(crate) index: Array,
-    /// Which of those positions are the sequence's, `(rows, 1, 1, padded)` bool.
+    /// Which of those positions are the sequence's, per key/value head as
+    /// the pool's gather lays them out: `(kv_heads * rows, 1, 1, padded)`
+    /// bool, head `h` of row `i` at `h * rows + i`.
     pub(crate) mask: Array,
 }
 
@@ -319,27 +323,46 @@ impl Attention {
         };
         let (queries, keys, values) =
             self.heads_of(projected, heads, |x| rope.apply_at(x, &d.positions))?;
-        let kv_heads = self.num_kv_heads;
+        let (q_heads, kv_heads) = (self.num_heads, self.num_kv_heads);
+        let repeats = q_heads / kv_heads;
+        // `(n, kv_heads, 1, head_dim)` to the pool's `(kv_heads, n, head_dim)`.
+        let head_major = |y: &Array| -> Result<Array> {
+            Ok(y.reshape(&[n, kv_heads, -1])?.transpose_axes(&[1, 0, 2])?)
+        };
         let pool = d.pool.write(
             layer,
             layers,
             &d.rows,
-            &keys.reshape(&[n, kv_heads, -1])?,
-            &values.reshape(&[n, kv_heads, -1])?,
+            &head_major(&keys)?,
+            &head_major(&values)?,
         )?;
         let mut outs = Vec::with_capacity(d.groups.len());
         let mut start = 0;
         for group in &d.groups {
-            let q = if group.rows == n {
+            let g = group.rows;
+            let q = if g == n {
                 queries.clone()
             } else {
-                queries.at(start..start + group.rows)?
+                queries.at(start..start + g)?
             };
-            start += group.rows;
-            let (k, v) = KvPool::gather(&pool, &group.index)?;
+            start += g;
+            // Keys and values come heads first, `(kv_heads * g, 1, padded,
+            // head_dim)`: the queries of each key/value head are laid out
+            // alike, `(kv_heads * g, repeats, 1, head_dim)`. Each query
+            // still attends to its own sequence's keys with its own head.
+            let q = q
+                .reshape(&[g, kv_heads, repeats, -1])?
+                .transpose_axes(&[1, 0, 2, 3])?
+                .reshape(&[kv_heads * g, repeats, 1, -1])?;
+            let (k, v) = KvPool::gather(&pool, &group.index, group.padded)?;
             let mask = ScaledDotProductAttentionMask::Array(&group.mask);
             let out = scaled_dot_product_attention(q, k, v, self.scale, mask, None)?;
-            outs.push(out.reshape(&[1, group.rows, -1])?);
+            // Back to `(1, g, q_heads * head_dim)`, query heads in order.
+            let out = out
+                .reshape(&[kv_heads, g, repeats, -1])?
+                .transpose_axes(&[1, 0, 2, 3])?
+                .reshape(&[1, g, -1])?;
+            outs.push(out);
         }
         Ok(if outs.len() == 1 {
             outs.pop().expect("one group")
