@@ -498,6 +498,18 @@ impl Engine {
         // flight, or a prompt's last token (the first step of a sequence).
         let mut decoding: Vec<(i32, usize, Input)> = Vec::new();
         let mut firsts: Vec<u32> = Vec::new();
+        // The pages this step's sequences take next, and those prompts
+        // still being prefilled will take in the pool, asked for at once.
+        let pages: i32 = self
+            .active
+            .iter()
+            .filter(|seq| seq.finished.is_none())
+            .map(|seq| match &seq.pages {
+                Some(pages) => Pages::needed(pages.len() + 1) - pages.held(),
+                None => Pages::needed(seq.prompt.len() as i32),
+            })
+            .sum();
+        self.pool.make_room(pages);
         for (at, seq) in self.active.iter_mut().enumerate() {
             if seq.finished.is_some()
                 || !seq.prefilled()

@@ -53,6 +53,16 @@ impl Pages {
         self.pages[(pos / PAGE) as usize] * PAGE + pos % PAGE
     }
 
+    /// Pages held.
+    pub(crate) fn held(&self) -> i32 {
+        self.pages.len() as i32
+    }
+
+    /// Pages that hold `len` positions.
+    pub(crate) fn needed(len: i32) -> i32 {
+        (len + PAGE - 1) / PAGE
+    }
+
     /// The length attention reads once `len` positions are filled.
     pub(crate) fn padded(len: i32) -> i32 {
         (len + BUCKET - 1) / BUCKET * BUCKET
@@ -87,6 +97,23 @@ impl KvPool {
     /// Frees every array (all sequences must have released their pages).
     pub(crate) fn clear(&mut self) {
         *self = Self::new();
+    }
+
+    /// Makes sure `pages` more pages can be handed out with no further
+    /// growth: the engine asks for a whole step's pages at once, so that the
+    /// arrays grow (a copy of every layer's, and a wait for the device)
+    /// once for many new sequences rather than once per doubling.
+    pub(crate) fn make_room(&mut self, pages: i32) {
+        let free = self.free.len() as i32;
+        if free >= pages {
+            return;
+        }
+        let mut total = self.pages.max(1);
+        while total - self.pages + free < pages {
+            total *= 2;
+        }
+        self.free.extend((self.pages..total).rev());
+        self.pages = total;
     }
 
     /// Makes room in `seq` for positions up to `len`.
@@ -246,6 +273,16 @@ mod tests {
         pool.reserve(&mut c, 1);
         assert_eq!(c.row(0), 0, "a released page is handed out again");
         assert_eq!(Pages::padded(1), BUCKET);
+        // Room for 5 more with one free: one doubling; for 30 more then
+        // (5 free), three at once. Those pages come without growing again.
+        pool.make_room(5);
+        assert_eq!(pool.pages, 8);
+        pool.make_room(30);
+        assert_eq!(pool.pages, 64);
+        let mut d = Pages::default();
+        pool.reserve(&mut d, 30 * PAGE);
+        assert_eq!((d.held(), pool.pages), (30, 64));
+        assert_eq!(Pages::needed(PAGE + 1), 2);
         assert_eq!(Pages::padded(BUCKET + 1), 2 * BUCKET);
     }
 
