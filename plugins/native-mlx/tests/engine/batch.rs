@@ -91,6 +91,19 @@ fn same_tokens_alone_and_batched(model: &str) {
         .map(|c| c.token_ids)
         .collect();
     assert!(b.peak_batch() >= 4, "only {} ran together", b.peak_batch());
+    // A timed step's decoding rows each gave a token (the first step of a
+    // burst, read with nothing before it, is not timed).
+    let stats = b.step_stats();
+    let generated: u64 = alone.iter().chain(&together).map(|t| t.len() as u64).sum();
+    assert!(
+        stats.decode_rows + stats.mixed_rows <= generated,
+        "{stats:?}"
+    );
+    assert!(
+        stats.decode_steps > 0 && stats.decode_rows >= stats.decode_steps,
+        "{stats:?}"
+    );
+    assert!(stats.decode_time > std::time::Duration::ZERO, "{stats:?}");
     for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
         assert_eq!(a.len(), 20);
         assert_eq!(a, t, "{model}: request {i} differs when batched");
