@@ -10,6 +10,10 @@
 #            friends, are on the image) and writes /tmp/gpu-env.sh, which
 #            sets PYTHONPATH, LD_LIBRARY_PATH (the image's NVIDIA libraries
 #            and libmlx.so) and PYTHON for scripts/gpu-bench.sh;
+#   serve:   (after install) adds the carried .dev/c of SERVE=1: the hangar
+#            binary, the plugins folder and the openai client's wheels, and
+#            sets HANGAR_BIN and PLUGINS_DIR in /tmp/gpu-env.sh, so that
+#            scripts/serving-bench.sh runs with nothing to build;
 #   tests:   runs the engine's test binary (after install) on the GPU, with
 #            this checkout as its repository and the image's Python with
 #            the installed mlx-lm as its reference; arguments go to the
@@ -40,6 +44,21 @@ ENV
     . /tmp/gpu-env.sh
     python3 -c 'import importlib.metadata as m, mlx.core as mx; print("gpu-device: MLX", m.version("mlx"), "on", mx.default_device())'
     ;;
+  serve)
+    [[ -f /tmp/gpu-env.sh ]] || { echo "gpu-device: run 'install' first" >&2; exit 2; }
+    rm -rf "$DIR/plugins"
+    cp -r .dev/c/plugins "$DIR/plugins"
+    xz -d -c .dev/c/hangar.xz >"$DIR/hangar"
+    chmod +x "$DIR/hangar"
+    python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$DIR/site" --upgrade \
+      .dev/c/whl/*.whl
+    cat >>/tmp/gpu-env.sh <<ENV
+export HANGAR_BIN=$DIR/hangar PLUGINS_DIR=$DIR/plugins
+ENV
+    . /tmp/gpu-env.sh
+    "$DIR/hangar" --version
+    python3 -c 'import openai; print("gpu-device: openai", openai.__version__)'
+    ;;
   tests)
     [[ -f /tmp/gpu-env.sh ]] || { echo "gpu-device: run 'install' first" >&2; exit 2; }
     . /tmp/gpu-env.sh
@@ -47,7 +66,7 @@ ENV
     HANGAR_REPO="$PWD" HANGAR_PYTHON="$(command -v python3)" "$DIR"/native-mlx-engine-tests "$@"
     ;;
   *)
-    echo "usage: scripts/gpu-device.sh stage|install|tests [ARGS]" >&2
+    echo "usage: scripts/gpu-device.sh stage|install|serve|tests [ARGS]" >&2
     exit 2
     ;;
 esac

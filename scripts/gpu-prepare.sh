@@ -5,7 +5,9 @@
 # in two folders of at most 64 MiB each (the wheel alone is about 87 MB):
 #   .dev/a: the first part of the mlx-cuda-13 wheel and the bench binary;
 #   .dev/b: the rest of that wheel, the mlx (cp312) and mlx-lm wheels, and
-#           the engine's test binary (tests/engine, the parity suite).
+#           the engine's test binary (tests/engine, the parity suite);
+#   .dev/c, with SERVE=1: what scripts/serving-bench.sh needs there (see
+#           below), carried in a third call.
 # On the device, carry .dev/a in one call and .dev/b in the next (within the
 # time the machine stays warm), each running scripts/gpu-device.sh.
 # Idempotent: downloads and the build are reused.
@@ -14,7 +16,7 @@
 # here: the link allows them to be missing (--allow-shlib-undefined), and
 # on the device LD_LIBRARY_PATH finds them (scripts/gpu-device.sh).
 # Env: PART_BYTES (45M), CARGO_TARGET_DIR (default
-# plugins/native-mlx/target/cuda).
+# plugins/native-mlx/target/cuda), SERVE=1 (also .dev/c).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -52,6 +54,36 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "engine" and m.get("executable"):
         print(m["executable"])')"
 
+if [[ "${SERVE:-0}" == 1 ]]; then
+  # For scripts/serving-bench.sh on the device (`hangar serve`, both
+  # engines, the openai client): the host (stripped, xz), the plugins folder
+  # with native-mlx linked against MLX for CUDA, and wheels of the openai
+  # client's needs that the image lacks (at the venv's versions), in .dev/c.
+  echo "gpu-prepare: the host, its plugins and the openai client's wheels for serving-bench.sh" >&2
+  PY="$(scripts/python-env.sh)"
+  plugins="$(HANGAR_NO_NATIVE_MLX=1 scripts/build-plugins.sh | tail -1)"
+  cargo build --quiet -p hangar
+  (cd plugins/native-mlx && MLX_PREFIX="$REPO/$PREFIX/mlx" CARGO_TARGET_DIR="$target" \
+    RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined" cargo build --quiet --release --lib)
+  rm -rf .dev/c
+  mkdir -p .dev/c/plugins/native-mlx .dev/c/whl
+  for dir in "$plugins"/*/; do
+    [[ "$(basename "$dir")" == native-mlx ]] || cp -r "$dir" .dev/c/plugins/
+  done
+  cp plugins/native-mlx/plugin.toml "$target/release/libhangar_native_mlx.so" .dev/c/plugins/native-mlx/
+  find .dev/c/plugins -name '*.so' -exec strip --strip-debug {} +
+  strip -o .dev/c/hangar target/debug/hangar
+  xz -T0 -f .dev/c/hangar
+  wheels=()
+  for name in openai httpx2 httpcore2 truststore jiter pydantic pydantic-core annotated-types \
+    typing-inspection sniffio; do
+    wheels+=("$name==$("$PY" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$name")")
+  done
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d .dev/c/whl "${wheels[@]}" >&2
+fi
+
 rm -f .dev/a/* .dev/b/*
 split -b "${PART_BYTES:-45M}" "$cuda" .dev/a/cuda.part.
 for part in .dev/a/cuda.part.*; do
@@ -67,4 +99,6 @@ gpu-prepare: ready. On the device:
   call 2 (carry .dev/b): scripts/gpu-device.sh install && . /tmp/gpu-env.sh && scripts/gpu-bench.sh /tmp/gpu/native-mlx-bench qwen05
   later calls, while warm:  . /tmp/gpu-env.sh && ...
   the engine's tests there:  scripts/gpu-device.sh tests [FILTER]
+  with SERVE=1, call 3 (carry .dev/c): scripts/gpu-device.sh serve && . /tmp/gpu-env.sh &&
+    scripts/serving-bench.sh qwen05 --streams 1,8,32,64
 TEXT
