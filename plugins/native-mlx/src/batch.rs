@@ -30,11 +30,10 @@ use mlx_rs::ops::indexing::{argmax_axis, take_axis};
 use mlx_rs::transforms::async_eval;
 use mlx_rs::{with_stream, Array, Dtype};
 
-use crate::cache::KvCache;
 use crate::disk::DiskTier;
 use crate::error::{Error, Result};
 use crate::indexing::IndexOnStream;
-use crate::model::{Decode, Group};
+use crate::model::{Chunks, Decode, Group, Packed};
 use crate::pool::{KvPool, Pages};
 use crate::prefix::{block_hashes, PrefixCache, BLOCK};
 use crate::sampling::Sampler;
@@ -234,11 +233,9 @@ struct Seq {
     prompt: Vec<u32>,
     /// Hashes of the prompt's whole blocks (all but its last token).
     hashes: Vec<u64>,
-    /// Keys and values while the prompt is prefilled.
-    cache: Vec<KvCache>,
-    /// Keys and values in the pool, from the first decoding step on.
-    pages: Option<Pages>,
-    /// Prompt tokens in `cache`.
+    /// Its keys and values in the pool.
+    pages: Pages,
+    /// Prompt tokens in the pool.
     filled: usize,
     cached_prompt_tokens: usize,
     sampler: Sampler,
@@ -396,14 +393,13 @@ impl Engine {
             }
             match self.start(&job.request) {
                 Ok(parts) => {
-                    let (prompt, hashes, cache, filled, sampler) = parts;
+                    let (prompt, hashes, pages, filled, sampler) = parts;
                     let stops = StopMatcher::new(&job.request.stop);
                     self.active.push(Seq {
                         job,
                         prompt,
                         hashes,
-                        cache,
-                        pages: None,
+                        pages,
                         filled,
                         cached_prompt_tokens: filled,
                         sampler,
@@ -426,12 +422,12 @@ impl Engine {
         }
     }
 
-    /// Checks a request and finds its cached prefix.
+    /// Checks a request and puts its cached prefix in the pool.
     #[allow(clippy::type_complexity)]
     fn start(
         &mut self,
         request: &GenerateRequest,
-    ) -> Result<(Vec<u32>, Vec<u64>, Vec<KvCache>, usize, Sampler)> {
+    ) -> Result<(Vec<u32>, Vec<u64>, Pages, usize, Sampler)> {
         if request.max_tokens == 0 {
             return Err(Error::InvalidRequest(
                 "max_tokens must be at least 1".into(),
@@ -446,11 +442,15 @@ impl Engine {
         // blocks before it are cached or restored.
         let body = &prompt[..prompt.len() - 1];
         let hashes = block_hashes(body);
-        let (filled, cache) = match self.prefix.restore(body, &hashes)? {
-            Some(found) => found,
-            None => (0, self.session.model.new_cache()),
+        let mut pages = Pages::default();
+        let filled = match self.prefix.restore(body, &hashes)? {
+            Some((filled, cache)) => {
+                self.pool.adopt(&mut pages, &cache)?;
+                filled
+            }
+            None => 0,
         };
-        Ok((prompt, hashes, cache, filled, sampler))
+        Ok((prompt, hashes, pages, filled, sampler))
     }
 
     /// One step: build and queue the next forward pass, then read the
@@ -488,28 +488,28 @@ impl Engine {
 
     /// Builds and queues one packed forward pass; returns its sampled tokens.
     fn build(&mut self) -> Result<Option<InFlight>> {
-        let mut parts: Vec<Array> = Vec::new();
-        let mut lens: Vec<i32> = Vec::new();
-        let mut want: Vec<bool> = Vec::new();
-        let mut members: Vec<usize> = Vec::new();
         let mut budget = self.options.step_tokens;
-        // Decoding sequences first, one token each, grouped by the padded
-        // length their attention reads. A token is a row of the step in
-        // flight, or a prompt's last token (the first step of a sequence).
-        let mut decoding: Vec<(i32, usize, Input)> = Vec::new();
-        let mut firsts: Vec<u32> = Vec::new();
         // The pages this step's sequences take next, and those prompts
         // still being prefilled will take in the pool, asked for at once.
         let pages: i32 = self
             .active
             .iter()
             .filter(|seq| seq.finished.is_none())
-            .map(|seq| match &seq.pages {
-                Some(pages) => Pages::needed(pages.len() + 1) - pages.held(),
-                None => Pages::needed(seq.prompt.len() as i32),
+            .map(|seq| {
+                let len = if seq.prefilled() {
+                    seq.pages.len() + 1
+                } else {
+                    seq.prompt.len() as i32
+                };
+                (Pages::needed(len) - seq.pages.held()).max(0)
             })
             .sum();
         self.pool.make_room(pages);
+        // Decoding sequences first, one token each, grouped by the padded
+        // length their attention reads. A token is a row of the step in
+        // flight, or a prompt's last token (the first step of a sequence).
+        let mut decoding: Vec<(i32, usize, Input)> = Vec::new();
+        let mut firsts: Vec<u32> = Vec::new();
         for (at, seq) in self.active.iter_mut().enumerate() {
             if seq.finished.is_some()
                 || !seq.prefilled()
@@ -526,95 +526,72 @@ impl Engine {
                 // Its token is still in flight.
                 None => continue,
             };
-            let pages = match &mut seq.pages {
-                Some(pages) => pages,
-                None => {
-                    let mut pages = Pages::default();
-                    self.pool.adopt(&mut pages, &seq.cache)?;
-                    seq.cache = Vec::new();
-                    seq.pages.insert(pages)
-                }
-            };
-            let len = pages.len() + 1;
-            self.pool.reserve(pages, len);
+            let len = seq.pages.len() + 1;
+            self.pool.reserve(&mut seq.pages, len);
             decoding.push((Pages::padded(len), at, input));
         }
         decoding.sort_by_key(|&(padded, _, _)| padded);
-        let decode = self.decode_batch(&decoding)?;
-        if !decoding.is_empty() {
-            parts.push(self.decoding_input(&decoding, &firsts)?);
-        }
-        for &(_, at, _) in &decoding {
-            lens.push(1);
-            want.push(true);
-            members.push(at);
-            budget = budget.saturating_sub(1);
-        }
+        budget = budget.saturating_sub(decoding.len());
         // Then prompt chunks, in arrival order, one per sequence, ending at
         // the next block boundary (or the prompt's last token but one).
-        let mut prefilling = Vec::new();
+        let mut prefilling: Vec<(usize, usize)> = Vec::new();
         for (at, seq) in self.active.iter().enumerate() {
             if seq.finished.is_some() || seq.prefilled() {
                 continue;
             }
             let end = ((seq.filled / BLOCK + 1) * BLOCK).min(seq.prompt.len() - 1);
             let len = end - seq.filled;
-            if len > budget && !parts.is_empty() {
+            if len > budget && !(decoding.is_empty() && prefilling.is_empty()) {
                 break;
             }
-            parts.push(ids(&seq.prompt[seq.filled..end])?);
-            lens.push(len as i32);
-            want.push(false);
-            members.push(at);
             prefilling.push((at, end));
             budget = budget.saturating_sub(len);
         }
-        if parts.is_empty() {
+        if decoding.is_empty() && prefilling.is_empty() {
             return Ok(None);
         }
+        // Chunks of the same offset and length side by side: they attend
+        // as one batch.
+        prefilling.sort_by_key(|&(at, end)| {
+            let filled = self.active[at].filled;
+            (filled, end - filled)
+        });
         {
             let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-            stats.peak_batch = stats.peak_batch.max(lens.len());
+            stats.peak_batch = stats.peak_batch.max(decoding.len() + prefilling.len());
         }
-        let prompt_tokens = prefilling
-            .iter()
-            .map(|&(at, end)| end - self.active[at].filled)
-            .sum();
+        let mut rows = Vec::new();
+        let decode = self.decode_batch(&decoding, &mut rows)?;
+        let chunks = self.chunk_groups(&prefilling, &mut rows)?;
+        let mut parts: Vec<Array> = Vec::new();
+        if !decoding.is_empty() {
+            parts.push(self.decoding_input(&decoding, &firsts)?);
+        }
+        let mut prompt_tokens = 0;
+        for &(at, end) in &prefilling {
+            let seq = &self.active[at];
+            parts.push(ids(&seq.prompt[seq.filled..end])?);
+            prompt_tokens += end - seq.filled;
+        }
         let input = if parts.len() == 1 {
             parts.pop().expect("one part")
         } else {
             concatenate(&parts, 1)?
         };
-        let mut caches: Vec<&mut [KvCache]> = Vec::with_capacity(prefilling.len());
-        {
-            // Disjoint borrows of the prefilling members' caches, in order.
-            let mut slots: Vec<Option<&mut Vec<KvCache>>> =
-                self.active.iter_mut().map(|s| Some(&mut s.cache)).collect();
-            for &(at, _) in &prefilling {
-                caches.push(slots[at].take().expect("each sequence once"));
-            }
-        }
-        let mut decode = decode.map(|(rows, positions, groups)| Decode {
+        let n = rows.len() as i32;
+        let mut step = Packed {
             pool: &mut self.pool,
-            rows,
-            positions,
-            groups,
-        });
-        let logits =
-            self.session
-                .model
-                .packed_logits(&input, decode.as_mut(), &mut caches, &lens, &want)?;
-        drop(caches);
+            rows: Array::from_slice(&rows, &[n]),
+            decode,
+            chunks,
+        };
+        let logits = self.session.model.packed_logits(&input, &mut step)?;
+        drop(step);
 
         let mut to_eval: Vec<Array> = Vec::new();
         let mut queued = None;
         if let Some(logits) = logits {
-            let decoding: Vec<usize> = members
-                .iter()
-                .zip(&want)
-                .filter(|(_, &w)| w)
-                .map(|(&at, _)| at)
-                .collect();
+            let decoding: Vec<usize> = decoding.iter().map(|&(_, at, _)| at).collect();
             // Greedy rows share three ops: the log-sum-exp of each row (as
             // `Session::step` computes it for one) and the argmax.
             let all_greedy = decoding
@@ -658,17 +635,21 @@ impl Engine {
                 tags: decoding.iter().map(|&at| self.tags[at]).collect(),
             });
         }
+        // A step of prompt chunks alone yields no tokens: its writes are
+        // what is evaluated.
+        to_eval.extend(self.pool.arrays().cloned());
         for (at, end) in prefilling {
             let seq = &mut self.active[at];
             let start = seq.filled;
             seq.filled = end;
-            to_eval.extend(seq.cache.iter().flat_map(KvCache::state).cloned());
             // A whole block computed as one chunk goes to the prefix cache.
             if end - start == BLOCK && end % BLOCK == 0 {
                 let index = end / BLOCK - 1;
                 let hash = seq.hashes[index];
                 if self.prefix.enabled() && !self.prefix.contains(hash) {
-                    to_eval.extend(self.prefix.insert(hash, index, &seq.prompt, &seq.cache)?);
+                    let rows: Vec<i32> = (start..end).map(|p| seq.pages.row(p as i32)).collect();
+                    let layers = self.pool.copy_rows(&rows)?;
+                    to_eval.extend(self.prefix.insert(hash, index, &seq.prompt, layers)?);
                 }
             }
         }
@@ -701,24 +682,25 @@ impl Engine {
         Ok(take_axis(&source, &index, 1)?)
     }
 
-    /// The pool rows, positions and attention groups of the decoding
-    /// sequences `decoding` (padded length, index into `active`, input), in
-    /// that order, whose new position is reserved; fills that position.
-    #[allow(clippy::type_complexity)]
+    /// The positions and attention groups of the decoding sequences
+    /// `decoding` (padded length, index into `active`, input), in that
+    /// order, whose new position is reserved; fills that position and
+    /// appends its pool row to `rows`.
     fn decode_batch(
         &mut self,
         decoding: &[(i32, usize, Input)],
-    ) -> Result<Option<(Array, Array, Vec<Group>)>> {
+        rows: &mut Vec<i32>,
+    ) -> Result<Option<Decode>> {
         if decoding.is_empty() {
             return Ok(None);
         }
-        let (mut rows, mut positions) = (Vec::new(), Vec::new());
+        let mut positions = Vec::new();
         let mut groups = Vec::new();
         let mut members = decoding.iter().peekable();
         while let Some(&&(padded, _, _)) = members.peek() {
             let (mut index, mut mask, mut count) = (Vec::new(), Vec::new(), 0);
             while let Some((_, at, _)) = members.next_if(|m| m.0 == padded) {
-                let pages = self.active[*at].pages.as_mut().expect("in the pool");
+                let pages = &mut self.active[*at].pages;
                 let pos = pages.len();
                 KvPool::fill(pages, pos + 1);
                 rows.push(pages.row(pos));
@@ -738,12 +720,54 @@ impl Engine {
                 mask: Array::from_slice(&mask, &[heads * count, 1, 1, padded]),
             });
         }
-        let n = rows.len() as i32;
-        Ok(Some((
-            Array::from_slice(&rows, &[n]),
-            Array::from_slice(&positions, &[n]),
+        let n = positions.len() as i32;
+        Ok(Some(Decode {
+            positions: Array::from_slice(&positions, &[n]),
             groups,
-        )))
+        }))
+    }
+
+    /// The chunk groups of prompt chunks `prefilling` (index into `active`,
+    /// end), in that order, consecutive chunks of the same offset and
+    /// length in one group; reserves and fills their positions and appends
+    /// their pool rows to `rows`.
+    fn chunk_groups(
+        &mut self,
+        prefilling: &[(usize, usize)],
+        rows: &mut Vec<i32>,
+    ) -> Result<Vec<Chunks>> {
+        let mut groups: Vec<Chunks> = Vec::new();
+        let mut reads: Vec<Vec<i32>> = Vec::new();
+        for &(at, end) in prefilling {
+            let seq = &mut self.active[at];
+            let (offset, len) = (seq.filled as i32, (end - seq.filled) as i32);
+            self.pool.reserve(&mut seq.pages, offset + len);
+            KvPool::fill(&mut seq.pages, offset + len);
+            let pages = &seq.pages;
+            rows.extend((offset..offset + len).map(|p| pages.row(p)));
+            match groups.last_mut() {
+                Some(g) if (g.offset, g.len) == (offset, len) => g.seqs += 1,
+                _ => {
+                    groups.push(Chunks {
+                        seqs: 1,
+                        offset,
+                        len,
+                        index: None,
+                    });
+                    reads.push(Vec::new());
+                }
+            }
+            if offset > 0 {
+                let read = reads.last_mut().expect("a group");
+                read.extend((0..offset + len).map(|p| pages.row(p)));
+            }
+        }
+        for (group, read) in groups.iter_mut().zip(reads) {
+            if group.offset > 0 {
+                group.index = Some(Array::from_slice(&read, &[1, read.len() as i32, 1]));
+            }
+        }
+        Ok(groups)
     }
 
     /// Takes sampled token `id` of sequence `at`: stop checks, text, event.
@@ -789,9 +813,7 @@ impl Engine {
             };
             let mut seq = self.active.remove(at);
             self.tags.remove(at);
-            if let Some(pages) = seq.pages.take() {
-                self.pool.release(pages);
-            }
+            self.pool.release(std::mem::take(&mut seq.pages));
             let result = finish(&mut seq, reason, tokenizer);
             let _ = seq.job.events.send(Event::Done(result));
         }

@@ -34,24 +34,6 @@ impl KvCache {
         }
     }
 
-    /// Copies of the keys and values of positions `start..end`, sharing no
-    /// memory with the cache (a view would keep the whole buffer alive and
-    /// force every later update to copy it).
-    pub(crate) fn copy_range(&self, start: i32, end: i32) -> Result<Option<(Array, Array)>> {
-        match (&self.keys, &self.values) {
-            (Some(k), Some(v)) if end <= self.offset => {
-                // A product with one makes a new buffer (`contiguous` may
-                // return a view when the slice happens to be contiguous).
-                let copy = |a: &Array| -> Result<Array> {
-                    let one = Array::from_f32(1.0).as_dtype(a.dtype())?;
-                    Ok(a.at((Ellipsis, start..end, ..))?.multiply(one)?)
-                };
-                Ok(Some((copy(k)?, copy(v)?)))
-            }
-            _ => Ok(None),
-        }
-    }
-
     /// The valid keys and values (views of the cache); `None` when empty.
     pub(crate) fn valid(&self) -> Result<Option<(Array, Array)>> {
         match (&self.keys, &self.values) {

@@ -237,6 +237,27 @@ impl KvPool {
         Ok((read(&pool.0)?, read(&pool.1)?))
     }
 
+    /// Copies of the keys and values at pool rows `rows` in every layer,
+    /// `(1, kv_heads, n, head_dim)` as a sequence's cache holds them (new
+    /// buffers: the pool's next write can reuse its own).
+    pub(crate) fn copy_rows(&self, rows: &[i32]) -> Result<Vec<(Array, Array)>> {
+        let n = rows.len() as i32;
+        let index = Array::from_slice(rows, &[1, n, 1]);
+        self.layers
+            .iter()
+            .map(|pool| {
+                let (k, v) = Self::gather(pool, &index, n)?;
+                let cache = |a: Array| a.reshape(&[1, -1, n, a.dim(3)]);
+                Ok((cache(k)?, cache(v)?))
+            })
+            .collect()
+    }
+
+    /// Every layer's keys and values (to evaluate a step's writes).
+    pub(crate) fn arrays(&self) -> impl Iterator<Item = &Array> {
+        self.layers.iter().flat_map(|(k, v)| [k, v])
+    }
+
     /// Type of the stored keys, once allocated.
     #[cfg(test)]
     pub(crate) fn dtype(&self) -> Option<mlx_rs::Dtype> {

@@ -141,8 +141,9 @@ impl PrefixCache {
         Ok(Some((found * BLOCK, caches)))
     }
 
-    /// Keeps the block `index` of `tokens` (hash `hash`) from `caches`,
-    /// which hold at least its positions. The copies are lazy: the caller
+    /// Keeps the block `index` of `tokens` (hash `hash`): per layer, copies
+    /// of its keys and values `(1, kv_heads, BLOCK, head_dim)`, sharing no
+    /// memory with a cache or pool. The copies may be lazy: the caller
     /// evaluates the returned arrays with the step that fills them, and
     /// writes them to disk with [`PrefixCache::persist`] once it is done.
     pub(crate) fn insert(
@@ -150,18 +151,10 @@ impl PrefixCache {
         hash: u64,
         index: usize,
         tokens: &[u32],
-        caches: &[KvCache],
+        layers: Vec<(Array, Array)>,
     ) -> Result<Vec<Array>> {
         if !self.enabled() || self.blocks.contains_key(&hash) {
             return Ok(Vec::new());
-        }
-        let (start, end) = ((index * BLOCK) as i32, ((index + 1) * BLOCK) as i32);
-        let mut layers = Vec::with_capacity(caches.len());
-        for cache in caches {
-            match cache.copy_range(start, end)? {
-                Some(kv) => layers.push(kv),
-                None => return Ok(Vec::new()),
-            }
         }
         let arrays = layers
             .iter()
@@ -236,17 +229,18 @@ impl PrefixCache {
 mod tests {
     use super::*;
 
-    /// Caches of two layers holding `n` positions of one head of width 2.
-    fn caches(n: i32) -> Vec<KvCache> {
+    /// Keys and values of two layers for positions `start..end` of one
+    /// head of width 2: position `p` of layer `l` holds `[2p + l, 2p + 1 + l]`.
+    fn layers(start: usize, end: usize) -> Vec<(Array, Array)> {
         (0..2)
             .map(|layer| {
-                let kv = mlx_rs::ops::arange::<_, f32>(0.0, f64::from(n * 2), None)
+                let kv = mlx_rs::ops::arange::<_, f32>((start * 2) as f64, (end * 2) as f64, None)
                     .unwrap()
                     .add(Array::from_f32(layer as f32))
                     .unwrap()
-                    .reshape(&[1, 1, n, 2])
+                    .reshape(&[1, 1, (end - start) as i32, 2])
                     .unwrap();
-                KvCache::from_state(kv.clone(), kv)
+                (kv.clone(), kv)
             })
             .collect()
     }
@@ -255,24 +249,20 @@ mod tests {
     fn restores_the_longest_cached_run_and_evicts_within_budget() {
         let tokens: Vec<u32> = (0..(2 * BLOCK) as u32).collect();
         let hashes = block_hashes(&tokens);
-        let kv = caches(2 * BLOCK as i32);
         // One block: 2 layers x keys and values x BLOCK x 2 floats.
         let block_bytes = 2 * 2 * BLOCK * 2 * 4;
         let mut cache = PrefixCache::new(2 * block_bytes, None);
         for (i, h) in hashes.iter().enumerate() {
-            let arrays = cache.insert(*h, i, &tokens, &kv).unwrap();
+            let block = layers(i * BLOCK, (i + 1) * BLOCK);
+            let arrays = cache.insert(*h, i, &tokens, block).unwrap();
             mlx_rs::transforms::eval(arrays.iter()).unwrap();
         }
         assert_eq!(cache.used(), 2 * block_bytes);
         let (n, restored) = cache.restore(&tokens, &hashes).unwrap().unwrap();
         assert_eq!(n, 2 * BLOCK);
         assert_eq!(restored[1].offset(), 2 * BLOCK as i32);
-        let (k, _) = restored[1]
-            .copy_range(0, 2 * BLOCK as i32)
-            .unwrap()
-            .unwrap();
-        let (want, _) = kv[1].copy_range(0, 2 * BLOCK as i32).unwrap().unwrap();
-        assert!(k.eq_values(&want).unwrap());
+        let (k, _) = restored[1].valid().unwrap().unwrap();
+        assert!(k.eq_values(&layers(0, 2 * BLOCK)[1].0).unwrap());
 
         // Other tokens with the same hashes (a collision) are not served.
         let mut other = tokens.clone();
@@ -282,7 +272,9 @@ mod tests {
         // A third block evicts the least recently used: the chain's end.
         let more: Vec<u32> = (0..(2 * BLOCK) as u32).rev().collect();
         let more_hashes = block_hashes(&more);
-        cache.insert(more_hashes[0], 0, &more, &kv).unwrap();
+        cache
+            .insert(more_hashes[0], 0, &more, layers(0, BLOCK))
+            .unwrap();
         assert_eq!(cache.used(), 2 * block_bytes);
         let (n, _) = cache.restore(&tokens, &hashes).unwrap().unwrap();
         assert_eq!(n, BLOCK);

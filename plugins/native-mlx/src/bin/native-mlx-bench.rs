@@ -66,6 +66,17 @@ struct Args {
     /// With `--ids`: how many requests the batched run has in all.
     #[arg(long, default_value_t = 8, requires = "ids")]
     company: usize,
+    /// The batching engine's token budget per step (`BatchOptions::step_tokens`).
+    #[arg(long, default_value_t = BatchOptions::default().step_tokens)]
+    step_tokens: usize,
+}
+
+/// The batching engine's options for `args`.
+fn batch_options(args: &Args) -> BatchOptions {
+    BatchOptions {
+        step_tokens: args.step_tokens,
+        ..BatchOptions::default()
+    }
 }
 
 /// Averages over the timed runs.
@@ -117,7 +128,7 @@ fn greedy_ids(args: &Args, dir: &Path) -> Result<serde_json::Value> {
         .generate(&request, |_| ControlFlow::Continue(()))?
         .token_ids;
     drop(session);
-    let batcher = Batcher::start(load(args, dir)?, BatchOptions::default());
+    let batcher = Batcher::start(load(args, dir)?, batch_options(args));
     let batch_of_one = batcher
         .generate(request.clone(), |_| ControlFlow::Continue(()))?
         .token_ids;
@@ -186,7 +197,7 @@ fn measure(args: &Args, dir: &Path) -> Result<Measurement> {
 fn batched(args: &Args, dir: &Path, n: usize) -> Result<()> {
     let session = load(args, dir)?;
     let vocab = session.model().config().vocab_size as u32;
-    let batcher = Batcher::start(session, BatchOptions::default());
+    let batcher = Batcher::start(session, batch_options(args));
     let requests: Vec<GenerateRequest> = (0..n)
         .map(|i| {
             let mut ids = prompt(args.prompt_tokens, vocab);

@@ -128,12 +128,20 @@ impl Rope {
     }
 }
 
-/// The decoding rows of a packed step (its first rows, one token each),
-/// whose keys and values live in the pool.
-pub(crate) struct Decode<'a> {
+/// The keys and values of a packed step, all in the pool: its decoding
+/// rows (the first rows, one token each), then its prompt chunks.
+pub(crate) struct Packed<'a> {
     pub(crate) pool: &'a mut KvPool,
-    /// The pool row of each decoding token's position, `(n,)` int32.
+    /// The pool row of every new position of the step, `(n,)` int32: the
+    /// decoding rows', then each chunk group's (sequence by sequence): one
+    /// write per layer stores them all.
     pub(crate) rows: Array,
+    pub(crate) decode: Option<Decode>,
+    pub(crate) chunks: Vec<Chunks>,
+}
+
+/// The decoding rows of a packed step.
+pub(crate) struct Decode {
     /// Each decoding token's position (its RoPE offset), `(n,)` int32.
     pub(crate) positions: Array,
     /// Consecutive runs of decoding rows that attend over the same padded
@@ -154,6 +162,20 @@ pub(crate) struct Group {
     /// the pool's gather lays them out: `(kv_heads * rows, 1, 1, padded)`
     /// bool, head `h` of row `i` at `h * rows + i`.
     pub(crate) mask: Array,
+}
+
+/// Prompt chunks of `seqs` sequences, each `len` tokens from position
+/// `offset`, side by side in the step: they attend as one batch, with the
+/// shapes of one chunk alone.
+pub(crate) struct Chunks {
+    pub(crate) seqs: i32,
+    pub(crate) offset: i32,
+    pub(crate) len: i32,
+    /// From a later chunk on (`offset > 0`), the pool rows of every position
+    /// each sequence reads, its earlier ones and the chunk's: `(1, seqs *
+    /// (offset + len), 1)` int32, sequence by sequence. A first chunk
+    /// attends to its own keys and values alone.
+    pub(crate) index: Option<Array>,
 }
 
 /// Llama 3.1's scaled RoPE frequencies, with the same ops and the same
@@ -224,6 +246,19 @@ enum Projected {
 }
 
 impl Projected {
+    /// `(1, seqs * len, ...)` as `(seqs, len, ...)`: the chunks of a group
+    /// as a batch (the same memory).
+    fn batch(self, seqs: i32) -> Result<Self> {
+        let batch = |a: Array| -> Result<Array> {
+            let len = a.dim(1) / seqs;
+            Ok(a.reshape(&[seqs, len, -1])?)
+        };
+        Ok(match self {
+            Self::Joined(a) => Self::Joined(batch(a)?),
+            Self::Split([q, k, v]) => Self::Split([batch(q)?, batch(k)?, batch(v)?]),
+        })
+    }
+
     /// The tokens of each sequence of a packed batch, split before each
     /// of `starts` (one op per array, however many sequences).
     fn split_rows(self, starts: &[i32]) -> Result<Vec<Self>> {
@@ -248,26 +283,26 @@ impl Attention {
         self.o_proj.forward(&out)
     }
 
-    /// Attention of several sequences packed along the token axis: `x` is
-    /// `(1, sum of lens, hidden)`. The first rows are `decode`'s (keys and
-    /// values in the pool, one token each); then sequence `i` of the rest
-    /// has `lens[i]` new tokens and its own cache. The projections run once
+    /// Attention of a packed step: `x` is `(1, n, hidden)`, the decoding
+    /// rows first (one token each), then each chunk group's tokens. Every
+    /// new key and value goes to `layer`'s pool (of `layers`) with one
+    /// write; then each decoding group attends with one gather and one
+    /// kernel, and each chunk group as one batch. The projections run once
     /// over every token; a sequence's attention computes the same shapes
     /// alone or batched, so a row's result does not depend on its neighbours.
     fn forward_packed(
         &self,
         x: &Array,
-        decode: Option<(&mut Decode, usize, usize)>,
-        caches: &mut [&mut KvCache],
-        lens: &[i32],
+        step: &mut Packed,
+        layer: usize,
+        layers: usize,
         rope: &Rope,
     ) -> Result<Array> {
         let projected = self.project(x)?;
-        let decoding = decode.as_ref().map_or(0, |(d, _, _)| d.rows.dim(0));
-        let sizes: Vec<i32> = (decoding > 0)
-            .then_some(decoding)
+        let decoding = step.decode.as_ref().map(|d| d.positions.dim(0));
+        let sizes: Vec<i32> = decoding
             .into_iter()
-            .chain(lens.iter().copied())
+            .chain(step.chunks.iter().map(|c| c.seqs * c.len))
             .collect();
         let mut parts = if sizes.len() == 1 {
             vec![projected]
@@ -283,37 +318,71 @@ impl Attention {
             projected.split_rows(&starts)?
         }
         .into_iter();
-        let mut outs = Vec::with_capacity(sizes.len());
-        if let Some((d, layer, layers)) = decode {
-            let part = parts.next().expect("a decoding part");
-            outs.push(self.attend_decoding(part, d, layer, layers, rope)?);
-        }
-        for (part, cache) in parts.zip(caches.iter_mut()) {
-            outs.push(self.attend_one(part, cache, rope)?);
-        }
-        let out = if outs.len() == 1 {
-            outs.pop().expect("one part")
-        } else {
-            concatenate(&outs, 1)?
+        let kv_heads = self.num_kv_heads;
+        // The new keys and values in the pool's layout, `(kv_heads, rows,
+        // head_dim)`, in the order of the step's rows.
+        let (mut new_keys, mut new_values) = (Vec::new(), Vec::new());
+        let decoded = match &step.decode {
+            Some(d) => {
+                let part = parts.next().expect("a decoding part");
+                let (queries, keys, values) = self.decoding_heads(part, d, rope)?;
+                // `(n, kv_heads, 1, head_dim)` to `(kv_heads, n, head_dim)`.
+                let n = d.positions.dim(0);
+                let head_major = |y: &Array| -> Result<Array> {
+                    Ok(y.reshape(&[n, kv_heads, -1])?.transpose_axes(&[1, 0, 2])?)
+                };
+                new_keys.push(head_major(&keys)?);
+                new_values.push(head_major(&values)?);
+                Some(queries)
+            }
+            None => None,
         };
-        self.o_proj.forward(&out)
+        let mut chunks = Vec::with_capacity(step.chunks.len());
+        for (part, c) in parts.zip(&step.chunks) {
+            let (queries, keys, values) = self.heads(part.batch(c.seqs)?, c.offset, rope)?;
+            // `(seqs, kv_heads, len, head_dim)` to `(kv_heads, seqs * len, head_dim)`.
+            let head_major = |y: &Array| -> Result<Array> {
+                Ok(y.transpose_axes(&[1, 0, 2, 3])?
+                    .reshape(&[kv_heads, c.seqs * c.len, -1])?)
+            };
+            new_keys.push(head_major(&keys)?);
+            new_values.push(head_major(&values)?);
+            chunks.push((queries, keys, values));
+        }
+        let joined = |mut parts: Vec<Array>| -> Result<Array> {
+            Ok(if parts.len() == 1 {
+                parts.pop().expect("one part")
+            } else {
+                concatenate(&parts, 1)?
+            })
+        };
+        let pool = step.pool.write(
+            layer,
+            layers,
+            &step.rows,
+            &joined(new_keys)?,
+            &joined(new_values)?,
+        )?;
+        let mut outs = Vec::with_capacity(sizes.len());
+        if let (Some(queries), Some(d)) = (decoded, &step.decode) {
+            outs.push(self.attend_decoding(queries, d, &pool)?);
+        }
+        for ((queries, keys, values), c) in chunks.into_iter().zip(&step.chunks) {
+            outs.push(self.attend_chunks(queries, keys, values, c, &pool)?);
+        }
+        self.o_proj.forward(&joined(outs)?)
     }
 
-    /// The decoding rows' attention (`(1, n, ...)` projections of one token
-    /// each): their keys and values go to `layer`'s pool with one write,
-    /// and each group attends with one gather and one kernel, over its
-    /// padded length under its mask.
-    fn attend_decoding(
+    /// The decoding rows' queries, keys and values (`(1, n, ...)`
+    /// projections of one token each) as `(n, heads, 1, head_dim)`: the
+    /// same memory, as for one token alone.
+    fn decoding_heads(
         &self,
         projected: Projected,
-        d: &mut Decode,
-        layer: usize,
-        layers: usize,
+        d: &Decode,
         rope: &Rope,
-    ) -> Result<Array> {
-        let n = d.rows.dim(0);
-        // `(1, n, count * head_dim)` to `(n, count, 1, head_dim)`: the
-        // same memory, as for one token alone.
+    ) -> Result<(Array, Array, Array)> {
+        let n = d.positions.dim(0);
         let heads = |y: Array, count: i32, norm: Option<&Array>| -> Result<Array> {
             let y = y.reshape(&[n, count, 1, -1])?;
             Ok(match norm {
@@ -321,21 +390,15 @@ impl Attention {
                 None => y,
             })
         };
-        let (queries, keys, values) =
-            self.heads_of(projected, heads, |x| rope.apply_at(x, &d.positions))?;
-        let (q_heads, kv_heads) = (self.num_heads, self.num_kv_heads);
-        let repeats = q_heads / kv_heads;
-        // `(n, kv_heads, 1, head_dim)` to the pool's `(kv_heads, n, head_dim)`.
-        let head_major = |y: &Array| -> Result<Array> {
-            Ok(y.reshape(&[n, kv_heads, -1])?.transpose_axes(&[1, 0, 2])?)
-        };
-        let pool = d.pool.write(
-            layer,
-            layers,
-            &d.rows,
-            &head_major(&keys)?,
-            &head_major(&values)?,
-        )?;
+        self.heads_of(projected, heads, |x| rope.apply_at(x, &d.positions))
+    }
+
+    /// The decoding rows' attention over the pool `pool` (after this step's
+    /// write): each group attends with one gather and one kernel, over its
+    /// padded length under its mask. Returns `(1, n, heads * head_dim)`.
+    fn attend_decoding(&self, queries: Array, d: &Decode, pool: &(Array, Array)) -> Result<Array> {
+        let n = queries.dim(0);
+        let (kv_heads, repeats) = (self.num_kv_heads, self.num_heads / self.num_kv_heads);
         let mut outs = Vec::with_capacity(d.groups.len());
         let mut start = 0;
         for group in &d.groups {
@@ -354,7 +417,7 @@ impl Attention {
                 .reshape(&[g, kv_heads, repeats, -1])?
                 .transpose_axes(&[1, 0, 2, 3])?
                 .reshape(&[kv_heads * g, repeats, 1, -1])?;
-            let (k, v) = KvPool::gather(&pool, &group.index, group.padded)?;
+            let (k, v) = KvPool::gather(pool, &group.index, group.padded)?;
             let mask = ScaledDotProductAttentionMask::Array(&group.mask);
             let out = scaled_dot_product_attention(q, k, v, self.scale, mask, None)?;
             // Back to `(1, g, q_heads * head_dim)`, query heads in order.
@@ -369,6 +432,40 @@ impl Attention {
         } else {
             concatenate(&outs, 1)?
         })
+    }
+
+    /// A chunk group's attention, from its `(seqs, heads, len, head_dim)`
+    /// queries, keys and values: a first chunk attends to its own keys and
+    /// values, a later one to its sequence's positions gathered from the
+    /// pool (after this step's write). Returns `(1, seqs * len, heads *
+    /// head_dim)`.
+    fn attend_chunks(
+        &self,
+        queries: Array,
+        keys: Array,
+        values: Array,
+        c: &Chunks,
+        pool: &(Array, Array),
+    ) -> Result<Array> {
+        let out = match &c.index {
+            None => self.attend(&queries, &keys, &values)?,
+            Some(index) => {
+                let (kv_heads, repeats) = (self.num_kv_heads, self.num_heads / self.num_kv_heads);
+                let (b, len) = (c.seqs, c.len);
+                // As for decoding: keys and values heads first, `(kv_heads *
+                // seqs, 1, offset + len, head_dim)`, and the queries alike.
+                let (k, v) = KvPool::gather(pool, index, c.offset + len)?;
+                let q = queries
+                    .reshape(&[b, kv_heads, repeats, len, -1])?
+                    .transpose_axes(&[1, 0, 2, 3, 4])?
+                    .reshape(&[kv_heads * b, repeats, len, -1])?;
+                self.attend_split(&q, &k, &v, 0, b, b)?
+                    .reshape(&[kv_heads, b, repeats, len, -1])?
+                    .transpose_axes(&[1, 0, 2, 3, 4])?
+                    .reshape(&[b, kv_heads * repeats, len, -1])?
+            }
+        };
+        Ok(merge_heads(&out)?.reshape(&[1, c.seqs * c.len, -1])?)
     }
 
     /// Queries, keys and values in heads (`heads` reshapes and norms one
@@ -420,6 +517,19 @@ impl Attention {
     /// One sequence's attention from its projections (`(1, len, ...)`),
     /// appending its keys and values to `cache`; the output before `o_proj`.
     fn attend_one(&self, projected: Projected, cache: &mut KvCache, rope: &Rope) -> Result<Array> {
+        let (queries, keys, values) = self.heads(projected, cache.offset(), rope)?;
+        let (keys, values) = cache.update_and_fetch(&keys, &values)?;
+        merge_heads(&self.attend(&queries, &keys, &values)?)
+    }
+
+    /// Queries, keys and values of `(batch, len, ...)` projections as
+    /// `(batch, heads, len, head_dim)`, with RoPE from position `offset`.
+    fn heads(
+        &self,
+        projected: Projected,
+        offset: i32,
+        rope: &Rope,
+    ) -> Result<(Array, Array, Array)> {
         let first = match &projected {
             Projected::Joined(a) => a,
             Projected::Split([q, _, _]) => q,
@@ -445,25 +555,44 @@ impl Attention {
                 y.transpose_axes(&[0, 2, 1, 3])?
             })
         };
-        let offset = cache.offset();
-        let (queries, keys, values) = self.heads_of(projected, heads, |x| rope.apply(x, offset))?;
-        let (keys, values) = cache.update_and_fetch(&keys, &values)?;
-
-        let out = self.attend(&queries, &keys, &values)?;
-        Ok(if len == 1 {
-            out.reshape(&[batch, 1, -1])?
-        } else {
-            out.transpose_axes(&[0, 2, 1, 3])?
-                .reshape(&[batch, len, -1])?
-        })
+        self.heads_of(projected, heads, |x| rope.apply(x, offset))
     }
+}
+
+/// Attention's output `(batch, heads, len, head_dim)` as `(batch, len, heads
+/// * head_dim)`: for one token the same memory, so a reshape alone.
+fn merge_heads(out: &Array) -> Result<Array> {
+    let (batch, len) = (out.dim(0), out.dim(2));
+    Ok(if len == 1 {
+        out.reshape(&[batch, 1, -1])?
+    } else {
+        out.transpose_axes(&[0, 2, 1, 3])?
+            .reshape(&[batch, len, -1])?
+    })
 }
 
 impl Attention {
     /// Scaled dot-product attention of `(batch, heads, len, head_dim)`
     /// queries over all cached keys and values.
     fn attend(&self, queries: &Array, keys: &Array, values: &Array) -> Result<Array> {
-        let (len, keys_len, head_dim) = (queries.dim(2), keys.dim(2), queries.dim(3));
+        let repeats = self.num_heads / self.num_kv_heads;
+        self.attend_split(queries, keys, values, 1, repeats, 1)
+    }
+
+    /// Scaled dot-product attention whose key/value heads lie along `axis`
+    /// (0 or 1), `q_per` query rows and `kv_per` key rows of that axis per
+    /// head; one kernel, or on the CPU, for long attentions, one per range
+    /// of heads over the CPU streams (heads are independent).
+    fn attend_split(
+        &self,
+        queries: &Array,
+        keys: &Array,
+        values: &Array,
+        axis: i32,
+        q_per: i32,
+        kv_per: i32,
+    ) -> Result<Array> {
+        let len = queries.dim(2);
         let sdpa = |q: &Array, k: &Array, v: &Array| -> Result<Array> {
             // One query attends to every cached key; several (prefill) need
             // the causal mask, which the kernel aligns to the end of the keys.
@@ -472,26 +601,28 @@ impl Attention {
                 q, k, v, self.scale, mask, None,
             )?)
         };
-        let work = [len, keys_len, self.num_heads, head_dim]
-            .iter()
-            .map(|&d| d as usize)
-            .product();
+        let work = queries.size() * keys.dim(2) as usize;
         let parts = self.parallel.parts(self.num_kv_heads as usize, work);
         if parts == 1 {
             return sdpa(queries, keys, values);
         }
-        // Each group of key/value heads with its query heads is independent.
-        let group = self.num_heads / self.num_kv_heads;
+        let slice = |a: &Array, range: std::ops::Range<i32>| -> Result<Array> {
+            Ok(if axis == 0 {
+                a.at(range)?
+            } else {
+                a.at((.., range))?
+            })
+        };
         let outs = (0..parts)
             .map(|i| {
                 let (start, end) = Parallel::bounds(self.num_kv_heads, parts, i);
-                let q = queries.at((.., start * group..end * group))?;
-                let k = keys.at((.., start..end))?;
-                let v = values.at((.., start..end))?;
+                let q = slice(queries, start * q_per..end * q_per)?;
+                let k = slice(keys, start * kv_per..end * kv_per)?;
+                let v = slice(values, start * kv_per..end * kv_per)?;
                 self.parallel.on(i, || sdpa(&q, &k, &v))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(concatenate(&outs, 1)?)
+        Ok(concatenate(&outs, axis)?)
     }
 }
 
@@ -559,16 +690,16 @@ impl Block {
     fn forward_packed(
         &self,
         x: &Array,
-        decode: Option<(&mut Decode, usize, usize)>,
-        caches: &mut [&mut KvCache],
-        lens: &[i32],
+        step: &mut Packed,
+        layer: usize,
+        layers: usize,
         rope: &Rope,
     ) -> Result<Array> {
         let r = self.attention.forward_packed(
             &rms_norm(x, Some(&self.input_norm), self.eps)?,
-            decode,
-            caches,
-            lens,
+            step,
+            layer,
+            layers,
             rope,
         )?;
         let h = x.add(&r)?;
@@ -721,66 +852,25 @@ impl Model {
         self.head(&h)
     }
 
-    /// One step of a packed batch: the new tokens of several sequences
-    /// side by side in `ids` (`(1, sum of lens)`), sequence `i` with
-    /// `lens[i]` tokens. The first sequences are `decode`'s (one token
-    /// each, keys and values in its pool); the others have the caches
-    /// `caches`, in order. Returns the logits `(1, n, vocab)` of the last
-    /// token of each sequence whose `want` is set, in order (`None` when
-    /// none is wanted). Lazy.
-    pub(crate) fn packed_logits(
-        &self,
-        ids: &Array,
-        mut decode: Option<&mut Decode>,
-        caches: &mut [&mut [KvCache]],
-        lens: &[i32],
-        want: &[bool],
-    ) -> Result<Option<Array>> {
-        let decoding = decode.as_ref().map_or(0, |d| d.rows.dim(0)) as usize;
+    /// One step of a packed batch: the new tokens of `step`'s decoding
+    /// rows (one token each), then of its chunk groups, side by side in
+    /// `ids` (`(1, n)`); their keys and values go to the pool. Returns the
+    /// logits `(1, rows, vocab)` of the decoding rows (`None` when there are
+    /// none: the step only prefills). Lazy.
+    pub(crate) fn packed_logits(&self, ids: &Array, step: &mut Packed) -> Result<Option<Array>> {
+        let decoding = step.decode.as_ref().map(|d| d.positions.dim(0));
         let mut h = self.embed.forward(ids)?;
         let layers = self.blocks.len();
         for (layer, block) in self.blocks.iter().enumerate() {
-            let mut layer_caches: Vec<&mut KvCache> =
-                caches.iter_mut().map(|c| &mut c[layer]).collect();
-            h = block.forward_packed(
-                &h,
-                decode.as_deref_mut().map(|d| (d, layer, layers)),
-                &mut layer_caches,
-                &lens[decoding..],
-                &self.rope,
-            )?;
+            h = block.forward_packed(&h, step, layer, layers, &self.rope)?;
         }
-        // The usual step: the decoding rows, one token each, are the first
-        // rows and the only ones wanted: one slice.
-        let wanted = want.iter().filter(|&&w| w).count();
-        if wanted > 0 && want[..wanted].iter().all(|&w| w) && lens[..wanted].iter().all(|&l| l == 1)
-        {
-            let h = if wanted == h.dim(1) as usize {
-                h
-            } else {
-                h.at((.., ..wanted as i32, ..))?
-            };
-            return self.head(&h).map(Some);
-        }
-        let mut end = 0;
-        let mut lasts = Vec::new();
-        for (&len, &want) in lens.iter().zip(want) {
-            end += len;
-            if want {
-                lasts.push(if lens.len() == 1 {
-                    h.at((.., end - 1.., ..))?
-                } else {
-                    h.at((.., end - 1..end, ..))?
-                });
-            }
-        }
-        if lasts.is_empty() {
+        let Some(rows) = decoding else {
             return Ok(None);
-        }
-        let h = if lasts.len() == 1 {
-            lasts.pop().expect("one")
+        };
+        let h = if rows == h.dim(1) {
+            h
         } else {
-            concatenate(&lasts, 1)?
+            h.at((.., ..rows, ..))?
         };
         self.head(&h).map(Some)
     }

@@ -73,12 +73,22 @@ fn run_together(b: &Batcher, requests: &[GenerateRequest]) -> Vec<Completion> {
 }
 
 /// Prompts shorter and longer than a prefill chunk (128), so that batched
-/// steps mix decoding tokens with prompt chunks of other requests.
+/// steps mix decoding tokens with prompt chunks of other requests, and
+/// chunks of several prompts at the same offset attend as one batch (the
+/// first blocks of 200, 300, 129 and 280 tokens; the second of 300 and 280).
 fn mixed_requests() -> Vec<GenerateRequest> {
-    [(1, 12), (2, 40), (3, 200), (4, 5), (5, 300), (6, 129)]
-        .iter()
-        .map(|&(seed, n)| request(&prompt(seed, n), 20))
-        .collect()
+    [
+        (1, 12),
+        (2, 40),
+        (3, 200),
+        (4, 5),
+        (5, 300),
+        (6, 129),
+        (7, 280),
+    ]
+    .iter()
+    .map(|&(seed, n)| request(&prompt(seed, n), 20))
+    .collect()
 }
 
 fn same_tokens_alone_and_batched(model: &str) {
