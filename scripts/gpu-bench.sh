@@ -21,7 +21,9 @@
 #   STREAMS ("1 8 32 64"), GEN (tokens per concurrent stream, 128),
 #   SINGLE_GEN (tokens of the single-stream runs, 256), IDS=0 and SINGLE=0
 #   skip the ids check and the single-stream runs (to split a run in parts),
-#   RESULTS_FILE (keep the raw results, one JSON object a line, there too).
+#   RESULTS_FILE (keep the raw results, one JSON object a line, there too),
+#   NATIVE_ARGS (more options of native-mlx-bench's batched runs, as
+#   "--step-tokens 1024").
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -72,7 +74,7 @@ for shape in "${SHAPES[@]}"; do
   prompts=(12 512)
   [[ "${IDS:-1}" == 0 ]] && prompts=()
   for prompt in "${prompts[@]}"; do
-    native="$("$BIN" --ids --company 8 --prompt-tokens "$prompt" --gen-tokens 64 "$model")" || native='{}'
+    native="$("$BIN" --ids --company 8 --prompt-tokens "$prompt" --gen-tokens 64 ${NATIVE_ARGS:-} "$model")" || native='{}'
     reference="$("$PY" "$BENCH/mlx_lm_ids.py" --company 8 --prompt-tokens "$prompt" --gen-tokens 64 "$model")" || reference='{}'
     "$PY" - "$shape" "$prompt" "$native" "$reference" >>"$RESULTS" <<'PYTHON'
 import json, sys
@@ -109,7 +111,7 @@ PYTHON
       # The timed run's line: "... run 1: X tok/s aggregate (..., ttft p50
       # A ms p99 B ms...)".
       # The next line says where its steps' time went (to the log).
-      out="$("$BIN" --concurrent "$n" --runs 1 --gen-tokens "$GEN" "$model")" || out=""
+      out="$("$BIN" --concurrent "$n" --runs 1 --gen-tokens "$GEN" ${NATIVE_ARGS:-} "$model")" || out=""
       grep -A1 ' run 1: ' <<<"$out" | sed -n 's/^ *steps:/gpu-bench: native-mlx steps:/p' >&2 || true
       line="$(grep ' run 1: ' <<<"$out")" || line=""
       record_run "$shape" native-mlx "$n" "$line"
