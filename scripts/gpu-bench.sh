@@ -18,7 +18,7 @@
 #   tiny    the test shape, float32: a dry run of the script on a CPU
 # Env: PYTHON (an interpreter with mlx for CUDA and mlx-lm; default python3),
 #   BENCH_DIR (models, default /tmp/hangar-gpu-bench), ROUNDS (3),
-#   STREAMS ("1 8 32 64"), GEN (tokens per concurrent stream, 128),
+#   STREAMS ("1 8 32 64"; empty: none), GEN (tokens per concurrent stream, 128),
 #   SINGLE_GEN (tokens of the single-stream runs, 256), IDS=0 and SINGLE=0
 #   skip the ids check and the single-stream runs (to split a run in parts),
 #   RESULTS_FILE (keep the raw results, one JSON object a line, there too),
@@ -34,7 +34,7 @@ SHAPES=("$@")
 PY="${PYTHON:-python3}"
 BENCH_DIR="${BENCH_DIR:-/tmp/hangar-gpu-bench}"
 ROUNDS="${ROUNDS:-3}"
-read -r -a STREAMS <<<"${STREAMS:-1 8 32 64}"
+read -r -a STREAMS <<<"${STREAMS-1 8 32 64}"
 GEN="${GEN:-128}"
 SINGLE_GEN="${SINGLE_GEN:-256}"
 BENCH="$REPO/plugins/native-mlx/bench"

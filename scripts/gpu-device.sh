@@ -40,6 +40,7 @@ case "${1:-}" in
     libs="$(ls -d "$nvidia"/nvidia/*/lib | tr '\n' ':')$DIR/site/mlx/lib"
     cat >/tmp/gpu-env.sh <<ENV
 export PYTHONPATH=$DIR/site LD_LIBRARY_PATH=$libs PYTHON=python3 PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 ENV
     . /tmp/gpu-env.sh
     python3 -c 'import importlib.metadata as m, mlx.core as mx; print("gpu-device: MLX", m.version("mlx"), "on", mx.default_device())'
@@ -63,7 +64,9 @@ ENV
     [[ -f /tmp/gpu-env.sh ]] || { echo "gpu-device: run 'install' first" >&2; exit 2; }
     . /tmp/gpu-env.sh
     shift
-    HANGAR_REPO="$PWD" HANGAR_PYTHON="$(command -v python3)" "$DIR"/native-mlx-engine-tests "$@"
+    # exec: a timeout around this script then stops the tests too. Offline:
+    # transformers must not look for the fixtures' tokenizers on a hub.
+    HANGAR_REPO="$PWD" HANGAR_PYTHON="$(command -v python3)" exec "$DIR"/native-mlx-engine-tests "$@"
     ;;
   *)
     echo "usage: scripts/gpu-device.sh stage|install|serve|tests [ARGS]" >&2
