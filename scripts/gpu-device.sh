@@ -64,9 +64,11 @@ ENV
     [[ -f /tmp/gpu-env.sh ]] || { echo "gpu-device: run 'install' first" >&2; exit 2; }
     . /tmp/gpu-env.sh
     shift
-    # exec: a timeout around this script then stops the tests too. Offline:
-    # transformers must not look for the fixtures' tokenizers on a hub.
-    HANGAR_REPO="$PWD" HANGAR_PYTHON="$(command -v python3)" exec "$DIR"/native-mlx-engine-tests "$@"
+    # exec: a timeout around this script then stops the tests too. Offline
+    # (/tmp/gpu-env.sh), since transformers must not look for the fixtures'
+    # tokenizers on a hub; the reference's progress is shown as it runs.
+    HANGAR_REPO="$PWD" HANGAR_PYTHON="$(command -v python3)" HANGAR_FIXTURES_LOG=1 \
+      exec "$DIR"/native-mlx-engine-tests "$@"
     ;;
   *)
     echo "usage: scripts/gpu-device.sh stage|install|serve|tests [ARGS]" >&2

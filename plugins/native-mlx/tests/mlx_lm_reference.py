@@ -16,6 +16,7 @@ comparison needs. "chats" are rendered by transformers' apply_chat_template.
 """
 import json
 import sys
+import time
 
 import mlx.core as mx
 from jinja2.exceptions import TemplateError
@@ -23,6 +24,13 @@ from mlx_lm import convert, load
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 from transformers import AutoTokenizer
+
+START = time.monotonic()
+
+
+def log(what):
+    """Progress on stderr, seconds since the imports: where a slow machine spends its time."""
+    print(f"mlx_lm_reference: {time.monotonic() - START:7.1f} s {what}", file=sys.stderr, flush=True)
 
 
 def run(case, models):
@@ -66,9 +74,16 @@ def main():
             convert(job["hf_path"], job["mlx_path"], quantize=True, q_bits=job["bits"])
         finally:
             sys.stdout = stdout
+        log(f"converted {job['mlx_path']}")
     models, tokenizers = {}, {}
-    ids = [run(case, models) for case in request.get("cases", [])]
-    chats = [render(chat, tokenizers) for chat in request.get("chats", [])]
+    ids = []
+    for case in request.get("cases", []):
+        ids.append(run(case, models))
+        log(f"case {case['model']} (seed {case.get('seed', 0)})")
+    chats = []
+    for chat in request.get("chats", []):
+        chats.append(render(chat, tokenizers))
+        log("chat rendered")
     json.dump({"ids": ids, "chats": chats}, sys.stdout)
     print()
 

@@ -233,11 +233,18 @@ fn build() -> Fixtures {
         .collect();
     let request = json!({"convert": convert, "cases": cases, "chats": chats}).to_string();
 
+    // HANGAR_FIXTURES_LOG shows the reference's progress as it runs: where
+    // another machine spends its time (scripts/gpu-device.sh sets it).
+    let stderr = if std::env::var_os("HANGAR_FIXTURES_LOG").is_some() {
+        Stdio::inherit()
+    } else {
+        Stdio::piped()
+    };
     let mut child = Command::new(python())
         .arg(repo().join("plugins/native-mlx/tests/mlx_lm_reference.py"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     use std::io::Write;
