@@ -30,6 +30,7 @@ use mlx_rs::ops::indexing::{argmax_axis, take_axis};
 use mlx_rs::transforms::async_eval;
 use mlx_rs::{with_stream, Array, Dtype};
 
+use crate::cache::KvCache;
 use crate::disk::DiskTier;
 use crate::error::{Error, Result};
 use crate::indexing::IndexOnStream;
@@ -238,6 +239,9 @@ struct Seq {
     hashes: Vec<u64>,
     /// Its keys and values in the pool.
     pages: Pages,
+    /// Instead, while it decodes alone: its keys and values in a cache of
+    /// its own, as a `Session` decodes (see `Engine::build_lone`).
+    alone: Option<Vec<KvCache>>,
     /// Prompt tokens in the pool.
     filled: usize,
     cached_prompt_tokens: usize,
@@ -403,6 +407,7 @@ impl Engine {
                         prompt,
                         hashes,
                         pages,
+                        alone: None,
                         filled,
                         cached_prompt_tokens: filled,
                         sampler,
@@ -448,7 +453,10 @@ impl Engine {
         let mut pages = Pages::default();
         let filled = match self.prefix.restore(body, &hashes)? {
             Some((filled, cache)) => {
-                self.pool.adopt(&mut pages, &cache)?;
+                if let Err(e) = self.pool.adopt(&mut pages, &cache) {
+                    self.pool.release(pages);
+                    return Err(e);
+                }
                 filled
             }
             None => 0,
@@ -491,6 +499,15 @@ impl Engine {
 
     /// Builds and queues one packed forward pass; returns its sampled tokens.
     fn build(&mut self) -> Result<Option<InFlight>> {
+        let lone = self.active.len() == 1 && self.active[0].prefilled();
+        if !lone {
+            // Company came: a sequence that decoded alone moves to the pool.
+            for seq in &mut self.active {
+                if let Some(cache) = seq.alone.take() {
+                    self.pool.adopt(&mut seq.pages, &cache)?;
+                }
+            }
+        }
         let mut budget = self.options.step_tokens;
         // The pages this step's sequences take next, and those prompts
         // still being prefilled will take in the pool, asked for at once.
@@ -507,7 +524,9 @@ impl Engine {
                 (Pages::needed(len) - seq.pages.held()).max(0)
             })
             .sum();
-        self.pool.make_room(pages);
+        if !lone {
+            self.pool.make_room(pages);
+        }
         // Decoding sequences first, one token each, grouped by the padded
         // length their attention reads. A token is a row of the step in
         // flight, or a prompt's last token (the first step of a sequence).
@@ -529,6 +548,9 @@ impl Engine {
                 // Its token is still in flight.
                 None => continue,
             };
+            if lone {
+                return self.build_lone(input, &firsts);
+            }
             let len = seq.pages.len() + 1;
             self.pool.reserve(&mut seq.pages, len);
             decoding.push((Pages::padded(len), at, input));
@@ -595,48 +617,9 @@ impl Engine {
         let mut queued = None;
         if let Some(logits) = logits {
             let decoding: Vec<usize> = decoding.iter().map(|&(_, at, _)| at).collect();
-            // Greedy rows share three ops: the log-sum-exp of each row (as
-            // `Session::step` computes it for one) and the argmax.
-            let all_greedy = decoding
-                .iter()
-                .all(|&at| self.active[at].sampler.is_greedy());
-            let greedy = if all_greedy
-                || decoding
-                    .iter()
-                    .any(|&at| self.active[at].sampler.is_greedy())
-            {
-                let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
-                Some(argmax_axis(&logprobs, -1, None)?)
-            } else {
-                None
-            };
-            let mut rows = Vec::new();
-            for (row, &at) in decoding.iter().enumerate() {
-                let seq = &mut self.active[at];
-                if !all_greedy {
-                    rows.push(match &greedy {
-                        Some(tokens) if seq.sampler.is_greedy() => tokens.at((.., row as i32))?,
-                        _ => {
-                            let logits = logits.at((.., row as i32, ..))?;
-                            // As `Session::step`: a log-sum-exp over the `(1, vocab)` row.
-                            let logprobs = logits.subtract(logits.logsumexp(true)?)?;
-                            seq.sampler.sample(&logprobs)?.as_dtype(Dtype::Uint32)?
-                        }
-                    });
-                }
-                seq.pending = Some(row as i32);
-                seq.sampled += 1;
-            }
-            let tokens = match greedy {
-                Some(tokens) if all_greedy => tokens,
-                _ => concatenate(&rows, 0)?.reshape(&[1, -1])?,
-            };
-            to_eval.push(tokens.clone());
-            queued = Some(InFlight {
-                tokens,
-                prompt_tokens,
-                tags: decoding.iter().map(|&at| self.tags[at]).collect(),
-            });
+            let step = self.sample(&logits, &decoding, prompt_tokens)?;
+            to_eval.push(step.tokens.clone());
+            queued = Some(step);
         }
         // A step of prompt chunks alone yields no tokens: its writes are
         // what is evaluated.
@@ -658,6 +641,90 @@ impl Engine {
         }
         async_eval(to_eval.iter())?;
         Ok(queued)
+    }
+
+    /// Samples the next token of each sequence of `decoding` (indices into
+    /// `active`) from its row of `logits` (`(1, rows, vocab)`): the step to
+    /// queue, whose tokens are one `(1, rows)` array.
+    fn sample(
+        &mut self,
+        logits: &Array,
+        decoding: &[usize],
+        prompt_tokens: usize,
+    ) -> Result<InFlight> {
+        // Greedy rows share three ops: the log-sum-exp of each row (as
+        // `Session::step` computes it for one) and the argmax.
+        let all_greedy = decoding
+            .iter()
+            .all(|&at| self.active[at].sampler.is_greedy());
+        let greedy = if all_greedy
+            || decoding
+                .iter()
+                .any(|&at| self.active[at].sampler.is_greedy())
+        {
+            let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
+            Some(argmax_axis(&logprobs, -1, None)?)
+        } else {
+            None
+        };
+        let mut rows = Vec::new();
+        for (row, &at) in decoding.iter().enumerate() {
+            let seq = &mut self.active[at];
+            if !all_greedy {
+                rows.push(match &greedy {
+                    Some(tokens) if seq.sampler.is_greedy() => tokens.at((.., row as i32))?,
+                    _ => {
+                        let logits = logits.at((.., row as i32, ..))?;
+                        // As `Session::step`: a log-sum-exp over the `(1, vocab)` row.
+                        let logprobs = logits.subtract(logits.logsumexp(true)?)?;
+                        seq.sampler.sample(&logprobs)?.as_dtype(Dtype::Uint32)?
+                    }
+                });
+            }
+            seq.pending = Some(row as i32);
+            seq.sampled += 1;
+        }
+        let tokens = match greedy {
+            Some(tokens) if all_greedy => tokens,
+            _ => concatenate(&rows, 0)?.reshape(&[1, -1])?,
+        };
+        Ok(InFlight {
+            tokens,
+            prompt_tokens,
+            tags: decoding.iter().map(|&at| self.tags[at]).collect(),
+        })
+    }
+
+    /// The step of a sequence that decodes alone, from `input` (as in
+    /// `decoding_input`; `firsts` holds its first token): on a cache of its
+    /// own, as a `Session` decodes, which costs fewer ops than the pool's
+    /// padded, masked reads. Its keys and values leave the pool at its
+    /// first step alone and return to it when company comes (`build`). On
+    /// the CPU both paths give the same tokens (the tests check a request
+    /// alone against batched, and against a `Session`).
+    fn build_lone(&mut self, input: Input, firsts: &[u32]) -> Result<Option<InFlight>> {
+        let input = self.decoding_input(&[(0, 0, input)], firsts)?;
+        let seq = &mut self.active[0];
+        if seq.alone.is_none() {
+            let len = seq.pages.len();
+            let rows: Vec<i32> = (0..len).map(|p| seq.pages.row(p)).collect();
+            let cache = if len == 0 {
+                self.session.model.new_cache()
+            } else {
+                self.pool
+                    .copy_rows(&rows)?
+                    .into_iter()
+                    .map(|(k, v)| KvCache::from_state(k, v))
+                    .collect()
+            };
+            self.pool.release(std::mem::take(&mut seq.pages));
+            seq.alone = Some(cache);
+        }
+        let cache = seq.alone.as_mut().expect("a cache of its own");
+        let logits = self.session.model.logits(&input, cache)?;
+        let step = self.sample(&logits, &[0], 0)?;
+        async_eval([&step.tokens])?;
+        Ok(Some(step))
     }
 
     /// The `(1, n)` input tokens of the decoding sequences `decoding`, in

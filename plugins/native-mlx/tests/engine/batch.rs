@@ -205,6 +205,49 @@ fn a_cached_prefix_gives_the_same_tokens_as_cold() {
 }
 
 #[test]
+fn a_request_decoding_alone_keeps_its_tokens_as_company_comes_and_goes() {
+    // A sequence alone decodes on a cache of its own; a second request
+    // moves it to the pool, and it is alone again once that one is done.
+    // Its tokens are those of a run alone throughout, and the newcomer's
+    // those of its own run alone.
+    for model in ["llama", "llama-bf16"] {
+        let b = batcher(model, 0);
+        let long = request(&prompt(31, 150), 60);
+        let short = request(&prompt(32, 40), 8);
+        let (long_alone, short_alone) = (run(&b, &long).token_ids, run(&b, &short).token_ids);
+        let (company, signal) = std::sync::mpsc::channel();
+        let (first, second) = std::thread::scope(|s| {
+            let (b, long) = (&b, &long);
+            let first = s.spawn(move || {
+                let mut n = 0;
+                b.generate(long.clone(), |_| {
+                    n += 1;
+                    if n == 10 {
+                        let _ = company.send(());
+                    }
+                    ControlFlow::Continue(())
+                })
+                .unwrap()
+            });
+            signal.recv().unwrap();
+            let second = run(b, &short);
+            (first.join().unwrap(), second)
+        });
+        assert_eq!(
+            b.peak_batch(),
+            2,
+            "{model}: the second request joined the first"
+        );
+        assert!(
+            first.token_ids.len() == 60 && second.token_ids.len() == 8,
+            "{model}"
+        );
+        assert_eq!(first.token_ids, long_alone, "{model}: the first request");
+        assert_eq!(second.token_ids, short_alone, "{model}: the second request");
+    }
+}
+
+#[test]
 fn cancelling_one_request_leaves_the_others_running() {
     let b = batcher("llama", 0);
     let requests = mixed_requests();
