@@ -171,7 +171,16 @@ fn python() -> PathBuf {
     python
 }
 
+/// With `HANGAR_FIXTURES_LOG` set, a progress line on stderr (run the tests
+/// with `--nocapture` to see it live): where another machine spends its time.
+fn progress(start: std::time::Instant, what: &str) {
+    if std::env::var_os("HANGAR_FIXTURES_LOG").is_some() {
+        eprintln!("fixtures: {:7.1} s {what}", start.elapsed().as_secs_f64());
+    }
+}
+
 fn build() -> Fixtures {
+    let start = std::time::Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let models = [
@@ -191,6 +200,7 @@ fn build() -> Fixtures {
             .status()
             .unwrap();
         assert!(status.success(), "make_tiny_model.py {name} failed");
+        progress(start, &format!("made {name}"));
     }
     variant(root, "llama", "llama-tied", |config| {
         config["tie_word_embeddings"] = json!(true);
@@ -255,6 +265,7 @@ fn build() -> Fixtures {
         .write_all(request.as_bytes())
         .unwrap();
     let output = child.wait_with_output().unwrap();
+    progress(start, "mlx-lm reference done");
     assert!(
         output.status.success(),
         "mlx_lm_reference.py failed:\n{}",
