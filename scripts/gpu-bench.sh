@@ -133,20 +133,26 @@ for r in (r for r in rows if r["kind"] == "ids"):
         verdict = "same" if first is None else (first if isinstance(first, str) else f"token {first}")
         print(f"| {r['shape']}, {r['prompt']} tokens | {what} | {verdict} |")
 print()
-print("| model | what | streams | native-mlx | mlx-lm | ratio of medians |")
-print("|---|---|---:|---:|---:|---:|")
+print("| model | what | streams | native-mlx | mlx-lm | ratio of medians | ratio per round |")
+print("|---|---|---:|---:|---:|---:|---|")
 groups = {}
 for r in (r for r in rows if r["kind"] != "ids" and r["value"] is not None):
     groups.setdefault((r["shape"], r["kind"], r["streams"]), {}).setdefault(r["engine"], []).append(r["value"])
+def per_round(n, m):
+    # Each engine's values are in round order; a round that gave no result
+    # for one engine leaves the pairs unknown.
+    if len(n) != len(m):
+        return "rounds differ"
+    return ", ".join(f"{a / b:.2f}" for a, b in zip(n, m))
 def cell(values):
     return f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
 for (shape, kind, streams), engines in groups.items():
     n, m = engines.get("native-mlx"), engines.get("mlx-lm")
     if not n or not m:
-        print(f"| {shape} | {kind} | {streams} | {cell(n) if n else 'no result'} | {cell(m) if m else 'no result'} | |")
+        print(f"| {shape} | {kind} | {streams} | {cell(n) if n else 'no result'} | {cell(m) if m else 'no result'} | | |")
         continue
     what = {"single": "decode, one stream", "aggregate": "aggregate decode",
             "ttft_p99": "p99 time to first token, ms (lower is better)"}[kind]
     print(f"| {shape} | {what} | {streams} | {cell(n)} | {cell(m)} | "
-          f"{statistics.median(n) / statistics.median(m):.2f}x |")
+          f"{statistics.median(n) / statistics.median(m):.2f}x | {per_round(n, m)} |")
 PYTHON

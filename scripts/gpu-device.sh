@@ -17,7 +17,11 @@
 #   tests:   runs the engine's test binary (after install) on the GPU, with
 #            this checkout as its repository and the image's Python with
 #            the installed mlx-lm as its reference; arguments go to the
-#            binary (a filter, --test-threads).
+#            binary (a filter, --test-threads). On a fresh machine MLX
+#            first compiles its CUDA kernels (NVRTC; the fixtures alone took
+#            427 s on an H200, mostly the float32 4- and 8-bit products),
+#            kept in /tmp/mlx/<version>/ptx while the machine lasts: a
+#            whole run takes this call and another while it is warm.
 # Env: NVIDIA_SITE (where the image's nvidia/*/lib folders are; default
 # /opt/torch/.venv/lib/python3.12/site-packages).
 set -euo pipefail
