@@ -16,6 +16,8 @@
 #   qwen05  Qwen2.5-0.5B dimensions, bfloat16
 #   qwen7   Qwen2.5-7B dimensions, bfloat16 (about 15 GB of random weights)
 #   tiny    the test shape, float32: a dry run of the script on a CPU
+#   SHAPE-q4  (qwen05-q4, qwen7-q4, tiny-q4) that model quantized to 4 bits
+#           by mlx-lm's convert (group size 64), which both engines load
 # Env: PYTHON (an interpreter with mlx for CUDA and mlx-lm; default python3),
 #   BENCH_DIR (models, default /tmp/hangar-gpu-bench), ROUNDS (3),
 #   STREAMS ("1 8 32 64"; empty: none), GEN (tokens per concurrent stream, 128),
@@ -52,18 +54,27 @@ record_run() { # shape, engine, streams, the timed run's line of a concurrent be
 }
 
 for shape in "${SHAPES[@]}"; do
-  case "$shape" in
+  base="${shape%-q4}"
+  case "$base" in
     qwen05) dims=(--hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 --vocab 151936) ;;
     qwen7) dims=(--hidden 3584 --layers 28 --heads 28 --kv-heads 4 --intermediate 18944 --vocab 152064) ;;
     tiny) dims=() ;;
-    *) echo "unknown shape '$shape' (qwen05, qwen7, tiny)" >&2; exit 2 ;;
+    *) echo "unknown shape '$shape' (qwen05, qwen7, tiny, each with -q4 or not)" >&2; exit 2 ;;
   esac
   dtype=bfloat16
-  [[ "$shape" == tiny ]] && dtype=float32
-  model="$BENCH_DIR/$shape"
+  [[ "$base" == tiny ]] && dtype=float32
+  model="$BENCH_DIR/$base"
   if [[ ! -f "$model/config.json" ]]; then
     echo "gpu-bench: making $model" >&2
     "$PY" "$REPO/scripts/make_tiny_model.py" "$model" --arch qwen2 --dtype "$dtype" "${dims[@]}" >/dev/null
+  fi
+  if [[ "$shape" != "$base" ]]; then
+    quantized="$BENCH_DIR/$shape"
+    if [[ ! -f "$quantized/config.json" ]]; then
+      echo "gpu-bench: quantizing $model to $quantized" >&2
+      "$PY" -m mlx_lm convert --hf-path "$model" --mlx-path "$quantized" -q --q-bits 4 --q-group-size 64 >/dev/null
+    fi
+    model="$quantized"
   fi
 
   # Greedy ids, for a short and a long prompt: native-mlx (a session, its
