@@ -80,23 +80,6 @@ fn beta_with(s: &Scenario, programs: &str) {
     s.config(&allow_python(&["beta"]));
 }
 
-fn events(server: &Server, kind: &str) -> Vec<String> {
-    let (_, body) = server.get("/api/events");
-    body["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["kind"] == kind)
-        .map(|e| {
-            format!(
-                "{}: {}",
-                e["model"].as_str().unwrap(),
-                e["message"].as_str().unwrap()
-            )
-        })
-        .collect()
-}
-
 #[test]
 fn a_full_queue_answers_429_with_retry_after_and_waiters_are_served_in_turn() {
     let server = Server::with_args(
@@ -217,12 +200,12 @@ fn an_idle_model_is_unloaded_after_its_ttl() {
     let pid = pid_of(&server.load());
     // The event is recorded once the engine's process group is gone.
     eventually("the idle unload", Duration::from_secs(8), || {
-        !events(&server, "unloaded").is_empty()
+        !server.event_log("unloaded").is_empty()
     });
     assert!(!alive(pid));
     assert_eq!(server.get("/api/sessions").1["sessions"], json!([]));
     assert_eq!(
-        events(&server, "unloaded"),
+        server.event_log("unloaded"),
         ["tiny: unloaded after 1 s idle (ttl_seconds)"]
     );
 }
@@ -287,7 +270,7 @@ fn at_max_loaded_models_the_least_recently_used_model_is_evicted() {
     let (status, body) = server.post("/api/models/other/load", json!({}));
     assert_eq!(status, 200, "{body}");
     eventually("the eviction", Duration::from_secs(8), || {
-        !events(&server, "unloaded").is_empty()
+        !server.event_log("unloaded").is_empty()
     });
     assert!(!alive(pid));
     let (_, sessions) = server.get("/api/sessions");
@@ -299,7 +282,7 @@ fn at_max_loaded_models_the_least_recently_used_model_is_evicted() {
         .collect();
     assert_eq!(models, [&json!("other")]);
     assert_eq!(
-        events(&server, "unloaded"),
+        server.event_log("unloaded"),
         ["tiny: evicted (least recently used) to make room for 'other'"]
     );
     // The scheduler's events reach /metrics as every session event does.
@@ -336,7 +319,7 @@ fn an_unload_sent_while_the_model_loads_cancels_the_load() {
         (json!([]), json!([])),
         "{health}"
     );
-    assert_eq!(events(&server, "loaded"), Vec::<String>::new());
+    assert_eq!(server.event_log("loaded"), Vec::<String>::new());
 }
 
 #[test]
@@ -385,7 +368,7 @@ fn an_unload_waits_for_in_flight_requests_to_finish() {
         // once it was done (not at the drain's deadline).
         assert_eq!(running.join().unwrap(), 200);
     });
-    assert_eq!(events(&server, "unloaded"), ["tiny: unloaded on request"]);
+    assert_eq!(server.event_log("unloaded"), ["tiny: unloaded on request"]);
 }
 
 #[test]

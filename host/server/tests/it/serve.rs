@@ -151,6 +151,24 @@ impl Server {
             .filter(|e| e["kind"] == kind)
             .count()
     }
+
+    /// The events of `kind`, oldest first, each as "model: message".
+    pub fn event_log(&self, kind: &str) -> Vec<String> {
+        let (_, body) = self.get("/api/events");
+        body["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == kind)
+            .map(|e| {
+                format!(
+                    "{}: {}",
+                    e["model"].as_str().unwrap(),
+                    e["message"].as_str().unwrap()
+                )
+            })
+            .collect()
+    }
 }
 
 /// Writes a fake `mlx` model `name` into the scenario's model dir, with
