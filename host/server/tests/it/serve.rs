@@ -143,13 +143,7 @@ impl Server {
     }
 
     pub fn events(&self, kind: &str) -> usize {
-        let (_, body) = self.get("/api/events");
-        body["events"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| e["kind"] == kind)
-            .count()
+        self.event_log(kind).len()
     }
 
     /// The events of `kind`, oldest first, each as "model: message".
