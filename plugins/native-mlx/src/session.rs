@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use mlx_rs::transforms::{async_eval, eval};
-use mlx_rs::{with_stream, Array};
+use mlx_rs::{with_stream, Array, Dtype};
 
 use crate::cache::KvCache;
 use crate::chat::{ChatMessage, ChatOptions, ChatTemplate};
@@ -132,6 +132,27 @@ pub struct Completion {
     pub timings: Timings,
 }
 
+/// One token of a continuation, as [`Session::score`] scores it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenScore {
+    /// The continuation's token.
+    pub token: u32,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely token in its place (the first of equals).
+    pub top: u32,
+    /// That token's log-probability.
+    pub top_logprob: f32,
+}
+
+impl TokenScore {
+    /// How much less likely `token` is than the greedy choice, in nats
+    /// (0 when it is that choice).
+    pub fn gap(&self) -> f32 {
+        self.top_logprob - self.logprob
+    }
+}
+
 /// A model, its tokenizer and chat template, and the cache of the last
 /// conversation, so that a follow-up request only computes what is new.
 ///
@@ -248,25 +269,13 @@ impl Session {
             return Err(Error::InvalidRequest("the prompt has no tokens".into()));
         }
         let mut sampler = Sampler::new(request.sampling.clone())?;
-
-        // Keep the common prefix, but always compute at least the last
-        // prompt token: its logits give the first generated token.
-        let reuse = common_prefix(&self.cached, &prompt).min(prompt.len() - 1);
-        self.truncate_cache(reuse);
-        let (body, last) = prompt[reuse..].split_at(prompt.len() - reuse - 1);
-        for chunk in body.chunks(PREFILL_STEP) {
-            self.model.hidden(&ids(chunk)?, &mut self.cache)?;
-            // Only the caches are wanted: the lazy graph skips the unused
-            // final norm and output projection.
-            eval(self.cache.iter().flat_map(KvCache::state))?;
-            self.cached.extend_from_slice(chunk);
-        }
+        let (reuse, last) = self.prefill(&prompt)?;
 
         // mlx-lm's pipeline: the graph of step n+1 (fed with the still lazy
         // token of step n) is built and queued before waiting for token n,
         // so graph building overlaps evaluation.
-        let mut y = self.step(&ids(last)?, &mut sampler)?;
-        self.cached.extend_from_slice(last);
+        let mut y = self.step(&ids(&[last])?, &mut sampler)?;
+        self.cached.push(last);
         async_eval([&y])?;
 
         let mut stops = StopMatcher::new(&request.stop);
@@ -354,15 +363,82 @@ impl Session {
         })
     }
 
+    /// Scores `continuation` after `prompt` (non-empty): for each of its
+    /// tokens, its log-probability under the model and the model's greedy
+    /// choice in its place. Computed as [`Session::generate`] decodes (the
+    /// same prefill, then one token per step), so a greedy completion's
+    /// tokens are each `top`, with a `gap` of 0; tokens that another path
+    /// chose (batched, on other kernels) show by how much they missed.
+    pub fn score(&mut self, prompt: &[u32], continuation: &[u32]) -> Result<Vec<TokenScore>> {
+        if prompt.is_empty() {
+            return Err(Error::InvalidRequest("the prompt has no tokens".into()));
+        }
+        let stream = self.stream.clone();
+        let result =
+            with_stream(&stream.0, || {
+                let (_, last) = self.prefill(prompt)?;
+                let inputs = std::iter::once(last).chain(continuation.iter().copied());
+                let mut scores = Vec::with_capacity(continuation.len());
+                for (input, &token) in inputs.zip(continuation) {
+                    let logprobs = self.logprobs(&ids(&[input])?)?.as_dtype(Dtype::Float32)?;
+                    logprobs.eval()?;
+                    self.cached.push(input);
+                    let logprobs = logprobs.as_slice::<f32>();
+                    let logprob = *logprobs.get(token as usize).ok_or_else(|| {
+                        Error::InvalidRequest(format!("token {token} is outside the vocabulary"))
+                    })?;
+                    // The first of equal maxima, as `argmax`.
+                    let (top, top_logprob) = logprobs.iter().enumerate().fold(
+                        (0, f32::NEG_INFINITY),
+                        |best, (i, &p)| if p > best.1 { (i as u32, p) } else { best },
+                    );
+                    scores.push(TokenScore {
+                        token,
+                        logprob,
+                        top,
+                        top_logprob,
+                    });
+                }
+                Ok(scores)
+            });
+        if result.is_err() {
+            self.clear_cache();
+        }
+        result
+    }
+
+    /// Fills the cache with `prompt` (non-empty) but its last token,
+    /// keeping the longest common prefix with the cached tokens; returns
+    /// how many were kept and that last token, whose logits give the first
+    /// generated one.
+    fn prefill(&mut self, prompt: &[u32]) -> Result<(usize, u32)> {
+        let reuse = common_prefix(&self.cached, prompt).min(prompt.len() - 1);
+        self.truncate_cache(reuse);
+        let (body, last) = prompt[reuse..].split_at(prompt.len() - reuse - 1);
+        for chunk in body.chunks(PREFILL_STEP) {
+            self.model.hidden(&ids(chunk)?, &mut self.cache)?;
+            // Only the caches are wanted: the lazy graph skips the unused
+            // final norm and output projection.
+            eval(self.cache.iter().flat_map(KvCache::state))?;
+            self.cached.extend_from_slice(chunk);
+        }
+        Ok((reuse, last[0]))
+    }
+
     /// One decoding step: feeds `ids` (`(1, n)`), returns the sampled next
     /// token as a lazy `(1,)` array.
     fn step(&mut self, ids: &Array, sampler: &mut Sampler) -> Result<Array> {
+        sampler.sample(&self.logprobs(ids)?)
+    }
+
+    /// Feeds `ids` (`(1, n)`); the log-probabilities `(1, vocab)` of the
+    /// token after them. Lazy.
+    fn logprobs(&mut self, ids: &Array) -> Result<Array> {
         let logits = self.model.logits(ids, &mut self.cache)?;
         let logits = logits.at((.., -1, ..))?;
         // Log-probabilities as mlx-lm computes them (a log-sum-exp over the
         // whole (1, vocab) array), so that sampling sees identical numbers.
-        let logprobs = logits.subtract(logits.logsumexp(true)?)?;
-        sampler.sample(&logprobs)
+        Ok(logits.subtract(logits.logsumexp(true)?)?)
     }
 
     fn truncate_cache(&mut self, len: usize) {

@@ -2,5 +2,6 @@
 
 mod batch;
 mod fixtures;
+mod greedy;
 mod parity;
 mod session;

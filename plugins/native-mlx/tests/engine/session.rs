@@ -9,6 +9,7 @@ use hangar_native_mlx::{
 use serde_json::json;
 
 use crate::fixtures::{edited_copy, fixtures, PROMPT};
+use crate::greedy::assert_same_greedy;
 
 fn llama() -> Session {
     Session::load(&fixtures().model("llama")).unwrap()
@@ -124,16 +125,49 @@ fn a_follow_up_reuses_the_common_prefix() {
     let reused = generate(&mut session, &tokens(&follow_up, 16));
     assert_eq!(reused.usage.cached_prompt_tokens, PROMPT.len() + 8);
     let fresh = generate(&mut llama(), &tokens(&follow_up, 16));
-    assert_eq!(reused.token_ids, fresh.token_ids);
+    let (got, expected) = (&reused.token_ids, &fresh.token_ids);
+    assert_same_greedy("llama", &follow_up, got, expected, "reused prefix");
 
     // The same prompt again recomputes only its last token.
     let again = generate(&mut session, &tokens(&follow_up, 16));
     assert_eq!(again.usage.cached_prompt_tokens, follow_up.len() - 1);
-    assert_eq!(again.token_ids, fresh.token_ids);
+    let (got, expected) = (&again.token_ids, &fresh.token_ids);
+    assert_same_greedy("llama", &follow_up, got, expected, "same prompt again");
 
     // A different conversation starts over.
     let other = generate(&mut session, &tokens(&[9, 9, 9], 4));
     assert_eq!(other.usage.cached_prompt_tokens, 0);
+}
+
+#[test]
+fn scoring_a_greedy_completion_finds_its_tokens_and_how_far_others_miss() {
+    let mut session = llama();
+    let mut request = tokens(&PROMPT, 12);
+    request.ignore_eos = true;
+    let greedy = generate(&mut session, &request).token_ids;
+    // On the session that generated them (its cache reused) and a fresh one.
+    let scores = session.score(&PROMPT, &greedy).unwrap();
+    assert_eq!(llama().score(&PROMPT, &greedy).unwrap(), scores);
+    for (s, &id) in scores.iter().zip(&greedy) {
+        assert!(s.token == id && s.top == id && s.gap() == 0.0, "{s:?}");
+        assert!(s.logprob < 0.0, "{s:?}");
+    }
+    // Another token in the fourth place misses by a positive gap, and the
+    // tokens after it are scored after it.
+    let mut other = greedy.clone();
+    other[3] = (other[3] + 1) % 512;
+    let changed = session.score(&PROMPT, &other).unwrap();
+    assert_eq!(changed[..3], scores[..3]);
+    assert!(
+        changed[3].top == greedy[3] && changed[3].gap() > 0.0,
+        "{:?}",
+        changed[3]
+    );
+    assert_ne!(changed[4..], scores[4..]);
+
+    let err = session.score(&PROMPT, &[u32::MAX]).unwrap_err();
+    assert!(err.to_string().contains("outside the vocabulary"), "{err}");
+    assert!(session.score(&[], &[1]).is_err());
 }
 
 #[test]
@@ -196,5 +230,6 @@ fn a_session_can_move_to_a_worker_thread() {
         .unwrap();
     assert_eq!(there.usage.cached_prompt_tokens, PROMPT.len() + 7);
     let fresh = generate(&mut llama(), &tokens(&follow_up, 8));
-    assert_eq!(there.token_ids, fresh.token_ids);
+    let (got, expected) = (&there.token_ids, &fresh.token_ids);
+    assert_same_greedy("llama", &follow_up, got, expected, "on a worker thread");
 }
