@@ -19,7 +19,8 @@
 #            the installed mlx-lm as its reference; arguments go to the
 #            binary (a filter, --test-threads). On a fresh machine MLX
 #            first compiles its CUDA kernels (NVRTC; the fixtures alone took
-#            427 s on an H200, mostly the float32 4- and 8-bit products),
+#            427 s on an H200 with one test thread and 460 s with 16, mostly
+#            the float32 4- and 8-bit products, compiled one after another),
 #            kept in /tmp/mlx/<version>/ptx while the machine lasts: a
 #            whole run takes this call and another while it is warm.
 # Env: NVIDIA_SITE (where the image's nvidia/*/lib folders are; default
