@@ -17,12 +17,19 @@
 #   tests:   runs the engine's test binary (after install) on the GPU, with
 #            this checkout as its repository and the image's Python with
 #            the installed mlx-lm as its reference; arguments go to the
-#            binary (a filter, --test-threads). On a fresh machine MLX
-#            first compiles its CUDA kernels (NVRTC; the fixtures alone took
-#            427 s on an H200 with one test thread and 460 s with 16, mostly
-#            the float32 4- and 8-bit products, compiled one after another),
-#            kept in /tmp/mlx/<version>/ptx while the machine lasts: a
-#            whole run takes this call and another while it is warm.
+#            binary (a filter). One test at a time unless they name
+#            --test-threads: with 16 the binary died of a segfault after
+#            100 s; MLX's CUDA backend is not safe when threads first run
+#            the same kernel at once (JitModule::get_kernel_and_dims marks a
+#            kernel configured before it stores its block size; mlxcel hit
+#            that as SIGFPE). A worker runs its model on one thread. On a
+#            fresh machine MLX first compiles its CUDA kernels (NVRTC; the
+#            fixtures alone took 427-460 s on an H200 when they were 64
+#            wide, mostly the float32 4- and 8-bit products, compiled one
+#            after another), kept in /tmp/mlx/<version>/ptx while the
+#            machine lasts; warm, 17 of the 21 tests took 237 s, one at a
+#            time. So a whole cold run takes this call and another while it
+#            is warm.
 # Env: NVIDIA_SITE (where the image's nvidia/*/lib folders are; default
 # /opt/torch/.venv/lib/python3.12/site-packages).
 set -euo pipefail
@@ -72,8 +79,10 @@ ENV
     # exec: a timeout around this script then stops the tests too. Offline
     # (/tmp/gpu-env.sh), since transformers must not look for the fixtures'
     # tokenizers on a hub; the reference's progress is shown as it runs.
+    threads=(--test-threads 1)
+    [[ " $* " == *" --test-threads"* ]] && threads=()
     HANGAR_REPO="$PWD" HANGAR_PYTHON="$(command -v python3)" HANGAR_FIXTURES_LOG=1 \
-      exec "$DIR"/native-mlx-engine-tests "$@"
+      exec "$DIR"/native-mlx-engine-tests "${threads[@]}" "$@"
     ;;
   *)
     echo "usage: scripts/gpu-device.sh stage|install|serve|tests [ARGS]" >&2

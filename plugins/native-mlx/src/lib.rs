@@ -54,7 +54,7 @@ pub use model::{LoadOptions, Model};
 pub use probe::{probe, DeviceKind, MlxProbe};
 pub use sampling::SamplingParams;
 pub use session::{
-    Completion, FinishReason, GenerateRequest, Prompt, Session, Timings, TokenEvent, TokenScore,
-    Usage,
+    Completion, DrawScore, FinishReason, GenerateRequest, Prompt, Session, Timings, TokenEvent,
+    TokenScore, Usage,
 };
 pub use tokenizer::{StreamDecoder, Tokenizer};

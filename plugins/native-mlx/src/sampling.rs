@@ -7,7 +7,8 @@
 
 use mlx_rs::ops::indexing::{argmax_axis, take_along_axis};
 use mlx_rs::ops::{argpartition_axis, cumsum, select, sort_axis};
-use mlx_rs::random::{categorical, key, split};
+use mlx_rs::random::{categorical, key, split, uniform};
+use mlx_rs::transforms::eval;
 use mlx_rs::{Array, Dtype};
 
 use crate::error::{Error, Result};
@@ -91,11 +92,55 @@ impl Sampler {
     /// Picks one token from `logprobs` of shape `(1, vocab)`; returns a lazy
     /// `uint32` array of shape `(1,)`.
     pub(crate) fn sample(&mut self, logprobs: &Array) -> Result<Array> {
-        let Some(state) = self.key.take() else {
+        let Some(draw) = self.next_draw_key()? else {
             return Ok(argmax_axis(logprobs, -1, None)?);
+        };
+        Ok(categorical(&self.scaled(logprobs)?, None, None, &draw)?)
+    }
+
+    /// Where this step's draw falls among the tokens of `logprobs` (shape
+    /// `(1, vocab)`), computed as `categorical` draws from one row (MLX's
+    /// inverse CDF: a uniform point times the total of the weights
+    /// `exp(x - max)` of the scaled scores, placed among their running
+    /// sums); advances the key as [`Sampler::sample`] does. `None` when
+    /// greedy.
+    pub(crate) fn draw(&mut self, logprobs: &Array) -> Result<Option<Draw>> {
+        let Some(key) = self.next_draw_key()? else {
+            return Ok(None);
+        };
+        let x = self
+            .scaled(logprobs)?
+            .reshape(&[-1])?
+            .as_dtype(Dtype::Float32)?;
+        let top = x.max(None)?;
+        let weights = select(
+            top.is_inf()?,
+            x.eq(&top)?.as_dtype(Dtype::Float32)?,
+            x.subtract(&top)?.exp()?,
+        )?;
+        let before = cumsum(&weights, 0, false, false)?;
+        let total = weights.sum(None)?;
+        let point = uniform::<_, f32>(0.0, 1.0, &[1][..], &key)?.multiply(&total)?;
+        eval([&before, &total, &point])?;
+        Ok(Some(Draw {
+            before: before.as_slice::<f32>().to_vec(),
+            total: total.as_slice::<f32>()[0],
+            point: point.as_slice::<f32>()[0],
+        }))
+    }
+
+    /// The key of this step's draw, the next one kept; `None` when greedy.
+    fn next_draw_key(&mut self) -> Result<Option<Array>> {
+        let Some(state) = self.key.take() else {
+            return Ok(None);
         };
         let (next, draw) = split(&state, 2)?;
         self.key = Some(next);
+        Ok(Some(draw))
+    }
+
+    /// `logprobs` filtered and at the temperature: what a draw picks from.
+    fn scaled(&self, logprobs: &Array) -> Result<Array> {
         let p = &self.params;
         let mut x = logprobs.clone();
         if 0.0 < p.top_p && p.top_p < 1.0 {
@@ -108,8 +153,42 @@ impl Sampler {
         if 0 < p.top_k && p.top_k < vocab {
             x = apply_top_k(&x, p.top_k as i32)?;
         }
-        let scaled = x.multiply(Array::from_f32(1.0 / p.temperature))?;
-        Ok(categorical(&scaled, None, None, &draw)?)
+        Ok(x.multiply(Array::from_f32(1.0 / p.temperature))?)
+    }
+}
+
+/// One seeded draw laid out on the host: each token holds the share
+/// `[before[t], before[t + 1])` of the weights, and the draw takes the
+/// token whose share holds `point`.
+#[derive(Debug, Clone)]
+pub(crate) struct Draw {
+    before: Vec<f32>,
+    total: f32,
+    point: f32,
+}
+
+impl Draw {
+    /// The token the draw takes: the last whose running sum before it is
+    /// at most the point (`searchsorted(.., "right") - 1`, as MLX).
+    pub(crate) fn choice(&self) -> u32 {
+        let after = self.before.partition_point(|&b| b <= self.point);
+        after.saturating_sub(1) as u32
+    }
+
+    /// How far the point lies outside `token`'s share, as a fraction of the
+    /// total weight: 0 for the choice. `None` outside the vocabulary.
+    pub(crate) fn miss(&self, token: u32) -> Option<f32> {
+        let t = token as usize;
+        let low = *self.before.get(t)?;
+        let high = self.before.get(t + 1).copied().unwrap_or(self.total);
+        let outside = if self.point < low {
+            low - self.point
+        } else if self.point >= high && t + 1 < self.before.len() {
+            self.point - high
+        } else {
+            0.0
+        };
+        Some(outside / self.total)
     }
 }
 

@@ -145,6 +145,19 @@ pub struct TokenScore {
     pub top_logprob: f32,
 }
 
+/// One token of a sampled continuation, as [`Session::score_draws`] scores it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DrawScore {
+    /// The continuation's token.
+    pub token: u32,
+    /// The token the seeded draw takes in its place.
+    pub choice: u32,
+    /// How far the draw fell outside `token`'s share of the sampled
+    /// distribution (after the filters and the temperature), as a fraction
+    /// of the whole: 0 when `token` is the choice.
+    pub miss: f32,
+}
+
 impl TokenScore {
     /// How much less likely `token` is than the greedy choice, in nats
     /// (0 when it is that choice).
@@ -370,37 +383,85 @@ impl Session {
     /// tokens are each `top`, with a `gap` of 0; tokens that another path
     /// chose (batched, on other kernels) show by how much they missed.
     pub fn score(&mut self, prompt: &[u32], continuation: &[u32]) -> Result<Vec<TokenScore>> {
+        self.each_step(prompt, continuation, |logprobs, token| {
+            let logprobs = logprobs.as_dtype(Dtype::Float32)?;
+            logprobs.eval()?;
+            let logprobs = logprobs.as_slice::<f32>();
+            let logprob = *logprobs.get(token as usize).ok_or_else(|| outside(token))?;
+            // The first of equal maxima, as `argmax`.
+            let (top, top_logprob) =
+                logprobs
+                    .iter()
+                    .enumerate()
+                    .fold((0, f32::NEG_INFINITY), |best, (i, &p)| {
+                        if p > best.1 {
+                            (i as u32, p)
+                        } else {
+                            best
+                        }
+                    });
+            Ok(TokenScore {
+                token,
+                logprob,
+                top,
+                top_logprob,
+            })
+        })
+    }
+
+    /// Scores `continuation` after `prompt` as sampled with `sampling` (a
+    /// temperature above 0 and a seed): for each token, the token that
+    /// generating with `sampling` draws in its place, and how far that
+    /// step's draw fell outside the token's share of the distribution.
+    /// Computed as [`Session::generate`] samples, so the completion it
+    /// generated scores a miss of 0 at every token; a token that another
+    /// path drew (batched, on other kernels) shows by how much it missed.
+    pub fn score_draws(
+        &mut self,
+        prompt: &[u32],
+        continuation: &[u32],
+        sampling: &SamplingParams,
+    ) -> Result<Vec<DrawScore>> {
+        if sampling.temperature == 0.0 || sampling.seed.is_none() {
+            return Err(Error::InvalidRequest(
+                "scoring draws needs a temperature above 0 and a seed".into(),
+            ));
+        }
+        let mut sampler = Sampler::new(sampling.clone())?;
+        self.each_step(prompt, continuation, |logprobs, token| {
+            let draw = sampler.draw(&logprobs)?.expect("a seeded sampler draws");
+            Ok(DrawScore {
+                token,
+                choice: draw.choice(),
+                miss: draw.miss(token).ok_or_else(|| outside(token))?,
+            })
+        })
+    }
+
+    /// Prefills `prompt` (non-empty) as [`Session::generate`] does, then
+    /// feeds `continuation` one token per step, giving `score` each step's
+    /// lazy log-probabilities `(1, vocab)` and the token that followed.
+    fn each_step<T>(
+        &mut self,
+        prompt: &[u32],
+        continuation: &[u32],
+        mut score: impl FnMut(Array, u32) -> Result<T>,
+    ) -> Result<Vec<T>> {
         if prompt.is_empty() {
             return Err(Error::InvalidRequest("the prompt has no tokens".into()));
         }
         let stream = self.stream.clone();
-        let result =
-            with_stream(&stream.0, || {
-                let (_, last) = self.prefill(prompt)?;
-                let inputs = std::iter::once(last).chain(continuation.iter().copied());
-                let mut scores = Vec::with_capacity(continuation.len());
-                for (input, &token) in inputs.zip(continuation) {
-                    let logprobs = self.logprobs(&ids(&[input])?)?.as_dtype(Dtype::Float32)?;
-                    logprobs.eval()?;
-                    self.cached.push(input);
-                    let logprobs = logprobs.as_slice::<f32>();
-                    let logprob = *logprobs.get(token as usize).ok_or_else(|| {
-                        Error::InvalidRequest(format!("token {token} is outside the vocabulary"))
-                    })?;
-                    // The first of equal maxima, as `argmax`.
-                    let (top, top_logprob) = logprobs.iter().enumerate().fold(
-                        (0, f32::NEG_INFINITY),
-                        |best, (i, &p)| if p > best.1 { (i as u32, p) } else { best },
-                    );
-                    scores.push(TokenScore {
-                        token,
-                        logprob,
-                        top,
-                        top_logprob,
-                    });
-                }
-                Ok(scores)
-            });
+        let result = with_stream(&stream.0, || {
+            let (_, last) = self.prefill(prompt)?;
+            let inputs = std::iter::once(last).chain(continuation.iter().copied());
+            let mut scores = Vec::with_capacity(continuation.len());
+            for (input, &token) in inputs.zip(continuation) {
+                let logprobs = self.logprobs(&ids(&[input])?)?;
+                scores.push(score(logprobs, token)?);
+                self.cached.push(input);
+            }
+            Ok(scores)
+        });
         if result.is_err() {
             self.clear_cache();
         }
@@ -452,6 +513,11 @@ impl Session {
 /// A `(1, n)` array of token ids.
 pub(crate) fn ids(tokens: &[u32]) -> Result<Array> {
     Ok(Array::from_slice(tokens, &[1, tokens.len() as i32]))
+}
+
+/// The error for a scored token that the vocabulary does not hold.
+fn outside(token: u32) -> Error {
+    Error::InvalidRequest(format!("token {token} is outside the vocabulary"))
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {

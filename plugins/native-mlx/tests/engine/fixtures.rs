@@ -179,6 +179,16 @@ fn progress(start: std::time::Instant, what: &str) {
     }
 }
 
+/// The fixtures' width: 128 wide, 8 heads of 16. Every product of a
+/// quantized fixture then sums over more than one quantization group (64),
+/// as in any real model. At 64 wide (one group per row), MLX 0.32's CUDA
+/// build takes, for more than one row, a kernel that no real model reaches
+/// (`qmm_sm90`, on Hopper: `supports_qmm_sm90` wants the group at least as
+/// long as the row); on an H200 both mlx-lm and native-mlx then gave
+/// degenerate ids (token 0 repeated) for the float32 4- and 8-bit fixtures,
+/// at random, and batched ids far from the session's.
+const WIDTH: [&str; 4] = ["--hidden", "128", "--heads", "8"];
+
 fn build() -> Fixtures {
     let start = std::time::Instant::now();
     let dir = tempfile::tempdir().unwrap();
@@ -196,6 +206,7 @@ fn build() -> Fixtures {
             .arg(repo().join("scripts/make_tiny_model.py"))
             .arg(root.join(name))
             .args(["--arch", arch, "--dtype", dtype])
+            .args(WIDTH)
             .stdout(Stdio::null())
             .status()
             .unwrap();

@@ -1,4 +1,4 @@
-//! What "the same greedy tokens" means on the device the tests run on.
+//! What "the same greedy tokens" (and the same seeded draws) means on the device the tests run on.
 //!
 //! On the CPU a row's result does not depend on the shapes around it (a
 //! batch's padded attention, a cache copied or reused), so every path gives
@@ -6,11 +6,14 @@
 //! kernels may add up in another order for other shapes; greedy ids then
 //! part where two tokens are all but tied, as mlx-lm's own batched and
 //! unbatched paths do. There, each id must be the session's greedy choice
-//! after the same ids before it, or within a rounding's worth of it.
+//! after the same ids before it, or within a rounding's worth of it. A
+//! seeded draw parts the same way where it falls on the border of two
+//! tokens' shares; there each id must be what the session's draw takes, or
+//! within a rounding's worth of the draw.
 
 use std::sync::OnceLock;
 
-use hangar_native_mlx::{probe, DeviceKind, Session};
+use hangar_native_mlx::{probe, DeviceKind, SamplingParams, Session};
 
 use crate::fixtures::fixtures;
 
@@ -31,34 +34,102 @@ fn on_gpu() -> bool {
     *GPU.get_or_init(|| probe().expect("MLX answers").device == DeviceKind::Gpu)
 }
 
-/// Asserts that `got`, the greedy ids of `prompt` on `model` by one path,
-/// are `expected`, another path's: the same ids on the CPU; on a GPU the
-/// same ids, or where they part, each of both within [`near_tie`] of the
-/// session's greedy choice (which is printed, with the largest gap).
-pub fn assert_same_greedy(model: &str, prompt: &[u32], got: &[u32], expected: &[u32], what: &str) {
-    if !on_gpu() || got == expected {
-        assert_eq!(got, expected, "{what}");
-        return;
+/// Checks that `got`, the ids of `prompt` on `model` by one path (greedy,
+/// or drawn with a seeded `sampling`), are `expected`, another path's: the
+/// same ids on the CPU; on a GPU the same ids, or where they part, each of
+/// both within [`near_tie`] of what the session takes after the same ids
+/// before it (its greedy choice, or its seeded draw), with the largest miss
+/// printed. A seeded draw is scored on the CPU too: the session must draw
+/// the very ids, which is what the GPU's comparison measures against.
+pub fn check_same_tokens(
+    model: &str,
+    prompt: &[u32],
+    got: &[u32],
+    expected: &[u32],
+    sampling: &SamplingParams,
+    what: &str,
+) -> Result<(), String> {
+    let seeded = sampling.temperature > 0.0;
+    if !on_gpu() || (got == expected && !seeded) {
+        if got != expected {
+            let at = got.iter().zip(expected).take_while(|(a, b)| a == b).count();
+            return Err(format!(
+                "{what}: first difference at token {at}\n  expected: {expected:?}\n  got:      {got:?}"
+            ));
+        }
+        if seeded {
+            let misses = misses(model, prompt, got, sampling);
+            if misses.iter().any(|(_, miss)| *miss != 0.0) {
+                return Err(format!("{what}: the session draws other ids: {misses:?}"));
+            }
+        }
+        return Ok(());
     }
-    assert_eq!(got.len(), expected.len(), "{what}: lengths");
+    if got.len() != expected.len() {
+        return Err(format!(
+            "{what}: {} ids against {}",
+            got.len(),
+            expected.len()
+        ));
+    }
     let part = got.iter().zip(expected).position(|(a, b)| a != b);
     let near = near_tie(model);
-    let mut session = Session::load(&fixtures().model(model)).unwrap();
     for (name, ids) in [("got", got), ("expected", expected)] {
-        let scores = session.score(prompt, ids).unwrap();
-        let (at, worst) = scores
+        let misses = misses(model, prompt, ids, sampling);
+        let (at, (worst, miss)) = misses
             .iter()
             .enumerate()
-            .max_by(|a, b| a.1.gap().total_cmp(&b.1.gap()))
+            .max_by(|a, b| a.1 .1.total_cmp(&b.1 .1))
             .expect("some ids");
         eprintln!(
-            "{what}: ids part at token {part:?}; {name}'s largest gap below the session's \
-             greedy choice is {:.3e} nats, at token {at} ({worst:?}; tolerance {near})",
-            worst.gap()
+            "{what}: ids part at token {part:?}; {name}'s largest miss of the session's choice \
+             is {miss:.3e} ({worst}; tolerance {near})"
         );
-        assert!(
-            worst.gap() <= near,
-            "{what}: {name}'s token {at} is not a near tie of the session's greedy choice: {worst:?}"
-        );
+        if *miss > near {
+            return Err(format!(
+                "{what}: {name}'s token {at} is not a near tie of the session's choice: {worst}"
+            ));
+        }
     }
+    Ok(())
+}
+
+/// For each of `ids` after `prompt`, scored by a fresh session: the score,
+/// and how far it misses the session's choice (greedy: nats below the most
+/// likely token; seeded: how far the draw fell outside the token's share,
+/// as a share of the distribution).
+fn misses(
+    model: &str,
+    prompt: &[u32],
+    ids: &[u32],
+    sampling: &SamplingParams,
+) -> Vec<(String, f32)> {
+    let mut session = Session::load(&fixtures().model(model)).unwrap();
+    if sampling.temperature > 0.0 {
+        let draws = session.score_draws(prompt, ids, sampling).unwrap();
+        draws.iter().map(|d| (format!("{d:?}"), d.miss)).collect()
+    } else {
+        let scores = session.score(prompt, ids).unwrap();
+        scores.iter().map(|s| (format!("{s:?}"), s.gap())).collect()
+    }
+}
+
+/// [`check_same_tokens`] for greedy ids, as an assertion.
+pub fn assert_same_greedy(model: &str, prompt: &[u32], got: &[u32], expected: &[u32], what: &str) {
+    let greedy = SamplingParams::greedy();
+    check_same_tokens(model, prompt, got, expected, &greedy, what)
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// [`check_same_tokens`] for ids drawn with a seeded `sampling`, as an assertion.
+pub fn assert_same_draws(
+    model: &str,
+    prompt: &[u32],
+    got: &[u32],
+    expected: &[u32],
+    sampling: &SamplingParams,
+    what: &str,
+) {
+    check_same_tokens(model, prompt, got, expected, sampling, what)
+        .unwrap_or_else(|e| panic!("{e}"));
 }

@@ -4,7 +4,7 @@ use std::ops::ControlFlow;
 
 use hangar_native_mlx::{
     ChatMessage, ChatOptions, Completion, Error, FinishReason, GenerateRequest, LoadOptions,
-    Prompt, Session,
+    Prompt, SamplingParams, Session,
 };
 use serde_json::json;
 
@@ -168,6 +168,52 @@ fn scoring_a_greedy_completion_finds_its_tokens_and_how_far_others_miss() {
     let err = session.score(&PROMPT, &[u32::MAX]).unwrap_err();
     assert!(err.to_string().contains("outside the vocabulary"), "{err}");
     assert!(session.score(&[], &[1]).is_err());
+}
+
+#[test]
+fn scoring_a_seeded_completion_finds_each_draw() {
+    let mut session = llama();
+    let mut request = tokens(&PROMPT, 16);
+    request.ignore_eos = true;
+    request.sampling = SamplingParams {
+        temperature: 0.9,
+        top_k: 50,
+        top_p: 0.95,
+        seed: Some(5),
+        ..SamplingParams::greedy()
+    };
+    let sampled = generate(&mut session, &request).token_ids;
+    let draws = llama()
+        .score_draws(&PROMPT, &sampled, &request.sampling)
+        .unwrap();
+    for (d, &id) in draws.iter().zip(&sampled) {
+        assert!(d.token == id && d.choice == id && d.miss == 0.0, "{d:?}");
+    }
+    // A token that the draw did not take misses by a positive share; what
+    // the draw took stays its choice.
+    let mut other = sampled.clone();
+    other[5] = (0..512).find(|t| *t != sampled[5]).unwrap();
+    let changed = session
+        .score_draws(&PROMPT, &other, &request.sampling)
+        .unwrap();
+    assert_eq!(changed[..5], draws[..5]);
+    assert!(
+        changed[5].choice == sampled[5] && changed[5].miss > 0.0 && changed[5].miss <= 1.0,
+        "{:?}",
+        changed[5]
+    );
+    // Another seed draws elsewhere.
+    let reseeded = SamplingParams {
+        seed: Some(6),
+        ..request.sampling.clone()
+    };
+    let elsewhere = session.score_draws(&PROMPT, &sampled, &reseeded).unwrap();
+    assert!(elsewhere.iter().any(|d| d.miss > 0.0), "{elsewhere:?}");
+
+    let err = session
+        .score_draws(&PROMPT, &sampled, &SamplingParams::greedy())
+        .unwrap_err();
+    assert!(err.to_string().contains("needs a temperature"), "{err}");
 }
 
 #[test]
