@@ -3,7 +3,12 @@
 # repo's root:
 #   stage:   copies the carried .dev/a (first wheel part, bench binary) to
 #            /tmp/gpu, out of the repo, since a carried folder that the next
-#            call does not name is removed there;
+#            call does not name is removed there; unpacks its ptx.tar.xz, if
+#            any, into /tmp/mlx, MLX's kernel cache;
+#   keep-ptx: packs MLX's kernel cache (/tmp/mlx) into $OUT/ptx.tar.xz, to
+#            be kept here as .dev/ptx.tar.xz for the next fresh machine
+#            (MLX names a cached kernel by its module and MLX's version, and
+#            compiles again what is missing);
 #   install: adds the carried .dev/b, joins the CUDA wheel, installs MLX for
 #            CUDA and mlx-lm into /tmp/gpu/site (no index: nothing can be
 #            fetched there; their other needs, numpy, transformers and
@@ -39,7 +44,15 @@ case "${1:-}" in
     mkdir -p "$DIR"
     cp .dev/a/* "$DIR"/
     chmod +x "$DIR/native-mlx-bench"
+    if [[ -f "$DIR/ptx.tar.xz" ]]; then
+      tar -C /tmp -xJf "$DIR/ptx.tar.xz"
+      echo "gpu-device: $(find /tmp/mlx -name '*.ptx' | wc -l) compiled kernels in /tmp/mlx"
+    fi
     echo "gpu-device: staged $(ls "$DIR" | tr '\n' ' ')"
+    ;;
+  keep-ptx)
+    tar -C /tmp -cJf "${OUT:?run it on the device, where OUT is set}/ptx.tar.xz" mlx
+    echo "gpu-device: $(find /tmp/mlx -name '*.ptx' | wc -l) compiled kernels in $OUT/ptx.tar.xz"
     ;;
   install)
     [[ -f "$DIR/cuda.part.aa" ]] || { echo "gpu-device: run 'stage' first, on this machine (it was given back?)" >&2; exit 2; }
@@ -85,7 +98,7 @@ ENV
       exec "$DIR"/native-mlx-engine-tests "${threads[@]}" "$@"
     ;;
   *)
-    echo "usage: scripts/gpu-device.sh stage|install|serve|tests [ARGS]" >&2
+    echo "usage: scripts/gpu-device.sh stage|install|serve|tests [ARGS]|keep-ptx" >&2
     exit 2
     ;;
 esac

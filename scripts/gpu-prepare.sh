@@ -8,6 +8,10 @@
 #           the engine's test binary (tests/engine, the parity suite);
 #   .dev/c, with SERVE=1: what scripts/serving-bench.sh needs there (see
 #           below), carried in a third call.
+# With .dev/ptx.tar.xz (MLX's compiled CUDA kernels of an earlier device run,
+# `scripts/gpu-device.sh keep-ptx`), .dev/a carries it too, and `stage`
+# puts it where MLX looks, so a fresh machine skips those compilations (the
+# engine tests' fixtures spent 427-460 s compiling on a bare H200).
 # On the device, carry .dev/a in one call and .dev/b in the next (within the
 # time the machine stays warm), each running scripts/gpu-device.sh.
 # Idempotent: downloads and the build are reused.
@@ -90,12 +94,15 @@ for part in .dev/a/cuda.part.*; do
   [[ "$part" == .dev/a/cuda.part.aa ]] || mv "$part" .dev/b/
 done
 cp "$target/release/native-mlx-bench" .dev/a/
+[[ -f .dev/ptx.tar.xz ]] && cp .dev/ptx.tar.xz .dev/a/
 cp "$WHL"/mlx-"$MLX"-*.whl "$WHL"/mlx_lm-"$MLX"-*.whl .dev/b/
 cp "$tests" .dev/b/native-mlx-engine-tests
 du -sh .dev/a .dev/b >&2
 cat >&2 <<'TEXT'
 gpu-prepare: ready. On the device:
   call 1 (carry .dev/a): scripts/gpu-device.sh stage
+  (the last call, to keep the kernels compiled: scripts/gpu-device.sh keep-ptx,
+   then copy the ptx.tar.xz that comes back to .dev/ptx.tar.xz here)
   call 2 (carry .dev/b): scripts/gpu-device.sh install && . /tmp/gpu-env.sh && scripts/gpu-bench.sh /tmp/gpu/native-mlx-bench qwen05
   later calls, while warm:  . /tmp/gpu-env.sh && ...
   the engine's tests there:  scripts/gpu-device.sh tests [FILTER]
