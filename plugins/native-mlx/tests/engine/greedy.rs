@@ -120,16 +120,3 @@ pub fn assert_same_greedy(model: &str, prompt: &[u32], got: &[u32], expected: &[
     check_same_tokens(model, prompt, got, expected, &greedy, what)
         .unwrap_or_else(|e| panic!("{e}"));
 }
-
-/// [`check_same_tokens`] for ids drawn with a seeded `sampling`, as an assertion.
-pub fn assert_same_draws(
-    model: &str,
-    prompt: &[u32],
-    got: &[u32],
-    expected: &[u32],
-    sampling: &SamplingParams,
-    what: &str,
-) {
-    check_same_tokens(model, prompt, got, expected, sampling, what)
-        .unwrap_or_else(|e| panic!("{e}"));
-}
