@@ -27,7 +27,9 @@
 #            100 s; MLX's CUDA backend is not safe when threads first run
 #            the same kernel at once (JitModule::get_kernel_and_dims marks a
 #            kernel configured before it stores its block size; mlxcel hit
-#            that as SIGFPE). A worker runs its model on one thread. On a
+#            that as SIGFPE). The engine now takes a process-wide turn for
+#            its MLX work (src/turn.rs), which should make more threads
+#            safe; that has not been tried on a GPU, so the default stays 1. On a
 #            fresh machine MLX first compiles its CUDA kernels (NVRTC; the
 #            fixtures alone took 427-460 s on an H200 when they were 64
 #            wide, mostly the float32 4- and 8-bit products, compiled one

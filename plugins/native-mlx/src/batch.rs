@@ -40,6 +40,7 @@ use crate::prefix::{block_hashes, PrefixCache, BLOCK};
 use crate::sampling::Sampler;
 use crate::session::{ids, StopMatcher};
 use crate::tokenizer::StreamDecoder;
+use crate::turn::mlx_turn;
 use crate::{Completion, FinishReason, GenerateRequest, Session, Timings, TokenEvent, Usage};
 
 /// How the engine thread schedules.
@@ -337,6 +338,8 @@ impl Engine {
             {
                 return;
             }
+            // The step's turn ends before waiting for the next jobs.
+            let _turn = mlx_turn();
             self.admit();
             if let Err(e) = self.iterate() {
                 // A failed step leaves every cache in it in doubt: fail the

@@ -43,6 +43,7 @@ mod probe;
 mod sampling;
 mod session;
 mod tokenizer;
+mod turn;
 
 pub use batch::{BatchOptions, Batcher, StepStats};
 pub use chat::{ChatMessage, ChatOptions, ChatTemplate};
@@ -58,3 +59,4 @@ pub use session::{
     TokenScore, Usage,
 };
 pub use tokenizer::{StreamDecoder, Tokenizer};
+pub use turn::mlx_turn;

@@ -16,6 +16,7 @@ use crate::indexing::IndexOnStream;
 use crate::model::{LoadOptions, Model};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::turn::mlx_turn;
 
 /// Prompt tokens processed per forward pass (mlx-lm's `prefill_step_size`):
 /// bounds the memory of attention scores for long prompts.
@@ -197,7 +198,10 @@ impl Session {
         let tokenizer = Tokenizer::load(dir, &config.eos_token_ids)?;
         let chat_template = ChatTemplate::load(dir)?;
         let stream = SendStream::new(false)?;
-        let model = with_stream(&stream.0, || Model::load(dir, config, options))?;
+        let model = {
+            let _turn = mlx_turn();
+            with_stream(&stream.0, || Model::load(dir, config, options))?
+        };
         let cache = model.new_cache();
         Ok(Self {
             stream,
@@ -281,6 +285,7 @@ impl Session {
         if prompt.is_empty() {
             return Err(Error::InvalidRequest("the prompt has no tokens".into()));
         }
+        let turn = mlx_turn();
         let mut sampler = Sampler::new(request.sampling.clone())?;
         let (reuse, last) = self.prefill(&prompt)?;
 
@@ -290,6 +295,7 @@ impl Session {
         let mut y = self.step(&ids(&[last])?, &mut sampler)?;
         self.cached.push(last);
         async_eval([&y])?;
+        drop(turn);
 
         let mut stops = StopMatcher::new(&request.stop);
         let mut decoder = StreamDecoder::new();
@@ -298,6 +304,8 @@ impl Session {
         let mut first_token_at = None;
         let mut timings = Timings::default();
         let finish_reason = loop {
+            // Each step takes its own turn, given back before the callback.
+            let turn = mlx_turn();
             let building = Instant::now();
             let (next, submitting) = if token_ids.len() + 1 < request.max_tokens {
                 let next = self.step(&y.reshape(&[1, 1])?, &mut sampler)?;
@@ -311,6 +319,7 @@ impl Session {
             let id = y
                 .try_item_cast::<u32>()
                 .map_err(|e| Error::Mlx(mlx_rs::error::Exception::custom(e.to_string())))?;
+            drop(turn);
             let decoded = Instant::now();
             if first_token_at.is_none() {
                 first_token_at = Some(decoded);
@@ -451,6 +460,7 @@ impl Session {
             return Err(Error::InvalidRequest("the prompt has no tokens".into()));
         }
         let stream = self.stream.clone();
+        let _turn = mlx_turn();
         let result = with_stream(&stream.0, || {
             let (_, last) = self.prefill(prompt)?;
             let inputs = std::iter::once(last).chain(continuation.iter().copied());

@@ -1,11 +1,12 @@
 //! Continuous batching: a request's tokens are the same alone or batched, cold or from the prefix cache.
 
 use std::ops::ControlFlow;
-use std::sync::Barrier;
+use std::sync::{mpsc, Barrier};
+use std::time::Duration;
 
 use hangar_native_mlx::{
-    BatchOptions, Batcher, Completion, FinishReason, GenerateRequest, Prompt, SamplingParams,
-    Session,
+    mlx_turn, BatchOptions, Batcher, Completion, FinishReason, GenerateRequest, Prompt,
+    SamplingParams, Session,
 };
 
 use crate::fixtures::fixtures;
@@ -306,6 +307,49 @@ fn bad_requests_fail_alone() {
         "invalid request: the prompt has no tokens"
     );
     assert_eq!(run(&b, &request(&[1, 2, 3], 4)).token_ids.len(), 4);
+}
+
+#[test]
+fn models_in_one_process_take_turns_and_keep_their_tokens() {
+    let b = batcher("llama", 0);
+    let mut session = Session::load(&fixtures().model("qwen3")).unwrap();
+    let (r, s) = (request(&prompt(8, 30), 12), request(&prompt(9, 20), 12));
+    let alone = (run(&b, &r).token_ids, session_ids(&mut session, &s));
+    session.clear_cache();
+    let turn = mlx_turn();
+    let (tokens, events) = mpsc::channel();
+    let together = std::thread::scope(|scope| {
+        let batched = {
+            let (b, r, tokens) = (&b, &r, tokens.clone());
+            scope.spawn(move || {
+                b.generate(r.clone(), |_| {
+                    let _ = tokens.send("batcher");
+                    ControlFlow::Continue(())
+                })
+                .unwrap()
+                .token_ids
+            })
+        };
+        let session = scope.spawn(|| {
+            let request = s.clone();
+            let done = session.generate(&request, |_| {
+                let _ = tokens.send("session");
+                ControlFlow::Continue(())
+            });
+            done.unwrap().token_ids
+        });
+        // Neither computes a token while another thread holds the turn.
+        let early = events.recv_timeout(Duration::from_millis(300));
+        assert!(early.is_err(), "a token while the turn was held: {early:?}");
+        drop(turn);
+        (batched.join().unwrap(), session.join().unwrap())
+    });
+    assert_eq!(together, alone);
+}
+
+fn session_ids(session: &mut Session, r: &GenerateRequest) -> Vec<u32> {
+    let done = session.generate(r, |_| ControlFlow::Continue(()));
+    done.unwrap().token_ids
 }
 
 fn with_disk(model: &str, dir: &std::path::Path) -> Batcher {

@@ -81,9 +81,12 @@ pub fn check_same_tokens(
             .enumerate()
             .max_by(|a, b| a.1 .1.total_cmp(&b.1 .1))
             .expect("some ids");
+        let part = part.map_or("the same ids".into(), |at| {
+            format!("ids part at token {at}")
+        });
         eprintln!(
-            "{what}: ids part at token {part:?}; {name}'s largest miss of the session's choice \
-             is {miss:.3e} ({worst}; tolerance {near})"
+            "{what}: {part}; {name}'s largest miss of the session's choice is {miss:.3e} \
+             ({worst}; tolerance {near})"
         );
         if *miss > near {
             return Err(format!(
