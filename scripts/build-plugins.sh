@@ -8,17 +8,24 @@
 # them) build in release for wasm32-unknown-unknown. native-mlx is a
 # workspace of its own (it needs MLX; the host must not): it builds in
 # release, after scripts/native-mlx-prepare.sh, unless HANGAR_NO_NATIVE_MLX=1.
+# HANGAR_NO_WASM=1 leaves the WebAssembly plugins out (their build needs the
+# wasm32 target; scripts/demo.sh adds them later, with the engine they run).
+# With --release the root workspace's plugins build in release too, into
+# target/release-plugins (what scripts/demo.sh serves with).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-out="target/plugins"
+profile=debug out="target/plugins" cargo_profile=()
+if [[ "${1:-}" == --release ]]; then
+  profile=release out="target/release-plugins" cargo_profile=(--release)
+fi
 packages=()
 for manifest in plugins/*/plugin.toml; do
   dir="$(dirname "$manifest")"
   grep -q '^\[workspace\]' "$dir/Cargo.toml" && continue
   packages+=(-p "$(sed -n 's/^name = "\(.*\)"/\1/p' "$dir/Cargo.toml" | head -1)")
 done
-cargo build --quiet "${packages[@]}" >&2
+cargo build --quiet "${cargo_profile[@]}" "${packages[@]}" >&2
 
 case "$(uname -s)" in
   Darwin) lib_suffix=.dylib ;;
@@ -26,8 +33,9 @@ case "$(uname -s)" in
 esac
 for manifest in plugins/*/plugin.toml; do
   dir="$(dirname "$manifest")"
-  built="target/debug" prefix=lib suffix="$lib_suffix"
+  built="target/$profile" prefix=lib suffix="$lib_suffix"
   if grep -q '^kind = "wasm"' "$manifest"; then
+    [[ "${HANGAR_NO_WASM:-}" == 1 ]] && continue
     rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
     (cd "$dir" && cargo build --quiet --release --lib --target wasm32-unknown-unknown) >&2
     built="$dir/target/wasm32-unknown-unknown/release" prefix="" suffix=.wasm

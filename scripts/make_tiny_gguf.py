@@ -3,7 +3,11 @@
 tokenizer metadata llama.cpp needs (a SentencePiece-style vocabulary with
 byte fallback) and a ChatML chat template, for tests and the demo.
 
-    python3 scripts/make_tiny_gguf.py OUT.gguf [--seed 0] [--hidden 64] [--layers 2]
+    python3 scripts/make_tiny_gguf.py OUT.gguf [--seed 0] [--hidden 64] [--layers 2] [--tools]
+
+`--tools` writes a ChatML template that also renders a request's tools and
+the history's tool calls, in no model family's markup (so llama-server
+uses its generic, grammar-free handling).
 """
 
 import argparse
@@ -15,6 +19,18 @@ import numpy as np
 CHATML = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+CHATML_TOOLS = (
+    "{% if tools %}{{ '<|im_start|>system\n<tools>' }}{% for t in tools %}{{ t | tojson }}{% endfor %}"
+    "{{ '</tools><|im_end|>\n' }}{% endif %}"
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') }}"
+    "{% if message.tool_calls %}{% for c in message.tool_calls %}"
+    "{{ c.function.name + c.function.arguments }}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>' + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
@@ -48,6 +64,7 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--intermediate", type=int, default=128)
     ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--tools", action="store_true", help="a chat template that renders tools")
     args = ap.parse_args()
 
     tokens, scores, types = vocabulary()
@@ -77,7 +94,7 @@ def main():
     w.add_bos_token_id(1)
     w.add_eos_token_id(4)  # <|im_end|> ends a ChatML turn
     w.add_add_bos_token(True)
-    w.add_chat_template(CHATML)
+    w.add_chat_template(CHATML_TOOLS if args.tools else CHATML)
 
     w.add_tensor("token_embd.weight", weight(vocab, hidden))
     w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))

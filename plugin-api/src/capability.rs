@@ -35,6 +35,18 @@ pub const SPECULATIVE_MTP: &str = "speculative_mtp";
 /// Speculative decoding with DFlash block drafters.
 pub const SPECULATIVE_DFLASH: &str = "speculative_dflash";
 
+/// Tool calling: the engine renders a chat request's `tools` (and the
+/// assistant's `tool_calls` and `tool` messages of its history) through
+/// the model's chat template. The host parses the calls in the answer;
+/// without this capability a request with `tools` is refused. Added in 1.x.
+pub const TOOL_CALLS: &str = "tool_calls";
+/// Structured output: the engine constrains generation to a grammar, so
+/// that `response_format` (`json_object`, `json_schema`) and a forced tool
+/// choice (`required`, a named function; Anthropic's `any`, `tool`) are
+/// enforced. Without it such a request is refused, never answered
+/// unconstrained. Added in 1.x.
+pub const STRUCTURED_OUTPUT: &str = "structured_output";
+
 /// Every capability id Hangar knows.
 pub const KNOWN: &[&str] = &[
     KV_CACHE_QUANTIZATION,
@@ -50,6 +62,8 @@ pub const KNOWN: &[&str] = &[
     SPECULATIVE,
     SPECULATIVE_MTP,
     SPECULATIVE_DFLASH,
+    TOOL_CALLS,
+    STRUCTURED_OUTPUT,
 ];
 
 /// Whether `id` is a well-formed capability id: lowercase ASCII letters,

@@ -70,8 +70,12 @@ impl std::fmt::Display for PluginKind {
 }
 
 /// A parsed and validated `plugin.toml`.
+///
+/// Read from a file, never built by a plugin: `#[non_exhaustive]`, so that
+/// a 1.x addition (such as `tool_parser`) breaks no plugin's source.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Manifest {
     /// Unique id: lowercase letters, digits and `-` (`mlx-lm`).
     pub id: String,
@@ -135,6 +139,13 @@ pub struct Manifest {
     /// What the conformance suite tests the plugin with.
     #[serde(default)]
     pub conformance: ConformanceSpec,
+    /// The tool-call markup the engine's models write, for models whose
+    /// chat template does not tell the host (`hermes`, `llama3_json`,
+    /// `mistral`, `qwen3_xml`, `gemma`): the host parses answers in it.
+    /// A model's template, and the operator's `tool_parser` model setting,
+    /// come first. Added in 1.x with a default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_parser: Option<String>,
 }
 
 /// One way a model of `format` looks on disk: a single file whose name

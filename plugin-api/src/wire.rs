@@ -3,6 +3,27 @@
 //! They are plain serde types; the native ABI carries them as JSON text
 //! ([`crate::abi`]), so a 1.x minor release can add a field (always with
 //! `#[serde(default)]`) without breaking plugins built against an older one.
+//!
+//! Nor does an addition break a plugin's *source*: every message is
+//! `#[non_exhaustive]` (since 1.2), so plugins build them with constructors
+//! and builders ([`LaunchPlan::new`] and its `with_*` functions,
+//! [`ProbeReport::available`], [`Readiness::new`] …) and match them with
+//! `..` and a wildcard arm; fields stay public to read. A struct literal
+//! would stop compiling the day a field is added, as
+//! `LaunchPlan { .. }` without `ranks` did when 1.1 added it.
+//!
+//! ```
+//! use hangar_plugin_api::wire::{LaunchPlan, Readiness, WarmupRequest};
+//! let plan = LaunchPlan::new("engine-server", ["--port", "8080"])
+//!     .with_readiness(
+//!         Readiness::new("/health")
+//!             .with_warmup(WarmupRequest::new("/v1/completions", serde_json::json!({"max_tokens": 1})))
+//!             .with_failed_statuses([500]),
+//!     )
+//!     .with_start_timeout_ms(120_000);
+//! assert_eq!(plan.args, ["--port", "8080"]);
+//! assert_eq!(plan.readiness.ready_status, 200);
+//! ```
 
 use std::collections::BTreeMap;
 
@@ -11,6 +32,7 @@ use serde::{Deserialize, Serialize};
 /// What a plugin's code says about itself. The host compares it with the
 /// manifest and refuses a plugin whose code and manifest disagree.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Description {
     /// Must equal the manifest's `id`.
     pub id: String,
@@ -38,6 +60,7 @@ pub struct Description {
 
 /// What the host learnt by running the manifest's probe program.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ProbeInput {
     /// The plugin's settings from the operator's config (`[plugins.ID]`).
     #[serde(default)]
@@ -50,8 +73,10 @@ pub struct ProbeInput {
 /// The outcome of running a probe program.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ProbeRun {
     /// The program ran to completion.
+    #[non_exhaustive]
     Exited {
         /// The resolved path of the program.
         program: String,
@@ -64,11 +89,13 @@ pub enum ProbeRun {
     },
     /// The program was not found in the configured path, `PATH` or the
     /// manifest's search paths.
+    #[non_exhaustive]
     NotFound {
         /// Every place that was looked at.
         searched: Vec<String>,
     },
     /// The program could not be started.
+    #[non_exhaustive]
     FailedToStart {
         /// The resolved path of the program.
         program: String,
@@ -76,6 +103,7 @@ pub enum ProbeRun {
         error: String,
     },
     /// The program outlived the probe timeout and was killed.
+    #[non_exhaustive]
     TimedOut {
         /// The resolved path of the program.
         program: String,
@@ -86,6 +114,7 @@ pub enum ProbeRun {
 
 /// The plugin's reading of its engine.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ProbeReport {
     /// Whether the engine can serve at all. A plugin whose engine is missing
     /// is skipped by resolution with `detail` as the reason.
@@ -107,6 +136,7 @@ pub struct ProbeReport {
 
 /// The host asks a plugin how to serve one model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct LoadRequest {
     /// The model's id in the API (`tiny-llama`, `org/name`).
     pub model_id: String,
@@ -158,6 +188,7 @@ pub struct LoadRequest {
 /// runtime: the peers of a `[clusters.NAME]` table of the operator's
 /// `config.toml`, and the mode the model's settings chose.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Cluster {
     /// The cluster's name in `config.toml`.
     pub name: String,
@@ -174,6 +205,7 @@ pub struct Cluster {
 /// How a model is split across a cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum DistributedMode {
     /// Every rank holds a slice of every layer
     /// ([`crate::capability::DISTRIBUTED_TENSOR`]).
@@ -204,6 +236,7 @@ impl DistributedMode {
 /// One machine of a cluster, and how it is reached. Hangar runs no agent
 /// of its own on peers: an engine's launcher reaches them over `ssh`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Peer {
     /// The peer's name in the cluster (shown with its rank).
     pub name: String,
@@ -255,6 +288,7 @@ pub mod settings {
 /// How the host starts and checks an engine process. The plugin only
 /// plans; the host spawns, and only programs the manifest declares.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct LaunchPlan {
     /// The program: one of the manifest's `programs` or its probe program,
     /// by name or by the path the probe resolved.
@@ -295,10 +329,19 @@ pub struct LaunchPlan {
     /// in 1.x.
     #[serde(default)]
     pub ranks: Vec<Rank>,
+    /// Prefixes of environment variables the engine must not inherit from
+    /// the host (`LLAMA_` for an engine that reads `LLAMA_ARG_*` and
+    /// `LLAMA_API_KEY`): variables of the host's environment with one of
+    /// these prefixes are removed before the engine starts, except those
+    /// the plan's `env` sets. So an operator's shell cannot change an
+    /// engine's flags or add API keys behind Hangar's back. Added in 1.2.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env_remove_prefixes: Vec<String>,
 }
 
 /// One rank of a distributed launch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Rank {
     /// The rank (0 serves HTTP).
     pub rank: u32,
@@ -315,6 +358,7 @@ pub struct Rank {
 /// The protocol an engine process speaks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Protocol {
     /// OpenAI-compatible HTTP: `/v1/chat/completions`, `/v1/completions`.
     #[default]
@@ -325,7 +369,14 @@ pub enum Protocol {
 /// given, send one `warmup` request, which must succeed. A status in
 /// `failed_statuses` means the engine failed to load: the host stops it at
 /// once instead of waiting out the start timeout.
+///
+/// While a session lives the host keeps polling the route. A status in
+/// `busy_statuses` is the engine saying it is full, never failed; a status
+/// in `failed_statuses` fails the session, unless the engine is still
+/// streaming tokens to a client: an engine that streams is busy whatever
+/// its readiness route says, and is judged again once its streams end.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Readiness {
     /// The health route (`/health`).
     pub health_path: String,
@@ -340,6 +391,17 @@ pub struct Readiness {
     /// that use such a status while loading.
     #[serde(default)]
     pub failed_statuses: Vec<u16>,
+    /// Health statuses the engine answers while it serves at capacity
+    /// (older mlxcel builds, and llama-server builds from llama.cpp #5548
+    /// on, answer 503 `{"status":"no slot available"}` when every slot is
+    /// taken). While the session lives they mean busy, never failed; at
+    /// start they mean not ready yet. A status may be in both lists (a
+    /// 503 that means "the load failed" at start can mean "full" later):
+    /// at start it is failed, while serving busy. Added in
+    /// 1.2: empty from older plugins, whose busy engines are still told
+    /// from failed ones by their streams.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub busy_statuses: Vec<u16>,
 }
 
 fn default_ready_status() -> u16 {
@@ -348,6 +410,7 @@ fn default_ready_status() -> u16 {
 
 /// One request sent to prove readiness.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct WarmupRequest {
     /// The route (`/v1/completions`).
     pub path: String,
@@ -359,6 +422,7 @@ pub struct WarmupRequest {
 /// reduced to what an engine needs. The host has already applied the
 /// model's settings as defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct GenerateRequest {
     /// Chat messages (OpenAI shape) or a plain prompt.
     pub input: GenerateInput,
@@ -383,18 +447,27 @@ pub struct GenerateRequest {
     /// Strings that end generation (not included in the output).
     #[serde(default)]
     pub stop: Vec<String>,
+    /// The request's tools (OpenAI's `tools` list), for the chat template
+    /// to render; the host parses the calls in the answer. Added in 1.x
+    /// with a default: an engine built before it never sees tools, and the
+    /// host refuses tools for engines without the `tool_calls` capability.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<serde_json::Value>,
 }
 
 /// What to generate from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum GenerateInput {
     /// OpenAI chat messages; the engine applies the model's chat template.
+    #[non_exhaustive]
     Chat {
         /// The messages.
         messages: Vec<serde_json::Value>,
     },
     /// A raw prompt.
+    #[non_exhaustive]
     Completion {
         /// The prompt text.
         prompt: String,
@@ -403,6 +476,7 @@ pub enum GenerateInput {
 
 /// How a generation ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct GenerateOutcome {
     /// `stop` (EOS or a stop string), `length` (max tokens) or `cancelled`
     /// (the sink said stop).
@@ -414,4 +488,562 @@ pub struct GenerateOutcome {
     /// Prompt tokens served from a cache (prefix reuse).
     #[serde(default)]
     pub cached_tokens: u32,
+}
+
+// Constructors and builders. Every message type is `#[non_exhaustive]`, so
+// that a 1.x minor release can add a field (or a variant) without breaking
+// a plugin's source: plugins build messages with these functions and match
+// them with `..`, never with struct literals or exhaustive patterns.
+
+impl Description {
+    /// The description of plugin `id` at `version` (the manifest's), built
+    /// against this plugin-api, serving `formats`.
+    pub fn new<S: Into<String>>(
+        id: impl Into<String>,
+        version: impl Into<String>,
+        formats: impl IntoIterator<Item = S>,
+    ) -> Self {
+        Description {
+            id: id.into(),
+            version: version.into(),
+            plugin_api: crate::PLUGIN_API_VERSION.into(),
+            formats: formats.into_iter().map(Into::into).collect(),
+            aliases: BTreeMap::new(),
+            capabilities: Vec::new(),
+            concurrent_generates: None,
+        }
+    }
+
+    /// With the manifest's aliases (alias → canonical format).
+    pub fn with_aliases<A: Into<String>, B: Into<String>>(
+        mut self,
+        aliases: impl IntoIterator<Item = (A, B)>,
+    ) -> Self {
+        self.aliases = aliases
+            .into_iter()
+            .map(|(a, b)| (a.into(), b.into()))
+            .collect();
+        self
+    }
+
+    /// With the manifest's capability ids.
+    pub fn with_capabilities<S: Into<String>>(
+        mut self,
+        capabilities: impl IntoIterator<Item = S>,
+    ) -> Self {
+        self.capabilities = capabilities.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Saying that an in-process engine serves `n` generate calls at once.
+    pub fn with_concurrent_generates(mut self, n: u32) -> Self {
+        self.concurrent_generates = Some(n);
+        self
+    }
+
+    /// Claiming another plugin-api version than the one built with (tests
+    /// of the host's compatibility rule).
+    pub fn with_plugin_api(mut self, version: impl Into<String>) -> Self {
+        self.plugin_api = version.into();
+        self
+    }
+}
+
+impl ProbeInput {
+    /// What a probe program's `run` said (`None`: the manifest names none),
+    /// with no plugin settings.
+    pub fn new(run: Option<ProbeRun>) -> Self {
+        ProbeInput {
+            settings: BTreeMap::new(),
+            run,
+        }
+    }
+
+    /// With the plugin's settings from the operator's config.
+    pub fn with_settings(mut self, settings: BTreeMap<String, serde_json::Value>) -> Self {
+        self.settings = settings;
+        self
+    }
+}
+
+impl ProbeRun {
+    /// The program ran to completion.
+    pub fn exited(
+        program: impl Into<String>,
+        code: Option<i32>,
+        stdout: impl Into<String>,
+        stderr: impl Into<String>,
+    ) -> Self {
+        ProbeRun::Exited {
+            program: program.into(),
+            code,
+            stdout: stdout.into(),
+            stderr: stderr.into(),
+        }
+    }
+
+    /// The program was not found in any of the `searched` places.
+    pub fn not_found<S: Into<String>>(searched: impl IntoIterator<Item = S>) -> Self {
+        ProbeRun::NotFound {
+            searched: searched.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    /// The program could not be started.
+    pub fn failed_to_start(program: impl Into<String>, error: impl Into<String>) -> Self {
+        ProbeRun::FailedToStart {
+            program: program.into(),
+            error: error.into(),
+        }
+    }
+
+    /// The program outlived the probe timeout of `after_ms`.
+    pub fn timed_out(program: impl Into<String>, after_ms: u64) -> Self {
+        ProbeRun::TimedOut {
+            program: program.into(),
+            after_ms,
+        }
+    }
+}
+
+impl ProbeReport {
+    /// An engine that can serve, at `version` when it was read.
+    pub fn available(version: Option<String>) -> Self {
+        ProbeReport {
+            available: true,
+            version,
+            ..ProbeReport::default()
+        }
+    }
+
+    /// An engine that cannot serve, and why (shown as the reason
+    /// resolution passed it over).
+    pub fn unavailable(detail: impl Into<String>) -> Self {
+        ProbeReport {
+            available: false,
+            detail: Some(detail.into()),
+            ..ProbeReport::default()
+        }
+    }
+
+    /// With the engine version.
+    pub fn with_version(mut self, version: impl Into<String>) -> Self {
+        self.version = Some(version.into());
+        self
+    }
+
+    /// With the program that will serve.
+    pub fn with_program(mut self, program: impl Into<String>) -> Self {
+        self.program = Some(program.into());
+        self
+    }
+
+    /// With the device the engine will use (`cpu`, `gpu`).
+    pub fn with_device(mut self, device: impl Into<String>) -> Self {
+        self.device = Some(device.into());
+        self
+    }
+
+    /// With a note on the engine (why its version is unknown, say).
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+}
+
+impl LoadRequest {
+    /// A request to serve the model `model_id` at `model_path` in the
+    /// canonical `format`; the rest as an in-test default (accelerator
+    /// `cpu`, an available engine of unknown version, loopback port 0, no
+    /// settings) until set with the `with_*` functions. The host fills
+    /// every field; plugins build requests only in their tests.
+    pub fn new(
+        model_id: impl Into<String>,
+        model_path: impl Into<String>,
+        format: impl Into<String>,
+    ) -> Self {
+        LoadRequest {
+            model_id: model_id.into(),
+            model_path: model_path.into(),
+            model_files: Vec::new(),
+            format: format.into(),
+            accelerator: "cpu".into(),
+            engine: ProbeReport::available(None),
+            capabilities: Vec::new(),
+            settings: BTreeMap::new(),
+            plugin_settings: BTreeMap::new(),
+            host: "127.0.0.1".into(),
+            port: 0,
+            work_dir: String::new(),
+            cluster: None,
+            cache_dir: None,
+        }
+    }
+
+    /// With the model's file names.
+    pub fn with_model_files<S: Into<String>>(mut self, files: impl IntoIterator<Item = S>) -> Self {
+        self.model_files = files.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// With the accelerator resolution picked.
+    pub fn with_accelerator(mut self, accelerator: impl Into<String>) -> Self {
+        self.accelerator = accelerator.into();
+        self
+    }
+
+    /// With the probe's report on the engine that will serve.
+    pub fn with_engine(mut self, engine: ProbeReport) -> Self {
+        self.engine = engine;
+        self
+    }
+
+    /// With the capability ids that are on.
+    pub fn with_capabilities<S: Into<String>>(
+        mut self,
+        capabilities: impl IntoIterator<Item = S>,
+    ) -> Self {
+        self.capabilities = capabilities.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// With the model's resolved settings.
+    pub fn with_settings(mut self, settings: BTreeMap<String, serde_json::Value>) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// With one more resolved setting.
+    pub fn with_setting(mut self, name: impl Into<String>, value: serde_json::Value) -> Self {
+        self.settings.insert(name.into(), value);
+        self
+    }
+
+    /// With the plugin's own settings.
+    pub fn with_plugin_settings(mut self, settings: BTreeMap<String, serde_json::Value>) -> Self {
+        self.plugin_settings = settings;
+        self
+    }
+
+    /// With the address the engine must listen on.
+    pub fn with_endpoint(mut self, host: impl Into<String>, port: u16) -> Self {
+        self.host = host.into();
+        self.port = port;
+        self
+    }
+
+    /// With the session's writable folder.
+    pub fn with_work_dir(mut self, work_dir: impl Into<String>) -> Self {
+        self.work_dir = work_dir.into();
+        self
+    }
+
+    /// With the machines to spread the model over.
+    pub fn with_cluster(mut self, cluster: Cluster) -> Self {
+        self.cluster = Some(cluster);
+        self
+    }
+
+    /// With the plugin's cache folder.
+    pub fn with_cache_dir(mut self, cache_dir: impl Into<String>) -> Self {
+        self.cache_dir = Some(cache_dir.into());
+        self
+    }
+}
+
+impl Cluster {
+    /// The cluster `name`, split by `mode` over `peers` (in rank order),
+    /// its ranks talking from `port` on.
+    pub fn new(
+        name: impl Into<String>,
+        mode: DistributedMode,
+        peers: Vec<Peer>,
+        port: u16,
+    ) -> Self {
+        Cluster {
+            name: name.into(),
+            mode,
+            peers,
+            port,
+        }
+    }
+}
+
+impl Peer {
+    /// The peer `name`, reached over `ssh` and at `ip`; it is this machine
+    /// when `ssh` is `127.0.0.1`.
+    pub fn new(name: impl Into<String>, ssh: impl Into<String>, ip: impl Into<String>) -> Self {
+        let ssh = ssh.into();
+        Peer {
+            name: name.into(),
+            local: ssh == "127.0.0.1",
+            ssh,
+            ip: ip.into(),
+        }
+    }
+}
+
+impl LaunchPlan {
+    /// A plan to run `program` with `args`; readiness is `GET /health`
+    /// answering 200, within a start timeout of 60 s, speaking the default
+    /// protocol, with no environment, notes, files or ranks until set with
+    /// the `with_*` functions.
+    pub fn new<S: Into<String>>(
+        program: impl Into<String>,
+        args: impl IntoIterator<Item = S>,
+    ) -> Self {
+        LaunchPlan {
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+            env: BTreeMap::new(),
+            cwd: None,
+            readiness: Readiness::new("/health"),
+            start_timeout_ms: 60_000,
+            protocol: Protocol::default(),
+            upstream_model: None,
+            notes: Vec::new(),
+            files: BTreeMap::new(),
+            ranks: Vec::new(),
+            env_remove_prefixes: Vec::new(),
+        }
+    }
+
+    /// With the extra environment.
+    pub fn with_env(mut self, env: BTreeMap<String, String>) -> Self {
+        self.env = env;
+        self
+    }
+
+    /// With one more environment variable.
+    pub fn with_env_var(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(name.into(), value.into());
+        self
+    }
+
+    /// With a working directory.
+    pub fn with_cwd(mut self, cwd: impl Into<String>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    /// With what "ready" looks like.
+    pub fn with_readiness(mut self, readiness: Readiness) -> Self {
+        self.readiness = readiness;
+        self
+    }
+
+    /// With how long the engine may take to become ready.
+    pub fn with_start_timeout_ms(mut self, ms: u64) -> Self {
+        self.start_timeout_ms = ms;
+        self
+    }
+
+    /// With the protocol the engine speaks.
+    pub fn with_protocol(mut self, protocol: Protocol) -> Self {
+        self.protocol = protocol;
+        self
+    }
+
+    /// With the value to put in requests' `model` field.
+    pub fn with_upstream_model(mut self, model: impl Into<String>) -> Self {
+        self.upstream_model = Some(model.into());
+        self
+    }
+
+    /// With notes the host shows with the session.
+    pub fn with_notes<S: Into<String>>(mut self, notes: impl IntoIterator<Item = S>) -> Self {
+        self.notes = notes.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// With files the host writes into the work dir (path → contents).
+    pub fn with_files(mut self, files: BTreeMap<String, String>) -> Self {
+        self.files = files;
+        self
+    }
+
+    /// With the ranks of a distributed launch.
+    pub fn with_ranks(mut self, ranks: Vec<Rank>) -> Self {
+        self.ranks = ranks;
+        self
+    }
+
+    /// Without the host's environment variables that start with any of
+    /// `prefixes` (unless `env` sets them).
+    pub fn with_env_remove_prefixes<S: Into<String>>(
+        mut self,
+        prefixes: impl IntoIterator<Item = S>,
+    ) -> Self {
+        self.env_remove_prefixes = prefixes.into_iter().map(Into::into).collect();
+        self
+    }
+}
+
+impl Rank {
+    /// Rank `rank`, on the peer named `peer`, local or not.
+    pub fn new(rank: u32, peer: impl Into<String>, local: bool) -> Self {
+        Rank {
+            rank,
+            peer: peer.into(),
+            local,
+            env_marker: None,
+        }
+    }
+
+    /// With the environment entry that marks this rank's process.
+    pub fn with_env_marker(mut self, marker: impl Into<String>) -> Self {
+        self.env_marker = Some(marker.into());
+        self
+    }
+}
+
+impl Readiness {
+    /// Poll `health_path` until it answers 200; no warmup, no failed or
+    /// busy statuses until set with the `with_*` functions.
+    pub fn new(health_path: impl Into<String>) -> Self {
+        Readiness {
+            health_path: health_path.into(),
+            ready_status: default_ready_status(),
+            warmup: None,
+            failed_statuses: Vec::new(),
+            busy_statuses: Vec::new(),
+        }
+    }
+
+    /// With the status that means ready.
+    pub fn with_ready_status(mut self, status: u16) -> Self {
+        self.ready_status = status;
+        self
+    }
+
+    /// With a request that proves the model is loaded.
+    pub fn with_warmup(mut self, warmup: WarmupRequest) -> Self {
+        self.warmup = Some(warmup);
+        self
+    }
+
+    /// With the statuses that mean the load failed for good.
+    pub fn with_failed_statuses(mut self, statuses: impl IntoIterator<Item = u16>) -> Self {
+        self.failed_statuses = statuses.into_iter().collect();
+        self
+    }
+
+    /// With the statuses the engine answers while it serves at capacity.
+    pub fn with_busy_statuses(mut self, statuses: impl IntoIterator<Item = u16>) -> Self {
+        self.busy_statuses = statuses.into_iter().collect();
+        self
+    }
+}
+
+impl WarmupRequest {
+    /// A `POST` of `body` to `path`.
+    pub fn new(path: impl Into<String>, body: serde_json::Value) -> Self {
+        WarmupRequest {
+            path: path.into(),
+            body,
+        }
+    }
+}
+
+impl GenerateRequest {
+    /// Generate from `input` with the engine's defaults for everything
+    /// else until set with the `with_*` functions.
+    pub fn new(input: GenerateInput) -> Self {
+        GenerateRequest {
+            input,
+            max_tokens: None,
+            temperature: None,
+            top_p: None,
+            top_k: None,
+            min_p: None,
+            seed: None,
+            stop: Vec::new(),
+            tools: Vec::new(),
+        }
+    }
+
+    /// With the request's tools (OpenAI's `tools` list).
+    pub fn with_tools(mut self, tools: Vec<serde_json::Value>) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    /// With the most tokens to generate.
+    pub fn with_max_tokens(mut self, n: u32) -> Self {
+        self.max_tokens = Some(n);
+        self
+    }
+
+    /// With the sampling temperature.
+    pub fn with_temperature(mut self, t: f32) -> Self {
+        self.temperature = Some(t);
+        self
+    }
+
+    /// With the nucleus sampling mass.
+    pub fn with_top_p(mut self, p: f32) -> Self {
+        self.top_p = Some(p);
+        self
+    }
+
+    /// With top-k.
+    pub fn with_top_k(mut self, k: u32) -> Self {
+        self.top_k = Some(k);
+        self
+    }
+
+    /// With min-p.
+    pub fn with_min_p(mut self, p: f32) -> Self {
+        self.min_p = Some(p);
+        self
+    }
+
+    /// With a sampling seed.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// With strings that end generation.
+    pub fn with_stop<S: Into<String>>(mut self, stop: impl IntoIterator<Item = S>) -> Self {
+        self.stop = stop.into_iter().map(Into::into).collect();
+        self
+    }
+}
+
+impl GenerateInput {
+    /// OpenAI chat messages.
+    pub fn chat(messages: Vec<serde_json::Value>) -> Self {
+        GenerateInput::Chat { messages }
+    }
+
+    /// A raw prompt.
+    pub fn completion(prompt: impl Into<String>) -> Self {
+        GenerateInput::Completion {
+            prompt: prompt.into(),
+        }
+    }
+}
+
+impl GenerateOutcome {
+    /// A generation that ended for `finish_reason` after `prompt_tokens`
+    /// in and `completion_tokens` out, none from a cache.
+    pub fn new(
+        finish_reason: impl Into<String>,
+        prompt_tokens: u32,
+        completion_tokens: u32,
+    ) -> Self {
+        GenerateOutcome {
+            finish_reason: finish_reason.into(),
+            prompt_tokens,
+            completion_tokens,
+            cached_tokens: 0,
+        }
+    }
+
+    /// With the prompt tokens served from a cache.
+    pub fn with_cached_tokens(mut self, n: u32) -> Self {
+        self.cached_tokens = n;
+        self
+    }
 }

@@ -2,9 +2,7 @@
 //! with two version-gated capabilities. Its engine prints `alpha X.Y.Z`;
 //! the launch plan runs the program the probe resolved.
 
-use hangar_sdk::wire::{
-    Description, LaunchPlan, LoadRequest, ProbeInput, ProbeReport, Protocol, Readiness,
-};
+use hangar_sdk::wire::{Description, LaunchPlan, LoadRequest, ProbeInput, ProbeReport, Readiness};
 use hangar_sdk::{export_plugin, Plugin};
 
 struct Alpha;
@@ -23,29 +21,17 @@ impl Plugin for Alpha {
     }
 
     fn plan_launch(request: LoadRequest) -> Result<LaunchPlan, String> {
-        Ok(LaunchPlan {
-            program: request.engine.program.unwrap_or_else(|| "alpha".into()),
-            args: vec![
+        Ok(LaunchPlan::new(
+            request.engine.program.unwrap_or_else(|| "alpha".into()),
+            vec![
                 "--model".into(),
                 request.model_path,
                 "--port".into(),
                 request.port.to_string(),
             ],
-            env: Default::default(),
-            cwd: None,
-            readiness: Readiness {
-                health_path: "/health".into(),
-                ready_status: 200,
-                warmup: None,
-                failed_statuses: vec![],
-            },
-            start_timeout_ms: 10_000,
-            protocol: Protocol::OpenaiHttp,
-            upstream_model: None,
-            notes: vec![],
-            files: Default::default(),
-            ranks: Vec::new(),
-        })
+        )
+        .with_readiness(Readiness::new("/health"))
+        .with_start_timeout_ms(10_000))
     }
 }
 

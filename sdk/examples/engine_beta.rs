@@ -28,49 +28,25 @@ impl Plugin for Beta {
             .get("script")
             .and_then(|s| s.as_str())
         {
-            return Ok(LaunchPlan {
-                program: "python3".into(),
-                args: vec![script.into(), "--port".into(), request.port.to_string()],
-                env: Default::default(),
-                cwd: None,
-                readiness: Readiness {
-                    health_path: "/health".into(),
-                    ready_status: 200,
-                    warmup: None,
-                    failed_statuses: vec![503],
-                },
-                start_timeout_ms: 20_000,
-                protocol: Default::default(),
-                upstream_model: None,
-                notes: vec![],
-                files: Default::default(),
-                ranks: Vec::new(),
-            });
+            return Ok(LaunchPlan::new(
+                "python3",
+                vec![script.into(), "--port".into(), request.port.to_string()],
+            )
+            .with_readiness(Readiness::new("/health").with_failed_statuses(vec![503]))
+            .with_start_timeout_ms(20_000));
         }
-        Ok(LaunchPlan {
-            program: "python3".into(),
-            args: vec![
+        Ok(LaunchPlan::new(
+            "python3",
+            vec![
                 "-m".into(),
                 "http.server".into(),
                 request.port.to_string(),
                 "--bind".into(),
                 request.host,
             ],
-            env: Default::default(),
-            cwd: None,
-            readiness: Readiness {
-                health_path: "/".into(),
-                ready_status: 200,
-                warmup: None,
-                failed_statuses: vec![],
-            },
-            start_timeout_ms: 20_000,
-            protocol: Default::default(),
-            upstream_model: None,
-            notes: vec![],
-            files: Default::default(),
-            ranks: Vec::new(),
-        })
+        )
+        .with_readiness(Readiness::new("/"))
+        .with_start_timeout_ms(20_000))
     }
 }
 

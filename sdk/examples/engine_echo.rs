@@ -3,7 +3,13 @@
 //! token each, a millisecond apart. Deterministic, so the tests can check
 //! the host's in-process path (worker isolation, streaming, cancellation,
 //! crashes) without a real model. A prompt containing `CRASH` aborts the
-//! process, as a crashing engine library would.
+//! process, as a crashing engine library would. The word `<|eos|>` ends
+//! the answer there with `stop`, as a model's end-of-turn token does. Its
+//! calls share nothing, so it declares that it serves two at once
+//! (`concurrent_generates`), as a batching engine would; the host queues
+//! the rest. It declares `tool_calls`: a prompt holding a tool call's
+//! markup comes back as an answer that calls a tool, which the host parses
+//! as it parses any engine's.
 
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -18,16 +24,14 @@ struct Echo;
 
 impl Plugin for Echo {
     fn describe() -> Description {
-        hangar_sdk::describe!("echo", formats: ["mlx"])
+        let mut description =
+            hangar_sdk::describe!("echo", formats: ["mlx"], capabilities: ["tool_calls"]);
+        description.concurrent_generates = Some(2);
+        description
     }
 
     fn probe(_input: ProbeInput) -> Result<ProbeReport, String> {
-        Ok(ProbeReport {
-            available: true,
-            version: Some("1.0.0".into()),
-            device: Some("cpu".into()),
-            ..ProbeReport::default()
-        })
+        Ok(ProbeReport::available(Some("1.0.0".into())).with_device("cpu"))
     }
 
     fn load_in_process(request: LoadRequest) -> Result<Box<dyn Engine>, String> {
@@ -50,12 +54,14 @@ impl Engine for EchoEngine {
         emit: &mut dyn FnMut(&str, u32) -> ControlFlow<()>,
     ) -> Result<GenerateOutcome, String> {
         let prompt = match &request.input {
-            GenerateInput::Completion { prompt } => prompt.clone(),
-            GenerateInput::Chat { messages } => messages
+            GenerateInput::Completion { prompt, .. } => prompt.clone(),
+            GenerateInput::Chat { messages, .. } => messages
                 .iter()
                 .filter_map(|m| m.get("content").and_then(|c| c.as_str()))
                 .collect::<Vec<_>>()
                 .join(" "),
+            // An input a later plugin-api adds: refused, not guessed at.
+            _ => return Err("echo serves chat and completion inputs".into()),
         };
         if prompt.contains("CRASH") {
             std::process::abort();
@@ -66,13 +72,12 @@ impl Engine for EchoEngine {
         }
         let max = request.max_tokens.unwrap_or(16);
         let mut text = String::new();
-        let mut outcome = GenerateOutcome {
-            finish_reason: "length".into(),
-            prompt_tokens: words.len() as u32,
-            completion_tokens: 0,
-            cached_tokens: 0,
-        };
+        let mut outcome = GenerateOutcome::new("length", words.len() as u32, 0);
         for i in 0..max {
+            if words[i as usize % words.len()] == "<|eos|>" {
+                outcome.finish_reason = "stop".into();
+                break;
+            }
             let word = format!("{} ", words[i as usize % words.len()]);
             std::thread::sleep(Duration::from_millis(1));
             outcome.completion_tokens += 1;

@@ -29,24 +29,12 @@ impl Plugin for Gamma {
             .get("script")
             .and_then(|s| s.as_str())
             .ok_or("plugin 'gamma' needs `script` (a Python engine) in its config")?;
-        Ok(LaunchPlan {
-            program: "python3".into(),
-            args: vec![script.into(), "--port".into(), request.port.to_string()],
-            env: Default::default(),
-            cwd: None,
-            readiness: Readiness {
-                health_path: "/health".into(),
-                ready_status: 200,
-                warmup: None,
-                failed_statuses: vec![],
-            },
-            start_timeout_ms: 20_000,
-            protocol: Default::default(),
-            upstream_model: None,
-            notes: vec![],
-            files: Default::default(),
-            ranks: Vec::new(),
-        })
+        Ok(LaunchPlan::new(
+            "python3",
+            vec![script.into(), "--port".into(), request.port.to_string()],
+        )
+        .with_readiness(Readiness::new("/health"))
+        .with_start_timeout_ms(20_000))
     }
 }
 

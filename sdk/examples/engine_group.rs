@@ -64,33 +64,17 @@ impl Plugin for Group {
                     .peers
                     .iter()
                     .enumerate()
-                    .map(|(i, p)| Rank {
-                        rank: i as u32,
-                        peer: p.name.clone(),
-                        local: p.local,
-                        env_marker: Some(format!("GROUP_RANK={i}")),
+                    .map(|(i, p)| {
+                        Rank::new(i as u32, p.name.clone(), p.local)
+                            .with_env_marker(format!("GROUP_RANK={i}"))
                     })
                     .collect(),
             ),
         };
-        Ok(LaunchPlan {
-            program: "python3".into(),
-            args,
-            env: Default::default(),
-            cwd: None,
-            readiness: Readiness {
-                health_path: "/".into(),
-                ready_status: 200,
-                warmup: None,
-                failed_statuses: vec![],
-            },
-            start_timeout_ms: 20_000,
-            protocol: Default::default(),
-            upstream_model: None,
-            notes: vec![],
-            files: Default::default(),
-            ranks,
-        })
+        Ok(LaunchPlan::new("python3", args)
+            .with_readiness(Readiness::new("/"))
+            .with_start_timeout_ms(20_000)
+            .with_ranks(ranks))
     }
 }
 

@@ -12,10 +12,7 @@ impl Plugin for Liar {
     }
 
     fn probe(_input: ProbeInput) -> Result<ProbeReport, String> {
-        Ok(ProbeReport {
-            available: true,
-            ..ProbeReport::default()
-        })
+        Ok(ProbeReport::available(None))
     }
 }
 

@@ -41,30 +41,18 @@ impl Plugin for Misbehaves {
                 std::hint::black_box(&hoard);
             }
         }
-        Ok(LaunchPlan {
-            program: "python3".into(),
-            args: vec![
+        Ok(LaunchPlan::new(
+            "python3",
+            vec![
                 "-m".into(),
                 "http.server".into(),
                 request.port.to_string(),
                 "--bind".into(),
                 request.host,
             ],
-            env: Default::default(),
-            cwd: None,
-            readiness: Readiness {
-                health_path: "/".into(),
-                ready_status: 200,
-                warmup: None,
-                failed_statuses: vec![],
-            },
-            start_timeout_ms: 20_000,
-            protocol: Default::default(),
-            upstream_model: None,
-            notes: vec![],
-            files: Default::default(),
-            ranks: Vec::new(),
-        })
+        )
+        .with_readiness(Readiness::new("/"))
+        .with_start_timeout_ms(20_000))
     }
 }
 

@@ -134,17 +134,15 @@ macro_rules! describe {
     ($id:expr, formats: [$($format:expr),* $(,)?]
      $(, aliases: {$($alias:expr => $target:expr),* $(,)?})?
      $(, capabilities: [$($cap:expr),* $(,)?])? $(,)?) => {
-        $crate::wire::Description {
-            id: ::std::string::String::from($id),
-            version: ::std::string::String::from(env!("CARGO_PKG_VERSION")),
-            plugin_api: ::std::string::String::from($crate::api::PLUGIN_API_VERSION),
-            formats: vec![$(::std::string::String::from($format)),*],
-            aliases: [$($((::std::string::String::from($alias), ::std::string::String::from($target))),*)?]
-                .into_iter()
-                .collect(),
-            capabilities: vec![$($(::std::string::String::from($cap)),*)?],
-            concurrent_generates: ::std::option::Option::None,
-        }
+        $crate::wire::Description::new(
+            $id,
+            env!("CARGO_PKG_VERSION"),
+            [$(::std::string::String::from($format)),*],
+        )
+        .with_aliases(::std::vec![$($((::std::string::String::from($alias), ::std::string::String::from($target))),*)?]
+            as ::std::vec::Vec<(::std::string::String, ::std::string::String)>)
+        .with_capabilities(::std::vec![$($(::std::string::String::from($cap)),*)?]
+            as ::std::vec::Vec<::std::string::String>)
     };
 }
 
@@ -162,32 +160,28 @@ pub fn version_from_output(
     input: &ProbeInput,
     parse: impl Fn(&str) -> Option<&str>,
 ) -> ProbeReport {
-    let unavailable = |detail: String| ProbeReport {
-        available: false,
-        detail: Some(detail),
-        ..ProbeReport::default()
-    };
+    let unavailable = |detail: String| ProbeReport::unavailable(detail);
     match &input.run {
         None => unavailable("the manifest names no probe program".into()),
-        Some(ProbeRun::NotFound { searched }) => {
+        Some(ProbeRun::NotFound { searched, .. }) => {
             unavailable(format!("not installed (looked in {})", searched.join(", ")))
         }
-        Some(ProbeRun::FailedToStart { program, error }) => {
+        Some(ProbeRun::FailedToStart { program, error, .. }) => {
             unavailable(format!("{program} could not be started: {error}"))
         }
-        Some(ProbeRun::TimedOut { program, after_ms }) => ProbeReport {
-            available: true,
-            program: Some(program.clone()),
-            detail: Some(format!(
+        Some(ProbeRun::TimedOut {
+            program, after_ms, ..
+        }) => ProbeReport::available(None)
+            .with_program(program.clone())
+            .with_detail(format!(
                 "{program} did not print its version within {after_ms} ms; version unknown, gated capabilities off"
             )),
-            ..ProbeReport::default()
-        },
         Some(ProbeRun::Exited {
             program,
             code,
             stdout,
             stderr,
+            ..
         }) => {
             if *code != Some(0) {
                 let tail = stderr.lines().last().unwrap_or("").trim();
@@ -208,14 +202,15 @@ pub fn version_from_output(
                     stdout.trim().chars().take(80).collect::<String>()
                 )),
             };
-            ProbeReport {
-                available: true,
-                version: version.map(|v| v.to_string()),
-                program: Some(program.clone()),
-                device: None,
-                detail,
+            let report = ProbeReport::available(version.map(|v| v.to_string()))
+                .with_program(program.clone());
+            match detail {
+                Some(detail) => report.with_detail(detail),
+                None => report,
             }
         }
+        // A way of running that a later 1.x host reports: no version read.
+        Some(_) => unavailable("the probe program's outcome is unknown to this plugin".into()),
     }
 }
 
@@ -255,15 +250,8 @@ mod tests {
         let reports: Vec<String> = outputs
             .iter()
             .map(|stdout| {
-                let input = ProbeInput {
-                    run: Some(ProbeRun::Exited {
-                        program: "/bin/engine".into(),
-                        code: Some(0),
-                        stdout: stdout.to_string(),
-                        stderr: String::new(),
-                    }),
-                    settings: Default::default(),
-                };
+                let input =
+                    ProbeInput::new(Some(ProbeRun::exited("/bin/engine", Some(0), *stdout, "")));
                 let report = version_from_output(&input, |out| {
                     out.trim().strip_prefix("engine ").map(str::trim)
                 });

@@ -15,6 +15,7 @@ from anthropic_checks import exercise
 from conftest import REPO, Server, _run, http
 
 MODEL = "tiny-gguf"
+TOOLS_MODEL = "tiny-gguf-tools"
 MESSAGES = [{"role": "user", "content": "Hello there, how are you today?"}]
 
 
@@ -32,6 +33,7 @@ def llama(env, tmp_path_factory):
     # A folder model: the host lists its files, the plugin picks the weights.
     _run([env["python"], make, str(models / "split" / "weights.gguf"), "--seed", "1"], "make_tiny_gguf.py")
     (models / "split" / "README.md").write_text("a model folder\n")
+    _run([env["python"], make, str(models / f"{TOOLS_MODEL}.gguf"), "--tools"], "make_tiny_gguf.py --tools")
     config = tmp / "config.toml"
     config.write_text(
         f'[plugins.llama-server]\nprogram = "{server_bin}"\n[wasm]\ncache_dir = "{tmp / "wasm-cache"}"\n'
@@ -103,3 +105,24 @@ def test_a_context_that_fills_is_the_clients_400_not_a_500(llama):
     status, body = api(llama, "/v1/completions", "POST", {"model": MODEL, "prompt": ["a b", "c d"]})
     assert status == 400, body
     assert body["error"]["code"] == "context_length_exceeded" and body["error"]["param"] == "max_tokens", body
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+def test_tools_follow_what_the_gguf_template_renders(llama):
+    """The host reads each GGUF file's chat template (from its metadata):
+    tools are refused, naming the template, for the model whose template
+    does not render them. (The model whose template does is not asked:
+    llama-server 0.6.0-dev, given tools, parses a random-weight model's
+    garbage as its tool format itself and answers 500 when it does not
+    parse, with or without `parse_tool_calls: false`.)"""
+    status, body = api(llama, "/api/models")
+    chat = {m["model"]["id"]: m["chat"] for m in body["models"]}
+    assert chat[MODEL]["takes_tools"] is False and chat[MODEL]["template"] is True, chat
+    assert chat[TOOLS_MODEL]["takes_tools"] is True, chat
+    c = openai.OpenAI(base_url=llama.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[WEATHER], max_tokens=4)
+    assert e.value.body["param"] == "tools" and "chat template" in e.value.body["message"], e.value.body

@@ -51,13 +51,14 @@ def test_messages_errors_in_anthropics_shape(server):
         assert words in body["error"]["message"], (change, body)
 
     # Raw (the client refuses to send these): no max_tokens, a body that is
-    # not JSON, a field this host does not serve.
+    # not JSON, a field this host does not serve (a thinking budget).
     status, body = http(server.url + "/v1/messages", "POST", {"model": LLAMA, "messages": USER})
     assert status == 400 and "'max_tokens' is required" in body["error"]["message"], body
     status, body = http(server.url + "/v1/messages", "POST", b"{not json")
     assert status == 400 and body["error"]["type"] == "invalid_request_error", body
-    status, body = http(server.url + "/v1/messages", "POST", {**good, "tools": []})
-    assert status == 400 and "'tools' is not supported" in body["error"]["message"], body
+    status, body = http(server.url + "/v1/messages", "POST",
+                        {**good, "thinking": {"type": "enabled", "budget_tokens": 1024}})
+    assert status == 400 and "'thinking' is not supported" in body["error"]["message"], body
 
 
 def test_messages_take_x_api_key_or_bearer(env):

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import struct
+import time
 from pathlib import Path
 
 import openai
@@ -26,11 +27,13 @@ CUDA = "linux/x86_64/cuda13,cpu"
 class Host:
     """A `hangar serve` whose mlxcel-server is the stand-in at `version`."""
 
-    def __init__(self, env, tmp: Path, version: str, platform: str = CUDA):
+    def __init__(self, env, tmp: Path, version: str, platform: str = CUDA, engine_env: dict | None = None,
+                 hangar_env: dict | None = None):
         tmp.mkdir(parents=True, exist_ok=True)
         wrapper = tmp / "mlxcel-server"
+        exports = "".join(f"export {k}='{v}'\n" for k, v in (engine_env or {}).items())
         wrapper.write_text(
-            f"#!/bin/sh\nMLXCEL_STANDIN_VERSION='{version}' exec '{env['python']}' '{STAND_IN}' \"$@\"\n"
+            f"#!/bin/sh\n{exports}MLXCEL_STANDIN_VERSION='{version}' exec '{env['python']}' '{STAND_IN}' \"$@\"\n"
         )
         wrapper.chmod(0o755)
         config = tmp / "config.toml"
@@ -38,7 +41,7 @@ class Host:
             f'[plugins.mlxcel]\nprogram = "{wrapper}"\n[plugins.mlx-lm]\nprogram = "{env["python"]}"\n'
             'allow_programs = ["python3"]\n'
         )
-        proc_env = dict(env["proc_env"], HANGAR_PLATFORM=platform)
+        proc_env = dict(env["proc_env"], HANGAR_PLATFORM=platform, **(hangar_env or {}))
         args = [a for a in env["base_args"]]
         args[args.index("--config") + 1] = str(config)
         args[args.index("--state-dir") + 1] = str(tmp / "state")
@@ -69,8 +72,9 @@ class Host:
 def host(env, tmp_path):
     made = []
 
-    def make(version: str, platform: str = CUDA) -> Host:
-        h = Host(env, tmp_path / f"v{len(made)}", version, platform)
+    def make(version: str, platform: str = CUDA, engine_env: dict | None = None,
+             hangar_env: dict | None = None) -> Host:
+        h = Host(env, tmp_path / f"v{len(made)}", version, platform, engine_env, hangar_env)
         made.append(h)
         return h
 
@@ -98,7 +102,8 @@ CASES = {
     "0.0.20": (
         ["audio_input", "kv_cache_quantization", "speculative", "tensor_parallel"],
         {"kv_cache_type": "int8", "tensor_parallel_size": 1, "context_length": 2048},
-        ["-c", "2048", "--cache-type-k", "int8", "--cache-type-v", "int8", "--tp-size", "1"],
+        # -c is split across the slots: 1 by default before 0.4.0.
+        ["--cache-type-k", "int8", "--cache-type-v", "int8", "--tp-size", "1", "-c", "2048", "--parallel", "1"],
     ),
     "0.0.26": (
         ["apc", "audio_input", "distributed_pipeline", "kv_cache_quantization", "kv_cache_turbo",
@@ -107,8 +112,8 @@ CASES = {
         {"kv_cache_type": "turbo4", "kv_bits": 4, "decode_storage": "paged", "prompt_cache": True,
          "apc": True, "reasoning_budget": 256},
         ["--cache-type-k", "turbo4", "--cache-type-v", "turbo4", "--kv-bits", "4",
-         "--decode-storage-backend", "paged", "--prompt-cache-enabled", "--apc-enabled",
-         "--reasoning-budget", "256"],
+         "--decode-storage-backend", "paged", "--prompt-cache-enabled=true", "--apc-enabled=true",
+         "--reasoning-budget=256"],
     ),
     "0.4.2": (
         ["apc", "audio_input", "distributed_pipeline", "kv_cache_budget", "kv_cache_quantization",
@@ -116,12 +121,13 @@ CASES = {
          "speculative_dflash", "speculative_mtp", "split_prefill_decode", "tensor_parallel",
          "zero_config_pipeline"],
         {"kv_cache_budget": "auto", "parallel": 2, "max_tokens": 32},
-        ["-n", "32", "--parallel", "2", "--kv-cache-budget", "auto"],
+        ["-n", "32", "--kv-cache-budget", "auto", "--parallel", "2"],
     ),
     "nightly-20261130": (
         [],
         {"context_length": 1024},
-        ["-c", "1024"],
+        # An unknown version is planned as the newest: 4 slots of 1024.
+        ["-c", "4096", "--parallel", "4"],
     ),
 }
 
@@ -212,6 +218,36 @@ def test_app_settings_layers_and_persistence(host, env):
     assert "[models.tiny-llama]" in text and "parallel = 1" in text, text
     h.post(f"/api/models/{LLAMA}/load")
     assert without_endpoint(h.argv())[8:] == ["-n", "24", "--parallel", "1"]
+
+
+def test_a_failed_load_falls_back_to_the_next_engine_within_seconds(host):
+    # mlxcel-server does not exit when its load fails: it opens its port
+    # (after the load, warm-up being on) and answers 503 for good. That 503
+    # is a failed load, so the next engine starts at once, not after mlxcel's
+    # 300 s start timeout.
+    h = host("0.4.2", engine_env={"MLXCEL_STANDIN_FAIL_LOAD": "unsupported model_type 'llama'"})
+    started = time.monotonic()
+    status, body = h.post(f"/api/models/{LLAMA}/load")
+    took = time.monotonic() - started
+    print(f"\nmlxcel failed load -> mlx-lm serving in {took:.2f} s")
+    assert status == 200, body
+    # The next survivor: native-mlx where it was built, else mlx-lm.
+    assert body["session"]["plugin"] in ("native-mlx", "mlx-lm"), body
+    assert took < 20, took
+    status, body = h.get("/api/sessions")
+    session = next(s for s in body["sessions"] if s["model"] == LLAMA)
+    assert "mlxcel" in json.dumps(session) and "503" in json.dumps(session), session
+
+
+def test_the_hosts_llama_and_mlxcel_environment_does_not_reach_the_engine(host):
+    # mlxcel-server reads LLAMA_API_KEY (an API key every route then
+    # demands) and LLAMA_ARG_* (its flags) from its environment.
+    h = host("0.4.2", hangar_env={"LLAMA_API_KEY": "leaked", "LLAMA_ARG_N_PARALLEL": "0"})
+    status, body = h.post(f"/api/models/{LLAMA}/load")
+    assert status == 200 and body["session"]["plugin"] == "mlxcel", body
+    status, body = h.post("/v1/chat/completions", {
+        "model": LLAMA, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert status == 200, body
 
 
 def test_mlxcel_wins_over_mlx_lm_where_it_runs(host):

@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
 """A protocol-faithful stand-in for Lablup's `mlxcel-server`, for tests.
 
-Written from shared/reference/engines.md (section "mlxcel-server") alone,
-never from Hangar's plugin, so that it catches the plugin's mistakes. See
-README.md next to this file for what it does and what it guesses.
+First written from shared/reference/engines.md, never from Hangar's plugin,
+so that it catches the plugin's mistakes; rebuilt where that note was wrong
+from mlxcel's own source (repository lablup/mlxcel). Each behaviour copied
+from the source names its file and commit where it is implemented below
+(SOURCE: ...); README.md next to this file lists them, and what is still a
+guess.
 
 Environment:
   MLXCEL_STANDIN_VERSION    the version it pretends to be (default 0.4.2)
   MLXCEL_STANDIN_ARGV_FILE  if set, its argv (JSON list) is written there
-  MLXCEL_STANDIN_LOAD_MS    how long /health says "loading model" (300)
+  MLXCEL_STANDIN_LOAD_MS    how long the model takes to load (300)
   MLXCEL_STANDIN_TOKEN_MS   delay per generated token (0), to keep slots busy
+  MLXCEL_STANDIN_FAIL_LOAD  if set, the load fails with this message: the
+                            server logs "Failed to load model: ..." and stays
+                            up, answering 503 (it never exits)
 """
 from __future__ import annotations
 
@@ -62,7 +68,7 @@ def has(first) -> bool:
 
 class Flag:
     def __init__(self, names, value=None, first=None, env=None, help="", default=None,
-                 negative=False):
+                 negative=False, require_equals=False):
         self.names = names                # primary first; a short form, if any, is "-x"
         self.value = value                # None: boolean; else a checker kind (see check_value)
         self.first = first                # None: basic
@@ -70,6 +76,9 @@ class Flag:
         self.help = help
         self.default = default
         self.negative = negative          # accepts a value like "-1" (clap allow_negative_numbers)
+        # A boolean that takes an optional value only as `--flag=BOOL`; the
+        # bare flag means true, and a value after a space is not its value.
+        self.require_equals = require_equals
 
     @property
     def long(self) -> str:
@@ -103,7 +112,7 @@ FLAGS = [
     Flag(["--host"], "text", env="LLAMA_ARG_HOST", default="127.0.0.1", help="Address to listen on"),
     Flag(["--port"], ("uint", 0, 65535), env="LLAMA_ARG_PORT", default="8080", help="Port to listen on"),
     Flag(["-c", "--ctx-size"], ("uint", 0, None), env="LLAMA_ARG_CTX_SIZE",
-         help="Context size per slot (0: from the model)"),
+         help="Context size, split across the --parallel slots (0: from the model)"),
     Flag(["-n", "--predict"], ("int", -1, None), env="LLAMA_ARG_N_PREDICT", negative=True,
          help="Tokens to predict (-1: unlimited)"),
     Flag(["--parallel"], ("uint", 1, None), env="LLAMA_ARG_N_PARALLEL", help="Number of slots"),
@@ -136,8 +145,12 @@ FLAGS = [
     Flag(["--cluster-discovery"], ("choice", lambda: ["mdns"]), (0, 0, 24), help="Peer discovery"),
     Flag(["--cluster-peers"], "text", (0, 0, 24), help="Peers (host:port,...)"),
     # prompt cache
-    Flag(["--prompt-cache-enabled"], None, (0, 0, 25), help="Enable the prompt cache"),
-    Flag(["--no-prompt-cache"], None, (0, 0, 25), help="Disable the prompt cache"),
+    # SOURCE: src/bin/mlx_server.rs @ 01c20350f744 (REQUIRE_EQUALS_LONGS):
+    # --apc-enabled and --prompt-cache-enabled take their value only with `=`.
+    Flag(["--prompt-cache-enabled"], None, (0, 0, 25), require_equals=True,
+         help="Enable the prompt cache [=BOOL]"),
+    # The issue 30 reading of the CHANGELOG: --no-prompt-cache from 0.4.0.
+    Flag(["--no-prompt-cache"], None, (0, 4, 0), help="Disable the prompt cache"),
     Flag(["--prompt-cache-capacity-bytes"], ("uint", 0, None), (0, 0, 25), help="Prompt cache capacity"),
     Flag(["--prompt-cache-ttl"], ("uint", 0, None), (0, 0, 25), help="Prompt cache entry TTL (s)"),
     # reasoning budget
@@ -145,7 +158,9 @@ FLAGS = [
          help="Thinking tokens (-1 unlimited, 0 none)"),
     # KV quant (turbo), APC
     Flag(["--kv-bits"], ("uint", 1, 16), (0, 0, 26), help="KV quantization bits"),
-    Flag(["--apc-enabled"], None, (0, 0, 26), help="Enable automatic prefix caching"),
+    # APC is on by default; off is --apc-enabled=false (require_equals, above).
+    Flag(["--apc-enabled"], None, (0, 0, 26), require_equals=True,
+         help="Automatic prefix caching [=BOOL] (default: true)"),
     Flag(["--apc-block-size"], ("uint", 1, None), (0, 0, 26), help="APC block size"),
     # speculative MTP / DFlash
     Flag(["--draft-kind"], ("choice", lambda: ["dflash", "mtp"]), (0, 0, 27), help="Drafter kind"),
@@ -205,7 +220,11 @@ def looks_like_value(flag: Flag, token: str) -> bool:
     """clap takes the next token as the value unless it looks like a flag."""
     if token == "-" or not token.startswith("-"):
         return True
-    return flag.negative and re.fullmatch(r"-\d+", token) is not None
+    # SOURCE: src/bin/mlx_server.rs @ 01c20350f744 (allow_negative_numbers,
+    # mlxcel #1459): `--reasoning-budget -1` parses only in builds with that
+    # change; before it only `--reasoning-budget=-1` did. Which release
+    # brought it is a guess here (0.7.0); the `=` form parses everywhere.
+    return flag.negative and has((0, 7, 0)) and re.fullmatch(r"-\d+", token) is not None
 
 
 def print_help():
@@ -288,6 +307,11 @@ def parse(argv: list[str]) -> dict:
         else:
             usage_error(f"unexpected argument '{arg}' found")
         if flag.value is None:
+            if eq and flag.require_equals:
+                if inline not in ("true", "false"):
+                    usage_error(f"invalid value '{inline}' for '{name}[=<BOOL>]'\n  [possible values: true, false]")
+                take(flag, inline == "true")
+                continue
             if eq:
                 usage_error(f"unexpected value '{inline}' for '{name}' found; no more were expected")
             take(flag, True)
@@ -354,6 +378,11 @@ def load(options: dict) -> dict:
             kwargs = None
         if not isinstance(kwargs, dict):
             fail("--chat-template-kwargs must be a JSON object")
+    if "distributed-config" in options and "pp-layers" in options:
+        # The issue 30 reading of src/distributed/: with a cluster file the
+        # layers are partitioned automatically, and --pp-layers is refused.
+        fail("--pp-layers cannot be used with --distributed-config: the layers are partitioned "
+             "across the stages automatically")
     if "distributed-config" in options:
         path = options["distributed-config"]
         try:
@@ -369,11 +398,22 @@ def load(options: dict) -> dict:
             fail(f"invalid distributed config '{path}': {e}")
         sys.stderr.write(f"{NAME} distributed-config: {json.dumps(content, sort_keys=True, default=str)}\n")
     parallel = options.get("parallel", 4 if has((0, 4, 0)) else 1)
+    # The issue 30 reading of src/bin/mlx_server.rs and src/server/: one
+    # --ctx-size is split across the --parallel slots, and start-up refuses
+    # fewer than 512 tokens per slot (llama-server's rule, not the old
+    # note's "each slot gets all of it").
+    ctx = options.get("ctx-size", 0)
+    per_slot = ctx // parallel if ctx else 0
+    if ctx and per_slot < 512:
+        fail(f"--ctx-size {ctx} split across --parallel {parallel} slots gives {per_slot} "
+             f"tokens per slot; each slot needs at least 512")
     load_ms = int(os.environ.get("MLXCEL_STANDIN_LOAD_MS", "300"))
     return {
         "options": options,
         "model_id": options.get("alias") or model,
         "parallel": parallel,
+        "n_ctx_slot": per_slot,
+        "failed": None,
         "busy": 0,
         "lock": threading.Lock(),
         "slots": threading.Semaphore(parallel),
@@ -398,6 +438,26 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     signal.signal(signal.SIGINT, lambda *_: os._exit(0))
     state = load(options)
+    # The issue 30 reading of src/bin/mlx_server.rs: with warm-up on (the
+    # default) the model loads, and is warmed up, before the port opens;
+    # with --no-warmup the port opens first and /health says 503 while it
+    # loads. A failed load does not exit: the server stays up answering 503
+    # (its model provider never becomes loaded: src/server/routes/health.rs)
+    # after logging "Failed to load model".
+    failure = os.environ.get("MLXCEL_STANDIN_FAIL_LOAD")
+    if not options.get("no-warmup"):
+        time.sleep(max(state["ready_at"] - time.monotonic(), 0))
+        if failure:
+            state["failed"] = failure
+            sys.stderr.write(f"Failed to load model: {failure}\n")
+            sys.stderr.flush()
+    elif failure:
+        def fail_later():
+            time.sleep(max(state["ready_at"] - time.monotonic(), 0))
+            state["failed"] = failure
+            sys.stderr.write(f"Failed to load model: {failure}\n")
+            sys.stderr.flush()
+        threading.Thread(target=fail_later, daemon=True).start()
     import socket
     from http.server import ThreadingHTTPServer
     Handler = handler_class()
@@ -482,7 +542,8 @@ def handler_class():
             return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
         def loading(self) -> bool:
-            return time.monotonic() < self.state["ready_at"]
+            """Not (yet) serving: loading, or a load that failed."""
+            return self.state["failed"] is not None or time.monotonic() < self.state["ready_at"]
 
         def authorized(self) -> bool:
             key = self.state["options"].get("api-key")
@@ -499,11 +560,21 @@ def handler_class():
         def do_GET(self):
             route, v1 = self.route()
             if route == "/health" and not v1:
+                # SOURCE: src/server/routes/health.rs. Before the llama-server
+                # b10621 alignment (@ 9629392ffde6): 503 {"status": "loading
+                # model"}, 503 {"status": "no slot available"} when full, 200
+                # {"status": "ok", ...}. After it (@ 08e0903694fd): 503 with
+                # llama's error envelope until loaded, then 200 {"status":
+                # "ok"}, never saturation. The release of the switch is a
+                # guess here (0.7.0).
+                aligned = has((0, 7, 0))
                 if self.loading():
+                    if aligned:
+                        return self.send_error_json(503, "Loading model", "unavailable_error")
                     return self.send_json(503, {"status": "loading model"})
                 with self.state["lock"]:
                     full = self.state["busy"] >= self.state["parallel"]
-                if full:
+                if full and not aligned:
                     return self.send_json(503, {"status": "no slot available"})
                 return self.send_json(200, {"status": "ok"})
             known = route in ("/models", "/props", "/metrics") or route in UNSIMULATED
@@ -521,8 +592,8 @@ def handler_class():
                 return self.send_json(200, {
                     "model_path": o["model"], "model_alias": self.state["model_id"],
                     "total_slots": self.state["parallel"],
-                    # mlxcel gives each slot the whole --ctx-size (llama-server: C/N)
-                    "default_generation_settings": {"n_ctx": o.get("ctx-size", 0),
+                    # each slot's share of --ctx-size
+                    "default_generation_settings": {"n_ctx": self.state["n_ctx_slot"],
                                                     "n_predict": o.get("predict", -1)},
                     "build_info": f"{NAME} {VERSION_TEXT} (stand-in)"})
             if route == "/metrics" and self.state["options"].get("metrics"):
@@ -608,7 +679,7 @@ def handler_class():
                 max_tokens = predict if predict >= 0 else 16
             if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
                 return self.send_error_json(400, "'max_tokens' must be a non-negative integer")
-            ctx = options.get("ctx-size", 0)  # per slot, mlxcel's rule
+            ctx = self.state["n_ctx_slot"]  # this slot's share of --ctx-size
             if ctx and len(words) >= ctx:
                 return self.send_error_json(400, f"the request exceeds the available context size ({len(words)} "
                                                  f"prompt tokens, {ctx} per slot)", "exceed_context_size_error")

@@ -69,14 +69,21 @@ MATRIX = [
     ("0.0.24", ["--cluster-discovery", "dns"], False),
     ("0.0.24", ["--reasoning-budget", "0"], False),
     ("0.0.25", ["--prompt-cache-enabled", "--prompt-cache-capacity-bytes", "1024", "--prompt-cache-ttl", "60"], True),
-    ("0.0.25", ["--no-prompt-cache"], True),
-    ("0.0.25", ["--reasoning-budget", "-1"], True),
+    ("0.0.25", ["--no-prompt-cache"], False),
+    ("0.4.0", ["--no-prompt-cache"], True),
+    ("0.0.25", ["--prompt-cache-enabled=false"], True),
+    ("0.0.25", ["--prompt-cache-enabled", "false"], False),
+    ("0.0.25", ["--reasoning-budget=-1"], True),
+    ("0.4.2", ["--reasoning-budget", "-1"], False),
+    ("0.7.0", ["--reasoning-budget", "-1"], True),
     ("0.0.25", ["--reasoning-budget", "-2"], False),
     ("0.0.25", ["--cache-type-k", "turbo4"], False),
     ("0.0.25", ["--apc-enabled"], False),
     ("0.0.25-rc.1", ["--prompt-cache-enabled"], False),
     ("0.0.26", ["--cache-type-k", "turbo4", "--cache-type-v", "turbo4"], True),
     ("0.0.26", ["--kv-bits", "4", "--apc-enabled", "--apc-block-size", "16"], True),
+    ("0.0.26", ["--apc-enabled=false"], True),
+    ("0.0.26", ["--apc-enabled=no"], False),
     ("0.0.26", ["--draft-kind", "mtp"], False),
     ("0.0.27", ["--draft-kind", "mtp", "--draft-block-size", "4"], True),
     ("0.0.27", ["--draft-kind", "eagle"], False),
@@ -102,7 +109,7 @@ MATRIX = [
     ("0.4.2", ["--ctx-size"], False),
     ("0.4.2", ["--ctx-size", "--metrics"], False),
     ("0.4.2", ["-c", "-5"], False),
-    ("0.4.2", ["-n", "-1", "-c4096", "-a=x", "--port=0", "--host=127.0.0.1", "--timeout", "600",
+    ("0.4.2", ["-n=-1", "-c4096", "-a=x", "--port=0", "--host=127.0.0.1", "--timeout", "600",
                "--api-key", "k", "--chat-template", "chatml", "--chat-template-kwargs", "{}",
                "--no-warmup", "--metrics", "--props"], True),
     ("0.4.2", ["stray"], False),
@@ -192,9 +199,9 @@ def test_distributed_config_is_read_and_printed(model, tmp_path):
 class Served:
     """The stand-in serving on a free port."""
 
-    def __init__(self, version: str, *args: str, load_ms: int = 0, token_ms: int = 0):
+    def __init__(self, version: str, *args: str, load_ms: int = 0, token_ms: int = 0, **extra_env):
         env = dict(os.environ, MLXCEL_STANDIN_VERSION=version, MLXCEL_STANDIN_LOAD_MS=str(load_ms),
-                   MLXCEL_STANDIN_TOKEN_MS=str(token_ms))
+                   MLXCEL_STANDIN_TOKEN_MS=str(token_ms), **extra_env)
         self.proc = subprocess.Popen([sys.executable, str(STAND_IN), "--port", "0", *args], env=env,
                                      stderr=subprocess.PIPE, text=True)
         self.stderr_lines = []
@@ -228,7 +235,8 @@ class Served:
 
 
 def test_health_goes_from_loading_to_ok_and_sigterm_exits_0(model):
-    with Served("0.4.2", "-m", model, load_ms=400) as s:
+    # --no-warmup: the port opens before the model is loaded.
+    with Served("0.4.2", "-m", model, "--no-warmup", load_ms=400) as s:
         assert s.request("/health") == (503, {"status": "loading model"})
         assert s.request("/v1/models")[0] == 503
         time.sleep(0.5)
@@ -236,6 +244,38 @@ def test_health_goes_from_loading_to_ok_and_sigterm_exits_0(model):
         assert s.request("/v1/health")[0] == 404
         s.proc.send_signal(signal.SIGTERM)
         assert s.proc.wait(2) == 0
+
+
+def test_with_warmup_the_port_opens_after_the_load(model):
+    started = time.monotonic()
+    with Served("0.4.2", "-m", model, load_ms=400) as s:
+        assert time.monotonic() - started >= 0.4
+        assert s.request("/health") == (200, {"status": "ok"})
+
+
+def test_a_failed_load_stays_up_answering_503_and_says_so(model):
+    with Served("0.4.2", "-m", model, MLXCEL_STANDIN_FAIL_LOAD="unsupported model_type 'x'") as s:
+        assert "Failed to load model: unsupported model_type 'x'" in s.stderr_lines
+        assert s.request("/health") == (503, {"status": "loading model"})
+        time.sleep(0.3)
+        assert s.proc.poll() is None and s.request("/health")[0] == 503
+    with Served("0.7.0", "-m", model, MLXCEL_STANDIN_FAIL_LOAD="bad weights") as s:
+        status, body = s.request("/health")
+        assert status == 503 and body["error"]["message"] == "Loading model", body
+
+
+def test_pp_layers_is_refused_with_a_distributed_config(model, tmp_path):
+    config = tmp_path / "cluster.toml"
+    config.write_text("[cluster]\nname = 'x'\n")
+    r = run("0.4.2", "-m", model, "--port", "0", "--distributed-config", str(config), "--pp-layers", "0-7")
+    assert r.returncode == 1 and "--pp-layers cannot be used with --distributed-config" in r.stderr, r.stderr
+
+
+def test_ctx_size_is_split_across_slots_and_512_per_slot_is_the_floor(model):
+    r = run("0.4.2", "-m", model, "--port", "0", "-c", "2044", "--parallel", "4")
+    assert r.returncode == 1 and "511 tokens per slot" in r.stderr, r.stderr
+    with Served("0.4.2", "-m", model, "-c", "4096", "--parallel", "2", "--props") as s:
+        assert s.request("/props")[1]["default_generation_settings"]["n_ctx"] == 2048
 
 
 def test_health_says_no_slot_available_when_full(model):
@@ -247,6 +287,13 @@ def test_health_says_no_slot_available_when_full(model):
         assert s.request("/health") == (503, {"status": "no slot available"})
         t.join()
         assert s.request("/health") == (200, {"status": "ok"})
+    # Since the llama-server b10621 alignment /health never reports load.
+    with Served("0.7.0", "-m", model, "--parallel", "1", token_ms=100) as s:
+        t = threading.Thread(target=s.request, args=("/v1/completions", {"prompt": "x", "max_tokens": 5}))
+        t.start()
+        time.sleep(0.25)
+        assert s.request("/health") == (200, {"status": "ok"})
+        t.join()
 
 
 def test_streamed_and_plain_completions(model):

@@ -102,21 +102,20 @@ impl ClusterConfig {
         name: &str,
         mode: hangar_plugin_api::wire::DistributedMode,
     ) -> hangar_plugin_api::wire::Cluster {
-        hangar_plugin_api::wire::Cluster {
-            name: name.to_string(),
+        hangar_plugin_api::wire::Cluster::new(
+            name.to_string(),
             mode,
-            peers: self
-                .peers
+            self.peers
                 .iter()
-                .map(|p| hangar_plugin_api::wire::Peer {
-                    name: p.name.clone().unwrap_or_else(|| p.ssh.clone()),
-                    ssh: p.ssh.clone(),
-                    ip: p.ip.clone(),
-                    local: p.ssh == LOCAL_PEER,
+                .map(|p| {
+                    let name = p.name.clone().unwrap_or_else(|| p.ssh.clone());
+                    let mut peer = hangar_plugin_api::wire::Peer::new(name, &p.ssh, &p.ip);
+                    peer.local = p.ssh == LOCAL_PEER;
+                    peer
                 })
                 .collect(),
-            port: self.port,
-        }
+            self.port,
+        )
     }
 
     /// What is wrong with `[clusters.NAME]`, if anything.

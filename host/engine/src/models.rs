@@ -757,6 +757,137 @@ fn open_regular(path: &Path) -> std::io::Result<fs::File> {
     Ok(file)
 }
 
+/// The chat template(s) of a model, joined by newlines, as the engines
+/// find them: `chat_template.jinja`, `chat_template.json` and
+/// `tokenizer_config.json`'s `chat_template` (a string, or named templates
+/// such as `default` and `tool_use`) in a folder; the
+/// `tokenizer.chat_template` metadata of a GGUF file. `None` when the
+/// model has none that can be read. Reads are capped like every read of a
+/// model dir, and a GGUF file's metadata is walked without reading its
+/// tensors.
+pub fn chat_template(model: &Model) -> Option<String> {
+    let mut found = Vec::new();
+    if model.path.is_dir() {
+        let read = |name: &str| read_capped(&model.path.join(name), MAX_CONFIG_BYTES).ok();
+        if let Some(text) = read("chat_template.jinja") {
+            found.push(String::from_utf8_lossy(&text).into_owned());
+        }
+        for name in ["chat_template.json", "tokenizer_config.json"] {
+            let Some(text) = read(name) else { continue };
+            let Ok(json) = serde_json::from_slice::<serde_json::Value>(&text) else {
+                continue;
+            };
+            match json.get("chat_template") {
+                Some(serde_json::Value::String(t)) => found.push(t.clone()),
+                Some(serde_json::Value::Array(named)) => found.extend(
+                    named
+                        .iter()
+                        .filter_map(|t| t.get("template")?.as_str().map(str::to_string)),
+                ),
+                _ => {}
+            }
+        }
+        if found.is_empty() {
+            let gguf = model.files.iter().find(|f| f.ends_with(".gguf"))?;
+            found.extend(gguf_chat_template(&model.path.join(gguf)));
+        }
+    } else {
+        found.extend(gguf_chat_template(&model.path));
+    }
+    (!found.is_empty()).then(|| found.join("\n"))
+}
+
+/// The most metadata a GGUF file is read for (its vocabulary is usually the
+/// bulk: a few MiB).
+const MAX_GGUF_METADATA: u64 = 256 << 20;
+
+/// The `tokenizer.chat_template` of a GGUF file (format v2 and v3).
+fn gguf_chat_template(path: &Path) -> Option<String> {
+    let file = open_regular(path).ok()?;
+    let mut r = std::io::BufReader::new(file.take(MAX_GGUF_METADATA));
+    let mut magic = [0u8; 4];
+    r.read_exact(&mut magic).ok()?;
+    let version = read_u32(&mut r)?;
+    if &magic != b"GGUF" || version < 2 {
+        return None;
+    }
+    let _tensors = read_u64(&mut r)?;
+    let entries = read_u64(&mut r)?;
+    for _ in 0..entries.min(1 << 20) {
+        let key = read_gguf_string(&mut r, 1 << 16)?;
+        let kind = read_u32(&mut r)?;
+        if key == b"tokenizer.chat_template" && kind == GGUF_STRING {
+            return String::from_utf8(read_gguf_string(&mut r, MAX_CONFIG_BYTES)?).ok();
+        }
+        skip_gguf_value(&mut r, kind, 0)?;
+    }
+    None
+}
+
+const GGUF_STRING: u32 = 8;
+const GGUF_ARRAY: u32 = 9;
+
+fn read_u32(r: &mut impl Read) -> Option<u32> {
+    let mut b = [0u8; 4];
+    r.read_exact(&mut b).ok()?;
+    Some(u32::from_le_bytes(b))
+}
+
+fn read_u64(r: &mut impl Read) -> Option<u64> {
+    let mut b = [0u8; 8];
+    r.read_exact(&mut b).ok()?;
+    Some(u64::from_le_bytes(b))
+}
+
+fn read_gguf_string(r: &mut impl Read, cap: u64) -> Option<Vec<u8>> {
+    let len = read_u64(r)?;
+    if len > cap {
+        return None;
+    }
+    let mut bytes = vec![0u8; len as usize];
+    r.read_exact(&mut bytes).ok()?;
+    Some(bytes)
+}
+
+/// The width of a GGUF scalar type, `None` for strings, arrays and
+/// unknown types.
+fn gguf_width(kind: u32) -> Option<u64> {
+    match kind {
+        0 | 1 | 7 => Some(1),
+        2 | 3 => Some(2),
+        4..=6 => Some(4),
+        10..=12 => Some(8),
+        _ => None,
+    }
+}
+
+/// Skips `len` bytes.
+fn skip_bytes(r: &mut impl Read, len: u64) -> Option<()> {
+    (std::io::copy(&mut r.take(len), &mut std::io::sink()).ok()? == len).then_some(())
+}
+
+/// Skips one metadata value of type `kind` (arrays nest at most a little).
+fn skip_gguf_value(r: &mut impl Read, kind: u32, depth: u32) -> Option<()> {
+    if let Some(width) = gguf_width(kind) {
+        return skip_bytes(r, width);
+    }
+    match kind {
+        GGUF_STRING => {
+            let len = read_u64(r)?;
+            skip_bytes(r, len)
+        }
+        GGUF_ARRAY if depth < 4 => {
+            let item = read_u32(r)?;
+            let count = read_u64(r)?;
+            match gguf_width(item) {
+                Some(width) => skip_bytes(r, count.checked_mul(width)?),
+                None => (0..count).try_for_each(|_| skip_gguf_value(r, item, depth + 1)),
+            }
+        }
+        _ => None,
+    }
+}
+
 /// The contents of regular file `path` (see [`open_regular`]), refused when
 /// longer than `cap` bytes.
 fn read_capped(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {

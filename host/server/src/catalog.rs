@@ -8,12 +8,15 @@
 //! linked in from elsewhere, network filesystems, dirs created after the
 //! start).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use hangar_engine::models::{Discovery, Rule};
 use notify::Watcher as _;
+
+use crate::toolcall::ChatTraits;
 
 /// How long the model dirs must stay quiet before a change is scanned.
 const SETTLE: Duration = Duration::from_millis(300);
@@ -24,6 +27,9 @@ pub(crate) struct Catalog {
     /// The recognition rules (the registry's), fixed for the host's life.
     rules: Vec<Rule>,
     current: RwLock<Arc<Discovery>>,
+    /// What each model's chat template says about tools and reasoning, by
+    /// model id (read with the scan, so that no request reads a template).
+    chats: RwLock<Arc<HashMap<String, ChatTraits>>>,
     /// Serialises scans, so that a slow scan never replaces a newer one.
     scanning: Mutex<()>,
     /// The filesystem watch, while there is one.
@@ -38,6 +44,7 @@ impl Catalog {
             dirs,
             rules,
             current: RwLock::new(Arc::default()),
+            chats: RwLock::new(Arc::default()),
             scanning: Mutex::new(()),
             watcher: Mutex::new(None),
         });
@@ -48,6 +55,13 @@ impl Catalog {
     /// The models as last scanned.
     pub(crate) fn current(&self) -> Arc<Discovery> {
         self.current.read().expect("catalog lock").clone()
+    }
+
+    /// What model `id`'s chat template says (nothing known when it has
+    /// none the host can read).
+    pub(crate) fn chat(&self, id: &str) -> ChatTraits {
+        let chats = self.chats.read().expect("catalog lock").clone();
+        chats.get(id).cloned().unwrap_or_default()
     }
 
     /// Scans the model dirs again (off the async threads) and returns what
@@ -64,6 +78,15 @@ impl Catalog {
     fn scan(&self) -> Arc<Discovery> {
         let _one_at_a_time = self.scanning.lock().expect("scan lock");
         let discovery = Arc::new(hangar_engine::models::discover(&self.dirs, &self.rules));
+        let chats: HashMap<String, ChatTraits> = discovery
+            .models
+            .iter()
+            .filter_map(|m| {
+                let template = hangar_engine::models::chat_template(m)?;
+                Some((m.id.clone(), ChatTraits::of_template(&template)))
+            })
+            .collect();
+        *self.chats.write().expect("catalog lock") = Arc::new(chats);
         *self.current.write().expect("catalog lock") = discovery.clone();
         discovery
     }

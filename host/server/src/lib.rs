@@ -24,7 +24,10 @@
 //!    token sink.
 //! 4. The answer streams back through the API with the client's model id;
 //!    an engine that dies mid-request fails it with a clear error, and the
-//!    session is cleaned up so that the next request starts it again.
+//!    session is cleaned up so that the next request starts it again. Where
+//!    the request has tools or the model's template marks reasoning, the
+//!    answer's text is split by [`toolcall`] into content, reasoning and
+//!    tool calls, the same for every engine and both APIs.
 //!
 //! [`serve`] wires these together for `hangar serve`; [`cli`] is the thin
 //! command line over everything, and nothing below it imports it. For plugin
@@ -49,4 +52,5 @@ pub(crate) mod sessions;
 pub(crate) mod settings;
 pub(crate) mod supervisor;
 pub(crate) mod template;
+pub(crate) mod toolcall;
 pub(crate) mod worker;

@@ -109,6 +109,7 @@ pub(crate) fn run(
         catalog.watch();
         let scheduler = Driver::new(sessions.clone(), args.limits.clone());
         tokio::spawn(scheduler.clone().run());
+        let settings = sessions.settings().clone();
         let app = Arc::new(App {
             scheduler: scheduler.clone(),
             sessions: sessions.clone(),
@@ -154,7 +155,7 @@ pub(crate) fn run(
             }
         };
         tokio::join!(
-            crate::api::listen::serve(listener, router(app), stop, SHUTDOWN_DRAIN),
+            crate::api::listen::serve(listener, router(app), stop, SHUTDOWN_DRAIN, settings),
             stopping
         );
         sessions.shutdown().await;

@@ -201,6 +201,7 @@ pub(crate) fn request_defaults(
 /// | `ttl_seconds` | unloaded after that long without requests |
 /// | `max_concurrent_requests` | requests served at once for this model; more wait in the queue |
 /// | `drain_seconds` | how long an unload or eviction waits for in-flight requests (default 30) |
+/// | `tool_parser` | the tool-call markup the model writes, where its chat template does not tell (`hermes`, `llama3_json`, `mistral`, `qwen3_xml`, `gemma`) |
 pub(crate) fn residency() -> Vec<SettingSpec> {
     let spec = |name: &str, kind, min: Option<f64>, description: &str| SettingSpec {
         name: name.into(),
@@ -238,6 +239,18 @@ pub(crate) fn residency() -> Vec<SettingSpec> {
             Some(0.0),
             "seconds an unload waits for in-flight requests",
         ),
+        SettingSpec {
+            values: crate::toolcall::Format::names()
+                .into_iter()
+                .map(|n| EnumValue::Plain(n.into()))
+                .collect(),
+            ..spec(
+                names_residency::TOOL_PARSER,
+                SettingType::Enum,
+                None,
+                "the tool-call markup the model writes, where its chat template does not tell",
+            )
+        },
     ]
 }
 
@@ -251,6 +264,8 @@ pub(crate) mod names_residency {
     pub(crate) const MAX_CONCURRENT_REQUESTS: &str = "max_concurrent_requests";
     /// `drain_seconds`.
     pub(crate) const DRAIN_SECONDS: &str = "drain_seconds";
+    /// `tool_parser`.
+    pub(crate) const TOOL_PARSER: &str = "tool_parser";
 }
 
 /// How long an unload waits for in-flight requests unless `drain_seconds`
@@ -272,7 +287,14 @@ pub(crate) struct Residency {
 
 fn is_residency(name: &str) -> bool {
     use names_residency::*;
-    [PIN, TTL_SECONDS, MAX_CONCURRENT_REQUESTS, DRAIN_SECONDS].contains(&name)
+    [
+        PIN,
+        TTL_SECONDS,
+        MAX_CONCURRENT_REQUESTS,
+        DRAIN_SECONDS,
+        TOOL_PARSER,
+    ]
+    .contains(&name)
 }
 
 /// The model's residency settings from the stored layers (checked when

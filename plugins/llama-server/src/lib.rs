@@ -22,7 +22,7 @@ pub struct LlamaServer;
 
 impl Plugin for LlamaServer {
     fn describe() -> Description {
-        hangar_sdk::describe!("llama-server", formats: ["gguf"])
+        hangar_sdk::describe!("llama-server", formats: ["gguf"], capabilities: ["tool_calls"])
     }
 
     /// `llama-server --version` prints `version: 4589 (1d1e6a90)` for a
@@ -71,34 +71,36 @@ impl Plugin for LlamaServer {
         if let Some(slots) = setting("parallel") {
             args.extend(["--parallel".into(), slots.to_string()]);
         }
-        Ok(LaunchPlan {
+        Ok(
             // The path the probe resolved, else the declared name.
-            program: request.engine.program.unwrap_or_else(|| PROGRAM.into()),
-            args,
-            env: Default::default(),
-            cwd: None,
-            readiness: Readiness {
+            LaunchPlan::new(
+                request.engine.program.unwrap_or_else(|| PROGRAM.into()),
+                args,
+            )
+            // One token through the whole path before the first client.
+            // Builds from llama.cpp #5548 (February 2024) on can answer
+            // 503 "no slot available" while every slot is taken (later
+            // builds report that on /slots?fail_on_no_slot=1 instead):
+            // full, not failed.
+            .with_readiness(
                 // 503 while the model loads, 200 once it serves.
-                health_path: "/health".into(),
-                ready_status: 200,
-                // One token through the whole path before the first client.
-                warmup: Some(WarmupRequest {
-                    path: "/v1/completions".into(),
-                    body: hangar_sdk::serde_json::json!({
-                        "model": request.model_id,
-                        "prompt": "Hello",
-                        "max_tokens": 1,
-                    }),
-                }),
-                failed_statuses: vec![],
-            },
-            start_timeout_ms: 300_000,
-            protocol: Default::default(),
-            upstream_model: Some(request.model_id.clone()),
-            notes: vec![format!("llama-server with {layers} layers on the GPU")],
-            files: Default::default(),
-            ranks: Vec::new(),
-        })
+                Readiness::new("/health")
+                    .with_warmup(WarmupRequest::new(
+                        "/v1/completions",
+                        hangar_sdk::serde_json::json!({
+                            "model": request.model_id,
+                            "prompt": "Hello",
+                            "max_tokens": 1,
+                        }),
+                    ))
+                    .with_busy_statuses(vec![503]),
+            )
+            .with_start_timeout_ms(300_000)
+            .with_upstream_model(request.model_id.clone())
+            .with_notes(vec![format!(
+                "llama-server with {layers} layers on the GPU"
+            )]),
+        )
     }
 
     /// OpenAI's newer `max_completion_tokens` is llama-server's
@@ -181,16 +183,15 @@ mod tests {
     use hangar_sdk::serde_json::json;
 
     fn probe(stdout: &str) -> ProbeReport {
-        LlamaServer::probe(ProbeInput {
-            settings: Default::default(),
-            run: Some(ProbeRun::Exited {
-                program: "/opt/llama/llama-server".into(),
-                code: Some(0),
-                stdout: String::new(),
-                // llama-server prints its version on stderr.
-                stderr: stdout.into(),
-            }),
-        })
+        LlamaServer::probe(
+            // llama-server prints its version on stderr.
+            ProbeInput::new(Some(ProbeRun::exited(
+                "/opt/llama/llama-server",
+                Some(0),
+                "",
+                stdout,
+            ))),
+        )
         .unwrap()
     }
 
@@ -207,26 +208,12 @@ mod tests {
     }
 
     fn request(path: &str, files: &[&str], accelerator: &str) -> LoadRequest {
-        LoadRequest {
-            model_id: "tiny".into(),
-            model_path: path.into(),
-            model_files: files.iter().map(|f| f.to_string()).collect(),
-            format: "gguf".into(),
-            accelerator: accelerator.into(),
-            engine: ProbeReport {
-                available: true,
-                program: Some("/opt/llama/llama-server".into()),
-                ..ProbeReport::default()
-            },
-            capabilities: vec![],
-            settings: Default::default(),
-            plugin_settings: Default::default(),
-            host: "127.0.0.1".into(),
-            port: 8123,
-            work_dir: "/tmp/w".into(),
-            cluster: None,
-            cache_dir: None,
-        }
+        LoadRequest::new("tiny", path, "gguf")
+            .with_model_files(files.iter().copied())
+            .with_accelerator(accelerator)
+            .with_engine(ProbeReport::available(None).with_program("/opt/llama/llama-server"))
+            .with_endpoint("127.0.0.1", 8123)
+            .with_work_dir("/tmp/w")
     }
 
     #[test]

@@ -16,12 +16,8 @@ fn passes_the_conformance_suite() {
 #[test]
 fn the_sandboxed_build_plans_what_the_native_one_does() {
     let plugin = plugin();
-    let engine = ProbeReport {
-        available: true,
-        version: Some("4589.0.0".into()),
-        program: Some("/usr/local/bin/llama-server".into()),
-        ..ProbeReport::default()
-    };
+    let engine =
+        ProbeReport::available(Some("4589.0.0".into())).with_program("/usr/local/bin/llama-server");
     let request = plugin.load_request(engine).unwrap();
     let plan = plugin.plan_launch(&request).unwrap();
     assert_eq!(plan.program, "/usr/local/bin/llama-server");

@@ -33,11 +33,12 @@ use std::sync::OnceLock;
 
 use hangar_sdk::api::capability::{
     DISTRIBUTED_PIPELINE, DISTRIBUTED_TENSOR, KV_CACHE_QUANTIZATION, PROMPT_CACHE, SPECULATIVE,
+    TOOL_CALLS,
 };
 use hangar_sdk::api::Manifest;
 use hangar_sdk::wire::{
     settings, Cluster, Description, DistributedMode, LaunchPlan, LoadRequest, ProbeInput,
-    ProbeReport, ProbeRun, Protocol, Rank, Readiness, WarmupRequest,
+    ProbeReport, ProbeRun, Rank, Readiness, WarmupRequest,
 };
 use hangar_sdk::{export_plugin, Plugin};
 use serde_json::Value;
@@ -85,7 +86,8 @@ impl Plugin for MlxLm {
         hangar_sdk::describe!(ID, formats: [FORMAT, GGUF],
             aliases: {"safetensors" => FORMAT},
             capabilities: [SAMPLING_DEFAULTS, SPECULATIVE, CHAT_TEMPLATE_ARGS,
-                PROMPT_CACHE, KV_CACHE_QUANTIZATION, DISTRIBUTED_TENSOR, DISTRIBUTED_PIPELINE])
+                PROMPT_CACHE, KV_CACHE_QUANTIZATION, DISTRIBUTED_TENSOR, DISTRIBUTED_PIPELINE,
+                TOOL_CALLS])
     }
 
     fn probe(input: ProbeInput) -> Result<ProbeReport, String> {
@@ -110,12 +112,8 @@ pub fn probe(input: &ProbeInput) -> ProbeReport {
     {
         if *code != Some(0) {
             if let Some(error) = import_error(stderr) {
-                return ProbeReport {
-                    available: false,
-                    program: Some(program.clone()),
-                    detail: Some(install_advice(program, error)),
-                    ..ProbeReport::default()
-                };
+                return ProbeReport::unavailable(install_advice(program, error))
+                    .with_program(program.clone());
             }
         }
     }
@@ -364,30 +362,24 @@ pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
         None => (args, Default::default(), Vec::new()),
         Some(cluster) => distributed(request, cluster, &python, args, &mut env, &mut notes)?,
     };
-    Ok(LaunchPlan {
-        program: python,
-        args,
-        env,
-        cwd: None,
-        readiness: Readiness {
-            health_path: health_path(request).into(),
-            ready_status: 200,
-            // /health says ok while the model still loads in a thread; one
-            // generated token proves it loaded.
-            warmup: Some(WarmupRequest {
-                path: "/v1/completions".into(),
-                body: serde_json::json!({"prompt": "hi", "max_tokens": 1}),
-            }),
-            // A load that fails leaves /health at 503 for good.
-            failed_statuses: vec![503],
-        },
-        start_timeout_ms,
-        protocol: Protocol::OpenaiHttp,
-        upstream_model: Some(model_path),
-        notes,
-        files,
-        ranks,
-    })
+    Ok(LaunchPlan::new(python, args)
+        .with_env(env)
+        // /health says ok while the model still loads in a thread; one
+        // generated token proves it loaded. A load that fails leaves
+        // /health at 503 for good.
+        .with_readiness(
+            Readiness::new(health_path(request))
+                .with_warmup(WarmupRequest::new(
+                    "/v1/completions",
+                    serde_json::json!({"prompt": "hi", "max_tokens": 1}),
+                ))
+                .with_failed_statuses(vec![503]),
+        )
+        .with_start_timeout_ms(start_timeout_ms)
+        .with_upstream_model(model_path)
+        .with_notes(notes)
+        .with_files(files)
+        .with_ranks(ranks))
 }
 
 /// Runs `mlx.launch`'s `main` with the probed interpreter (what the
@@ -502,11 +494,8 @@ fn distributed(
         .peers
         .iter()
         .enumerate()
-        .map(|(i, p)| Rank {
-            rank: i as u32,
-            peer: p.name.clone(),
-            local: p.local,
-            env_marker: Some(format!("MLX_RANK={i}")),
+        .map(|(i, p)| {
+            Rank::new(i as u32, p.name.clone(), p.local).with_env_marker(format!("MLX_RANK={i}"))
         })
         .collect();
     let last = u32::from(cluster.port) + cluster.peers.len() as u32 - 1;

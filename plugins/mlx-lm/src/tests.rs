@@ -3,8 +3,6 @@
 //!
 //! Update the snapshots with `UPDATE_EXPECT=1 cargo test -p hangar-plugin-mlx-lm`.
 
-use std::collections::BTreeMap;
-
 use expect_test::{expect, Expect};
 use hangar_sdk::wire::{LaunchPlan, LoadRequest, ProbeInput, ProbeReport, ProbeRun};
 use hangar_sdk::Plugin;
@@ -19,25 +17,18 @@ const PY: &str = "/venv/bin/python";
 const CRATE: &str = env!("CARGO_MANIFEST_DIR");
 
 fn exited(code: i32, stdout: &str, stderr: &str) -> ProbeRun {
-    ProbeRun::Exited {
-        program: PY.into(),
-        code: Some(code),
-        stdout: stdout.into(),
-        stderr: stderr.into(),
-    }
+    ProbeRun::exited(PY, Some(code), stdout, stderr)
 }
 
 fn check_probe(run: ProbeRun, expect: Expect) {
-    let report = probe(&ProbeInput {
-        settings: BTreeMap::new(),
-        run: Some(run),
-    });
+    let report = probe(&ProbeInput::new(Some(run)));
     let ProbeReport {
         available,
         version,
         program,
         device,
         detail,
+        ..
     } = report;
     let actual = format!(
         "available: {available}\nversion: {version:?}\nprogram: {program:?}\ndevice: {device:?}\ndetail: {}\n",
@@ -118,9 +109,7 @@ fn probe_failures_other_than_imports_keep_the_sdk_wording() {
         "#]],
     );
     check_probe(
-        ProbeRun::NotFound {
-            searched: vec!["PATH".into(), "~/.venv/bin/python3".into()],
-        },
+        ProbeRun::not_found(["PATH", "~/.venv/bin/python3"]),
         expect![[r#"
             available: false
             version: None
@@ -154,10 +143,7 @@ fn probe_with_an_unreadable_version_keeps_the_engine_with_capabilities_off() {
         "#]],
     );
     check_probe(
-        ProbeRun::TimedOut {
-            program: PY.into(),
-            after_ms: 20000,
-        },
+        ProbeRun::timed_out(PY, 20000),
         expect![[r#"
             available: true
             version: None
@@ -205,28 +191,15 @@ fn check_request(edit: impl FnOnce(&mut LoadRequest), expect: Expect) {
 
 /// A plain load request for `$CRATE` as an mlx model.
 fn request() -> LoadRequest {
-    LoadRequest {
-        model_id: "tiny".into(),
-        model_path: CRATE.into(),
-        model_files: vec![],
-        format: "mlx".into(),
-        accelerator: "cpu".into(),
-        engine: ProbeReport {
-            available: true,
-            version: Some("0.32.2".into()),
-            program: Some(PY.into()),
-            device: Some("cpu".into()),
-            detail: None,
-        },
-        capabilities: Vec::new(),
-        settings: BTreeMap::new(),
-        plugin_settings: BTreeMap::new(),
-        host: "127.0.0.1".into(),
-        port: 8181,
-        work_dir: "/work/s1".into(),
-        cluster: None,
-        cache_dir: None,
-    }
+    LoadRequest::new("tiny", CRATE, "mlx")
+        .with_accelerator("cpu")
+        .with_engine(
+            ProbeReport::available(Some("0.32.2".into()))
+                .with_program(PY)
+                .with_device("cpu"),
+        )
+        .with_endpoint("127.0.0.1", 8181)
+        .with_work_dir("/work/s1")
 }
 
 fn render(plan: &LaunchPlan) -> String {
@@ -278,21 +251,20 @@ fn render(plan: &LaunchPlan) -> String {
 
 /// A cluster of this machine and one peer reached by ssh.
 fn pair(mode: DistributedMode) -> Cluster {
-    let peer = |name: &str, ssh: &str, ip: &str, local: bool| hangar_sdk::wire::Peer {
-        name: name.into(),
-        ssh: ssh.into(),
-        ip: ip.into(),
-        local,
+    let peer = |name: &str, ssh: &str, ip: &str, local: bool| {
+        let peer = hangar_sdk::wire::Peer::new(name, ssh, ip);
+        assert_eq!(peer.local, local);
+        peer
     };
-    Cluster {
-        name: "pair".into(),
+    Cluster::new(
+        "pair",
         mode,
-        peers: vec![
+        vec![
             peer("here", "127.0.0.1", "10.0.0.1", true),
             peer("studio", "me@studio", "10.0.0.2", false),
         ],
-        port: 40000,
-    }
+        40000,
+    )
 }
 
 fn check_cluster(edit: impl FnOnce(&mut LoadRequest), expect: Expect) {
@@ -673,10 +645,11 @@ fn a_gguf_model_is_served_as_its_one_file() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("tiny.gguf"), b"GGUF").unwrap();
     let folder = dir.display().to_string();
-    let plan = plan_launch(&LoadRequest {
-        format: "gguf".into(),
-        model_path: folder.clone(),
-        ..request()
+    let plan = plan_launch(&{
+        let mut request = request();
+        request.format = "gguf".into();
+        request.model_path = folder.clone();
+        request
     })
     .expect("a folder with one gguf file is served");
     assert_eq!(
@@ -684,10 +657,11 @@ fn a_gguf_model_is_served_as_its_one_file() {
         ["--model".to_string(), format!("{folder}/tiny.gguf")]
     );
     std::fs::write(dir.join("other.gguf"), b"GGUF").unwrap();
-    let refused = plan_launch(&LoadRequest {
-        format: "gguf".into(),
-        model_path: folder.clone(),
-        ..request()
+    let refused = plan_launch(&{
+        let mut request = request();
+        request.format = "gguf".into();
+        request.model_path = folder.clone();
+        request
     })
     .unwrap_err();
     assert!(refused.contains("holds 2 *.gguf files"), "{refused}");

@@ -33,7 +33,7 @@ use std::sync::OnceLock;
 use hangar_sdk::api::Manifest;
 use hangar_sdk::wire::{
     settings as names, Description, LaunchPlan, LoadRequest, ProbeInput, ProbeReport, ProbeRun,
-    Protocol, Readiness,
+    Readiness,
 };
 use hangar_sdk::{export_plugin, Plugin};
 use serde_json::Value;
@@ -82,9 +82,8 @@ pub struct Mlxcel;
 
 impl Plugin for Mlxcel {
     fn describe() -> Description {
-        let mut d = hangar_sdk::describe!(ID, formats: ["mlx"], aliases: {"safetensors" => "mlx"});
-        d.capabilities = CAPABILITIES.iter().map(|c| c.to_string()).collect();
-        d
+        hangar_sdk::describe!(ID, formats: ["mlx"], aliases: {"safetensors" => "mlx"})
+            .with_capabilities(CAPABILITIES.iter().copied())
     }
 
     fn probe(input: ProbeInput) -> Result<ProbeReport, String> {
@@ -107,24 +106,23 @@ export_plugin!(Mlxcel);
 /// version unknown, so every gated capability is off, and the detail
 /// (shown by `hangar plugins`) says why.
 pub fn probe(input: &ProbeInput) -> ProbeReport {
-    let ambiguous = |program: &str, why: String| ProbeReport {
-        available: true,
-        version: None,
-        program: Some(program.to_string()),
-        device: None,
-        detail: Some(format!(
-            "{why}; the version is unknown, so every gated capability is off"
-        )),
+    let ambiguous = |program: &str, why: String| {
+        ProbeReport::available(None)
+            .with_program(program.to_string())
+            .with_detail(format!(
+                "{why}; the version is unknown, so every gated capability is off"
+            ))
     };
-    let unavailable = |program: Option<&str>, detail: String| ProbeReport {
-        available: false,
-        program: program.map(str::to_string),
-        detail: Some(detail),
-        ..ProbeReport::default()
+    let unavailable = |program: Option<&str>, detail: String| {
+        let report = ProbeReport::unavailable(detail);
+        match program {
+            Some(program) => report.with_program(program),
+            None => report,
+        }
     };
     match &input.run {
         None => unavailable(None, "the manifest names no probe program".into()),
-        Some(ProbeRun::NotFound { searched }) => unavailable(
+        Some(ProbeRun::NotFound { searched, .. }) => unavailable(
             None,
             format!(
                 "{PROGRAM} is not installed (looked in {}). {}",
@@ -132,14 +130,14 @@ pub fn probe(input: &ProbeInput) -> ProbeReport {
                 install_advice()
             ),
         ),
-        Some(ProbeRun::FailedToStart { program, error }) => unavailable(
+        Some(ProbeRun::FailedToStart { program, error, .. }) => unavailable(
             Some(program),
             format!(
                 "{program} could not be started ({error}); if it is a build for another platform, replace it. {}",
                 install_advice()
             ),
         ),
-        Some(ProbeRun::TimedOut { program, after_ms }) => ambiguous(
+        Some(ProbeRun::TimedOut { program, after_ms, .. }) => ambiguous(
             program,
             format!("`{program} --version` did not answer within {after_ms} ms"),
         ),
@@ -147,10 +145,22 @@ pub fn probe(input: &ProbeInput) -> ProbeReport {
             program,
             code,
             stdout,
-            stderr,
+            stderr, ..
         }) => {
+            let tail = stderr.lines().rfind(|l| !l.trim().is_empty());
+            // 127: the loader found the binary but not its libraries (a
+            // Linux CUDA build without CUDA 13's, or moved out of its zip).
+            if *code == Some(127) {
+                return unavailable(
+                    Some(program),
+                    format!(
+                        "`{program} --version` exited 127, its libraries missing ({}). {}",
+                        tail.unwrap_or("no output").trim(),
+                        install_advice()
+                    ),
+                );
+            }
             if *code != Some(0) {
-                let tail = stderr.lines().rfind(|l| !l.trim().is_empty());
                 return ambiguous(
                     program,
                     format!(
@@ -161,13 +171,8 @@ pub fn probe(input: &ProbeInput) -> ProbeReport {
                 );
             }
             match version_in(stdout).or_else(|| version_in(stderr)) {
-                Some(Ok(version)) => ProbeReport {
-                    available: true,
-                    version: Some(version),
-                    program: Some(program.clone()),
-                    device: None,
-                    detail: None,
-                },
+                Some(Ok(version)) => ProbeReport::available(Some(version))
+                    .with_program(program.clone()),
                 Some(Err(token)) => ambiguous(program, format!("version '{token}' is not semver")),
                 None => ambiguous(
                     program,
@@ -178,6 +183,8 @@ pub fn probe(input: &ProbeInput) -> ProbeReport {
                 ),
             }
         }
+        // An outcome a later host reports: no version can be read from it.
+        Some(_) => unavailable(None, "the probe ran in a way this plugin does not know".into()),
     }
 }
 
@@ -203,9 +210,11 @@ fn version_in(output: &str) -> Option<Result<String, String>> {
 fn install_advice() -> String {
     format!(
         "Download {PROGRAM} from {RELEASES}: the macOS arm64 (Metal) build, or \
-         mlxcel-server-linux-aarch64-cuda13 / mlxcel-server-linux-x86_64-cuda13 on Linux; put it on \
-         PATH or in ~/.local/bin, or point Hangar at it with `[plugins.{ID}] program = \
-         \"/path/to/{PROGRAM}\"` in config.toml"
+         mlxcel-server-linux-aarch64-cuda13 / mlxcel-server-linux-x86_64-cuda13 on Linux. A \
+         release is a zip: unpack it whole and keep the binary beside what it loads \
+         (mlx.metallib on macOS; on Linux the bin/ folder with ../include/cccl, ../include/cute and \
+         ../include/cutlass), then point Hangar at the unpacked binary with `[plugins.{ID}] program \
+         = \"/path/to/{PROGRAM}\"` in config.toml, or link it into PATH or ~/.local/bin"
     )
 }
 
@@ -293,10 +302,11 @@ macro_rules! single {
 
 /// Every flag, in the order it appears on the command line.
 const FLAGS: &[Flag] = &[
+    // Rendered with `parallel` by `slots` (the total is split across them).
     Flag {
         setting: names::CONTEXT_LENGTH,
         flags: "-c",
-        render: single!("-c"),
+        render: |_| Ok(vec![]),
     },
     Flag {
         setting: names::MAX_TOKENS,
@@ -306,7 +316,7 @@ const FLAGS: &[Flag] = &[
     Flag {
         setting: "parallel",
         flags: "--parallel",
-        render: single!("--parallel"),
+        render: |_| Ok(vec![]),
     },
     Flag {
         setting: "kv_cache_type",
@@ -334,9 +344,12 @@ const FLAGS: &[Flag] = &[
     Flag {
         setting: "prompt_cache",
         flags: "--prompt-cache-enabled/--no-prompt-cache",
+        // `--prompt-cache-enabled` takes its value only as `=BOOL`
+        // (require_equals); off is `--no-prompt-cache` from 0.4.0, which
+        // `plan_launch` spells `--prompt-cache-enabled=false` before it.
         render: |v| {
             Ok(vec![if v.as_bool() == Some(true) {
-                "--prompt-cache-enabled".into()
+                "--prompt-cache-enabled=true".into()
             } else {
                 "--no-prompt-cache".into()
             }])
@@ -355,13 +368,10 @@ const FLAGS: &[Flag] = &[
     Flag {
         setting: "apc",
         flags: "--apc-enabled",
-        // mlxcel has no flag that turns APC off; off is its default.
-        render: |v| {
-            Ok(match v.as_bool() {
-                Some(true) => vec!["--apc-enabled".into()],
-                _ => vec![],
-            })
-        },
+        // APC is on by default; its flag takes a value only as `=BOOL`
+        // (require_equals: mlxcel's src/bin/mlx_server.rs), so off is
+        // `--apc-enabled=false`.
+        render: |v| Ok(vec![format!("--apc-enabled={}", v.as_bool() == Some(true))]),
     },
     Flag {
         setting: "apc_block_size",
@@ -371,7 +381,9 @@ const FLAGS: &[Flag] = &[
     Flag {
         setting: "reasoning_budget",
         flags: "--reasoning-budget",
-        render: single!("--reasoning-budget"),
+        // `=`: builds before mlxcel #1459 read `--reasoning-budget -1` as
+        // a flag named `-1`; every build parses `--reasoning-budget=-1`.
+        render: |v| Ok(vec![format!("--reasoning-budget={}", plain(v))]),
     },
     Flag {
         setting: "tensor_parallel_size",
@@ -411,6 +423,53 @@ fn plain(value: &Value) -> String {
         Value::String(s) => s.clone(),
         other => other.to_string(),
     }
+}
+
+/// The fewest context tokens mlxcel-server starts with per slot.
+pub const MIN_CTX_PER_SLOT: u64 = 512;
+
+/// Whether the probed version is at least `version` (an unknown version
+/// is taken as the newest: gated flags are off for it anyway).
+fn at_least(request: &LoadRequest, version: (u64, u64, u64)) -> bool {
+    match request
+        .engine
+        .version
+        .as_deref()
+        .map(semver::Version::parse)
+    {
+        Some(Ok(v)) => (v.major, v.minor, v.patch) >= version,
+        _ => true,
+    }
+}
+
+/// `-c TOTAL --parallel N`: mlxcel splits one `--ctx-size` across its
+/// `--parallel` slots (4 by default from 0.4.0, 1 before), so a session
+/// gets `context_length` only when the total is that many times the
+/// slots; and it refuses to start with fewer than 512 tokens per slot,
+/// which is refused here before launch, naming the setting.
+fn slots(request: &LoadRequest) -> Result<Vec<String>, String> {
+    let parallel = setting(request, "parallel").and_then(Value::as_u64);
+    let Some(value) = setting(request, names::CONTEXT_LENGTH) else {
+        return Ok(parallel
+            .map(|n| vec!["--parallel".to_string(), n.to_string()])
+            .unwrap_or_default());
+    };
+    let per_slot = value.as_u64().unwrap_or(0);
+    if per_slot < MIN_CTX_PER_SLOT {
+        return Err(invalid(
+            request,
+            names::CONTEXT_LENGTH,
+            value,
+            &format!("{PROGRAM} refuses fewer than {MIN_CTX_PER_SLOT} tokens per slot"),
+        ));
+    }
+    let slots = parallel.unwrap_or(if at_least(request, (0, 4, 0)) { 4 } else { 1 });
+    Ok(vec![
+        "-c".into(),
+        (per_slot * slots).to_string(),
+        "--parallel".into(),
+        slots.to_string(),
+    ])
 }
 
 /// Plans `mlxcel-server` for one model.
@@ -482,10 +541,14 @@ pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
         }
         spec.check(value, |_| true)
             .map_err(|e| format!("model '{model}': {e}"))?;
-        let rendered = (flag.render)(value)
+        let mut rendered = (flag.render)(value)
             .map_err(|reason| invalid(request, flag.setting, value, &reason))?;
+        if rendered == ["--no-prompt-cache"] && !at_least(request, (0, 4, 0)) {
+            rendered = vec!["--prompt-cache-enabled=false".into()];
+        }
         args.extend(rendered);
     }
+    args.extend(slots(request)?);
     let speculative = drafter::plan(request, Path::new(&model_path))?;
     args.extend(speculative.args);
     notes.extend(speculative.notes);
@@ -516,30 +579,32 @@ pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
             )
         })?,
     };
-    Ok(LaunchPlan {
-        program: request
+    Ok(LaunchPlan::new(
+        request
             .engine
             .program
             .clone()
             .unwrap_or_else(|| PROGRAM.into()),
         args,
-        env: Default::default(),
-        cwd: None,
-        // /health answers 503 "loading model" until the model is in memory
-        // (and 503 "no slot available" when busy): only 200 means ready,
-        // and no 503 means the load failed.
-        readiness: Readiness {
-            health_path: "/health".into(),
-            ready_status: 200,
-            warmup: None,
-            failed_statuses: vec![],
-        },
-        start_timeout_ms,
-        protocol: Protocol::OpenaiHttp,
-        // `--alias` makes the served model's name the model id.
-        upstream_model: Some(model.clone()),
-        notes,
-        files,
-        ranks: Vec::new(),
-    })
+    )
+    // With warm-up on (the default) mlxcel-server opens its port only once
+    // the model is loaded, and a load that fails leaves it up answering
+    // 503 (it logs "Failed to load model"): a 503 at start is a failed load,
+    // and the fallback engine starts at once instead of after the start
+    // timeout. Once serving, older builds answer 503 "no slot available"
+    // when every slot is taken: busy, not failed.
+    .with_readiness(
+        Readiness::new("/health")
+            .with_failed_statuses([503])
+            .with_busy_statuses([503]),
+    )
+    .with_start_timeout_ms(start_timeout_ms)
+    // mlxcel-server reads LLAMA_ARG_* (its flags), LLAMA_API_KEY (adds API
+    // keys) and MLXCEL_* from its environment: none of the host's reaches
+    // it, so only this plan decides how it runs.
+    .with_env_remove_prefixes(["LLAMA_", "MLXCEL_"])
+    // `--alias` makes the served model's name the model id.
+    .with_upstream_model(model.clone())
+    .with_notes(notes)
+    .with_files(files))
 }

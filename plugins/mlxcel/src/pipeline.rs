@@ -1,6 +1,6 @@
 //! Pipeline serving of one model across machines, on mlxcel's own
-//! distributed engine (`--distributed-config`, `--node-id`, `--node-role`,
-//! `--pp-layers`); Hangar only writes the cluster file and the arguments.
+//! distributed engine (`--distributed-config`, `--node-id`, `--node-role`);
+//! Hangar only writes the cluster file and the arguments.
 //!
 //! The model's `pipeline` setting names this node (the one Hangar starts,
 //! which serves HTTP and coordinates) and its peers, which the operator
@@ -21,10 +21,11 @@
 //!   roles `prefill`, `decode` and `router` need `split_prefill_decode`.
 //!   A peer's role defaults to `pipeline_stage`. An explicit role is also
 //!   passed as `--node-role`.
-//! - `layers`: the whole `--pp-layers` partition, one inclusive range per
-//!   pipeline stage in stage order (`0-13,14-27`); or, instead, a `layers`
-//!   range on each stage peer. Stages are numbered in the order the nodes
-//!   are listed.
+//! - `layers` (on the node or its peers) is refused before launch: with
+//!   `--distributed-config` mlxcel-server partitions the layers across its
+//!   stages itself and refuses `--pp-layers` (issue 30's reading of
+//!   mlxcel's `src/distributed/`). Stages are numbered in the order the
+//!   nodes are listed.
 //! - `transport`: `tcp` (default) or `thunderbolt` (TCP over a Thunderbolt
 //!   Bridge network).
 //! - `http_port` (peers only): the peer's own HTTP port (`--port`), needed
@@ -45,7 +46,7 @@ use std::path::Path;
 use hangar_sdk::wire::LoadRequest;
 use serde_json::{Map, Value};
 
-use crate::{has, off_reason, read_config, PROGRAM};
+use crate::{has, off_reason, PROGRAM};
 
 /// The config file's name in the work dir.
 pub const FILE: &str = "distributed.toml";
@@ -185,44 +186,6 @@ fn node(
     })
 }
 
-/// Checks a `--pp-layers` partition: inclusive ranges, one per stage,
-/// covering layers 0.. without gaps (and all of them, when the model's
-/// config says how many it has).
-fn check_layers(spec: &str, stages: usize, model_layers: Option<u64>) -> Result<(), String> {
-    let mut next = 0u64;
-    let mut count = 0;
-    for range in spec.split(',') {
-        let parsed = range.split_once('-').and_then(|(a, b)| {
-            Some((a.trim().parse::<u64>().ok()?, b.trim().parse::<u64>().ok()?))
-        });
-        let Some((first, last)) = parsed.filter(|(a, b)| a <= b) else {
-            return Err(format!(
-                "'{range}' is not a range of layers such as 0-13 (first-last, both included)"
-            ));
-        };
-        if first != next {
-            return Err(format!(
-                "range '{range}' starts at layer {first}, but the ranges must follow each other from layer 0 (expected {next})"
-            ));
-        }
-        next = last + 1;
-        count += 1;
-    }
-    if count != stages {
-        return Err(format!(
-            "it gives {count} range(s) for {stages} pipeline stage(s); give one per stage, in stage order"
-        ));
-    }
-    match model_layers {
-        Some(n) if n != next => Err(format!(
-            "it covers layers 0-{}, and the model has {n} (0-{})",
-            next - 1,
-            n.saturating_sub(1)
-        )),
-        _ => Ok(()),
-    }
-}
-
 /// Plans this node of a pipeline for the model in `model_dir`.
 pub fn plan(request: &LoadRequest, model_dir: &Path, value: &Value) -> Result<Planned, String> {
     let refuse = |why: String| {
@@ -359,16 +322,9 @@ pub fn plan(request: &LoadRequest, model_dir: &Path, value: &Value) -> Result<Pl
         }
     };
     if let Some(spec) = &layers {
-        let model_layers = read_config(model_dir).ok().and_then(|c| {
-            c.get("num_hidden_layers")
-                .or_else(|| {
-                    c.get("text_config")
-                        .and_then(|t| t.get("num_hidden_layers"))
-                })
-                .and_then(Value::as_u64)
-        });
-        check_layers(spec, stages.len(), model_layers)
-            .map_err(|why| refuse(format!("layers '{spec}': {why}")))?;
+        return Err(refuse(format!(
+            "layers '{spec}': with --distributed-config {PROGRAM} partitions the layers across its stages itself and refuses --pp-layers; leave 'layers' out of the node and its peers"
+        )));
     }
 
     let config = cluster_file(request, transport, &nodes, stages.len());
@@ -385,9 +341,6 @@ pub fn plan(request: &LoadRequest, model_dir: &Path, value: &Value) -> Result<Pl
         ];
         if let Some(role) = &n.explicit_role {
             a.extend(["--node-role".into(), role.clone()]);
-        }
-        if let Some(spec) = &layers {
-            a.extend(["--pp-layers".into(), spec.clone()]);
         }
         a
     };

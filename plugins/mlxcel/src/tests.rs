@@ -85,27 +85,13 @@ fn check_request(
     let root_text = root.path().display().to_string();
     let settings =
         serde_json::from_str(&settings.to_string().replace("$ROOT", &root_text)).unwrap();
-    let mut request = LoadRequest {
-        model_id: "m".into(),
-        model_path,
-        model_files: vec![],
-        format: "mlx".into(),
-        accelerator: "cuda13".into(),
-        engine: ProbeReport {
-            available: true,
-            version: version.map(str::to_string),
-            program: Some(BIN.into()),
-            ..ProbeReport::default()
-        },
-        capabilities: capabilities(version),
-        settings,
-        plugin_settings: Default::default(),
-        host: "127.0.0.1".into(),
-        port: 9000,
-        work_dir: format!("{root_text}/work"),
-        cluster: None,
-        cache_dir: None,
-    };
+    let mut request = LoadRequest::new("m", model_path, "mlx")
+        .with_accelerator("cuda13")
+        .with_engine(ProbeReport::available(version.map(str::to_string)).with_program(BIN))
+        .with_capabilities(capabilities(version))
+        .with_settings(settings)
+        .with_endpoint("127.0.0.1", 9000)
+        .with_work_dir(format!("{root_text}/work"));
     edit(&mut request);
     let text = match plan_launch(&request) {
         Ok(plan) => render(&plan),
@@ -177,8 +163,8 @@ fn flags_follow_the_capabilities_of_each_version() {
         qwen35(),
         many(),
         expect![[r#"
-            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 -c 8192 -n 256 --parallel 2 --cache-type-k int8 --cache-type-v int8 --tp-size 2 --chat-template-kwargs '{"enable_thinking":false}'
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 -n 256 --cache-type-k int8 --cache-type-v int8 --tp-size 2 --chat-template-kwargs '{"enable_thinking":false}' -c 16384 --parallel 2
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: setting 'decode_storage' was not applied (--decode-storage-backend): plugin 'mlxcel' needs mlxcel-server >=0.0.21 for paged_attention; found 0.0.20
             note: setting 'prompt_cache' was not applied (--prompt-cache-enabled/--no-prompt-cache): plugin 'mlxcel' needs mlxcel-server >=0.0.25 for prompt_cache; found 0.0.20
             note: setting 'prompt_cache_capacity_bytes' was not applied (--prompt-cache-capacity-bytes): plugin 'mlxcel' needs mlxcel-server >=0.0.25 for prompt_cache; found 0.0.20
@@ -194,8 +180,8 @@ fn flags_follow_the_capabilities_of_each_version() {
         qwen35(),
         many(),
         expect![[r#"
-            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 -c 8192 -n 256 --parallel 2 --cache-type-k int8 --cache-type-v int8 --decode-storage-backend paged --prompt-cache-enabled --prompt-cache-capacity-bytes 1073741824 --prompt-cache-ttl 600 --apc-enabled --apc-block-size 32 --reasoning-budget 0 --tp-size 2 --chat-template-kwargs '{"enable_thinking":false}'
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 -n 256 --cache-type-k int8 --cache-type-v int8 --decode-storage-backend paged --prompt-cache-enabled=true --prompt-cache-capacity-bytes 1073741824 --prompt-cache-ttl 600 --apc-enabled=true --apc-block-size 32 --reasoning-budget=0 --tp-size 2 --chat-template-kwargs '{"enable_thinking":false}' -c 16384 --parallel 2
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: setting 'kv_cache_budget' was not applied (--kv-cache-budget): plugin 'mlxcel' needs mlxcel-server >=0.2.0 for kv_cache_budget; found 0.0.26
         "#]],
     );
@@ -204,8 +190,8 @@ fn flags_follow_the_capabilities_of_each_version() {
         qwen35(),
         many(),
         expect![[r#"
-            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 -c 8192 -n 256 --parallel 2 --cache-type-k int8 --cache-type-v int8 --decode-storage-backend paged --prompt-cache-enabled --prompt-cache-capacity-bytes 1073741824 --prompt-cache-ttl 600 --apc-enabled --apc-block-size 32 --reasoning-budget 0 --tp-size 2 --kv-cache-budget auto --chat-template-kwargs '{"enable_thinking":false}'
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 -n 256 --cache-type-k int8 --cache-type-v int8 --decode-storage-backend paged --prompt-cache-enabled=true --prompt-cache-capacity-bytes 1073741824 --prompt-cache-ttl 600 --apc-enabled=true --apc-block-size 32 --reasoning-budget=0 --tp-size 2 --kv-cache-budget auto --chat-template-kwargs '{"enable_thinking":false}' -c 16384 --parallel 2
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
         "#]],
     );
     // An unknown version keeps only the flags every release has.
@@ -214,8 +200,8 @@ fn flags_follow_the_capabilities_of_each_version() {
         qwen35(),
         many(),
         expect![[r#"
-            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 -c 8192 -n 256 --parallel 2 --chat-template-kwargs '{"enable_thinking":false}'
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 -n 256 --chat-template-kwargs '{"enable_thinking":false}' -c 16384 --parallel 2
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: setting 'kv_cache_type' was not applied (--cache-type-k/--cache-type-v): plugin 'mlxcel' needs mlxcel-server >=0.0.14 for kv_cache_quantization; found an unknown version
             note: setting 'decode_storage' was not applied (--decode-storage-backend): plugin 'mlxcel' needs mlxcel-server >=0.0.21 for paged_attention; found an unknown version
             note: setting 'prompt_cache' was not applied (--prompt-cache-enabled/--no-prompt-cache): plugin 'mlxcel' needs mlxcel-server >=0.0.25 for prompt_cache; found an unknown version
@@ -237,8 +223,8 @@ fn a_plain_model_gets_only_the_endpoint() {
         qwen35(),
         json!({"prompt_cache": false, "apc": false, "max_tokens": null}),
         expect![[r#"
-            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --no-prompt-cache
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --no-prompt-cache --apc-enabled=false
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
         "#]],
     );
 }
@@ -252,7 +238,7 @@ fn turbo4_and_kv_bits_need_the_turbo_capability() {
         turbo.clone(),
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: setting kv_cache_type = "turbo4" was not applied (--cache-type-k/--cache-type-v): plugin 'mlxcel' needs mlxcel-server >=0.0.26 for kv_cache_turbo; found 0.0.21
             note: setting 'kv_bits' was not applied (--kv-bits): plugin 'mlxcel' needs mlxcel-server >=0.0.26 for kv_cache_turbo; found 0.0.21
         "#]],
@@ -263,7 +249,7 @@ fn turbo4_and_kv_bits_need_the_turbo_capability() {
         turbo,
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --cache-type-k turbo4 --cache-type-v turbo4 --kv-bits 8
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
         "#]],
     );
 }
@@ -328,7 +314,7 @@ fn invalid_values_are_refused_with_the_model_and_the_reason() {
         json!({"kv_cache_budget": "8GB"}),
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: setting 'kv_cache_budget' was not applied (--kv-cache-budget): plugin 'mlxcel' needs mlxcel-server >=0.2.0 for kv_cache_budget; found 0.0.20
         "#]],
     );
@@ -349,7 +335,7 @@ fn the_request_shapes_program_timeout_and_refusals() {
         },
         expect![[r#"
             mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000
-            ready: GET /health -> 200, failed [], warmup None, within 600000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 600000 ms; upstream model Some("m")
         "#]],
     );
     check_request(
@@ -362,7 +348,7 @@ fn the_request_shapes_program_timeout_and_refusals() {
         },
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000
-            ready: GET /health -> 200, failed [], warmup None, within 5000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 5000 ms; upstream model Some("m")
         "#]],
     );
     // mlxcel-server would download a -m that is no folder; it never gets one.
@@ -394,7 +380,7 @@ fn drafters_are_detected_by_mlxcels_rule() {
         json!({"draft_model": "$ROOT/mtp"}),
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --model-draft $ROOT/mtp --draft-kind mtp --draft-block-size 4
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: speculative decoding with an MTP drafter (its model_type is 'gemma4_assistant')
         "#]],
     );
@@ -405,7 +391,7 @@ fn drafters_are_detected_by_mlxcels_rule() {
         json!({"draft_model": "$ROOT/unified-mtp", "draft_block_size": 2, "draft_tokens": 8}),
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --model-draft $ROOT/unified-mtp --draft-kind mtp --draft-block-size 2
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: setting 'draft_tokens' was not applied: it sets a classic draft model's --draft-max; an MTP drafter drafts draft_block_size tokens
             note: speculative decoding with an MTP drafter (its model_type is 'gemma4_unified_assistant')
         "#]],
@@ -416,7 +402,7 @@ fn drafters_are_detected_by_mlxcels_rule() {
         json!({"draft_model": "$ROOT/dflash"}),
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --model-draft $ROOT/dflash --draft-kind dflash --draft-block-size 16
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: speculative decoding with a DFlash drafter (its config.json has no model_type, which mlxcel reads as DFlash)
         "#]],
     );
@@ -427,7 +413,7 @@ fn drafters_are_detected_by_mlxcels_rule() {
         json!({"draft_model": "$ROOT/llama-small", "draft_kind": "classic", "draft_tokens": 5, "draft_block_size": 4}),
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --model-draft $ROOT/llama-small --draft-max 5
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: setting 'draft_block_size' was not applied: it sizes MTP and DFlash drafter blocks, and draft_model is a classic draft model
             note: speculative decoding with a classic draft model (draft_kind = "classic")
         "#]],
@@ -439,7 +425,7 @@ fn drafters_are_detected_by_mlxcels_rule() {
         json!({"draft_model": "$ROOT/no-vocab", "draft_kind": "dflash"}),
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --model-draft $ROOT/no-vocab --draft-kind dflash --draft-block-size 16
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: the vocabularies of draft_model '$ROOT/no-vocab' and the model were not compared: a config.json has no vocab_size
             note: speculative decoding with a DFlash drafter (draft_kind = "dflash")
         "#]],
@@ -457,7 +443,7 @@ fn drafters_that_do_not_fit_fall_back_to_normal_decoding_and_say_why() {
         json!({"draft_model": "$ROOT/mtp"}),
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: speculative decoding is off, decoding normally: draft_model '$ROOT/mtp' is an MTP drafter (its model_type is 'gemma4_assistant'), and an MTP drafter needs a Gemma 4 target (model_type gemma4*), and the model is 'qwen3_5'
         "#]],
     );
@@ -468,7 +454,7 @@ fn drafters_that_do_not_fit_fall_back_to_normal_decoding_and_say_why() {
         json!({"draft_model": "$ROOT/qwen-mtp"}),
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: speculative decoding is off, decoding normally: draft_model '$ROOT/qwen-mtp' is an MTP drafter (its model_type is 'qwen3_5_mtp'), and an MTP drafter needs a Gemma 4 target (model_type gemma4*), and the model is 'qwen3_5'
         "#]],
     );
@@ -479,7 +465,7 @@ fn drafters_that_do_not_fit_fall_back_to_normal_decoding_and_say_why() {
         json!({"draft_model": "$ROOT/llama-small", "draft_tokens": 4}),
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: speculative decoding is off, decoding normally: draft_model '$ROOT/llama-small' is a DFlash drafter (its model_type 'llama' is not an MTP type, which mlxcel reads as DFlash), and a DFlash drafter needs a Qwen 3.5 text or VLM target (model_type qwen3_5*), and the model is 'llama'; to draft with it as a plain small model, set draft_kind = "classic"
         "#]],
     );
@@ -489,7 +475,7 @@ fn drafters_that_do_not_fit_fall_back_to_normal_decoding_and_say_why() {
         json!({"draft_model": "$ROOT/dflash"}),
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: speculative decoding is off, decoding normally: draft_model '$ROOT/dflash' is a DFlash drafter (its config.json has no model_type, which mlxcel reads as DFlash), and the drafter's vocabulary (1000 tokens) differs from the model's (2000); to draft with it as a plain small model, set draft_kind = "classic"
         "#]],
     );
@@ -500,7 +486,7 @@ fn drafters_that_do_not_fit_fall_back_to_normal_decoding_and_say_why() {
         json!({"draft_model": "$ROOT/mtp"}),
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: speculative decoding is off, decoding normally: draft_model '$ROOT/mtp' is an MTP drafter (its model_type is 'gemma4_assistant'), and plugin 'mlxcel' needs mlxcel-server >=0.0.27 for speculative_mtp; found 0.0.26
         "#]],
     );
@@ -511,7 +497,7 @@ fn drafters_that_do_not_fit_fall_back_to_normal_decoding_and_say_why() {
         json!({"draft_model": "$ROOT/mtp"}),
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: speculative decoding is off, decoding normally: plugin 'mlxcel' needs mlxcel-server >=0.0.1 for speculative; found an unknown version
         "#]],
     );
@@ -521,7 +507,7 @@ fn drafters_that_do_not_fit_fall_back_to_normal_decoding_and_say_why() {
         json!({"draft_kind": "mtp", "draft_tokens": 4}),
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: setting 'draft_kind' was not applied: it does nothing without draft_model
             note: setting 'draft_tokens' was not applied: it does nothing without draft_model
         "#]],
@@ -560,7 +546,7 @@ fn a_drafter_must_be_a_local_folder() {
 /// coordinates, stage 0 shares its machine, stage 1 is another machine.
 fn two_stages() -> Value {
     json!({"pipeline": {
-    "node_id": "coordinator", "host": "192.168.1.22", "port": 19000, "layers": "0-13,14-27",
+    "node_id": "coordinator", "host": "192.168.1.22", "port": 19000,
     "peers": [
         {"id": "stage-0", "host": "192.168.1.22", "port": 19001, "http_port": 18081},
         {"id": "stage-1", "host": "192.168.1.24", "port": 19001},
@@ -574,10 +560,10 @@ fn pipelines_write_the_cluster_file_and_say_what_each_peer_runs() {
         qwen35(),
         two_stages(),
         expect![[r#"
-            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --distributed-config $ROOT/work/distributed.toml --node-id coordinator --pp-layers 0-13,14-27
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
-            note: pipeline peer 'stage-0' (pipeline_stage): start it before this model loads, on the machine at 192.168.1.22 with the same model folder and a copy of $ROOT/work/distributed.toml (it changes only with the pipeline setting) in its working folder: mlxcel-server --model $ROOT/target --distributed-config distributed.toml --node-id stage-0 --pp-layers 0-13,14-27 --port 18081 --no-warmup
-            note: pipeline peer 'stage-1' (pipeline_stage): start it before this model loads, on the machine at 192.168.1.24 with the same model folder and a copy of $ROOT/work/distributed.toml (it changes only with the pipeline setting) in its working folder: mlxcel-server --model $ROOT/target --distributed-config distributed.toml --node-id stage-1 --pp-layers 0-13,14-27 --no-warmup
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --distributed-config $ROOT/work/distributed.toml --node-id coordinator
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
+            note: pipeline peer 'stage-0' (pipeline_stage): start it before this model loads, on the machine at 192.168.1.22 with the same model folder and a copy of $ROOT/work/distributed.toml (it changes only with the pipeline setting) in its working folder: mlxcel-server --model $ROOT/target --distributed-config distributed.toml --node-id stage-0 --port 18081 --no-warmup
+            note: pipeline peer 'stage-1' (pipeline_stage): start it before this model loads, on the machine at 192.168.1.24 with the same model folder and a copy of $ROOT/work/distributed.toml (it changes only with the pipeline setting) in its working folder: mlxcel-server --model $ROOT/target --distributed-config distributed.toml --node-id stage-1 --no-warmup
             file distributed.toml:
             # mlxcel-server --distributed-config for model 'm', written by Hangar's mlxcel plugin.
             # Schema *unconfirmed*: taken from mlxcel's public source (src/distributed/config.rs),
@@ -606,18 +592,18 @@ fn pipelines_write_the_cluster_file_and_say_what_each_peer_runs() {
             stage = 1
         "#]],
     );
-    // Per-peer ranges make the partition; IPv6 addresses are bracketed.
+    // IPv6 addresses are bracketed.
     check(
         Some("0.0.22"),
         qwen35(),
         json!({"pipeline": {"node_id": "a", "host": "fd00::1", "port": 9100, "transport": "thunderbolt",
-            "peers": [{"id": "b", "host": "fd00::2", "port": 9100, "layers": "0-9"},
-                      {"id": "c", "host": "fd00::3", "port": 9100, "layers": "10-27"}]}}),
+            "peers": [{"id": "b", "host": "fd00::2", "port": 9100},
+                      {"id": "c", "host": "fd00::3", "port": 9100}]}}),
         expect![[r#"
-            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --distributed-config $ROOT/work/distributed.toml --node-id a --pp-layers 0-9,10-27
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
-            note: pipeline peer 'b' (pipeline_stage): start it before this model loads, on the machine at fd00::2 with the same model folder and a copy of $ROOT/work/distributed.toml (it changes only with the pipeline setting) in its working folder: mlxcel-server --model $ROOT/target --distributed-config distributed.toml --node-id b --pp-layers 0-9,10-27 --no-warmup
-            note: pipeline peer 'c' (pipeline_stage): start it before this model loads, on the machine at fd00::3 with the same model folder and a copy of $ROOT/work/distributed.toml (it changes only with the pipeline setting) in its working folder: mlxcel-server --model $ROOT/target --distributed-config distributed.toml --node-id c --pp-layers 0-9,10-27 --no-warmup
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --distributed-config $ROOT/work/distributed.toml --node-id a
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
+            note: pipeline peer 'b' (pipeline_stage): start it before this model loads, on the machine at fd00::2 with the same model folder and a copy of $ROOT/work/distributed.toml (it changes only with the pipeline setting) in its working folder: mlxcel-server --model $ROOT/target --distributed-config distributed.toml --node-id b --no-warmup
+            note: pipeline peer 'c' (pipeline_stage): start it before this model loads, on the machine at fd00::3 with the same model folder and a copy of $ROOT/work/distributed.toml (it changes only with the pipeline setting) in its working folder: mlxcel-server --model $ROOT/target --distributed-config distributed.toml --node-id c --no-warmup
             file distributed.toml:
             # mlxcel-server --distributed-config for model 'm', written by Hangar's mlxcel plugin.
             # Schema *unconfirmed*: taken from mlxcel's public source (src/distributed/config.rs),
@@ -652,7 +638,7 @@ fn pipelines_write_the_cluster_file_and_say_what_each_peer_runs() {
         two_stages(),
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: setting 'pipeline' was not applied, the model is served on this machine alone: plugin 'mlxcel' needs mlxcel-server >=0.0.22 for distributed_pipeline; found 0.0.21
         "#]],
     );
@@ -677,7 +663,7 @@ fn split_prefill_decode_roles_need_0_2_0() {
         split,
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --distributed-config $ROOT/work/distributed.toml --node-id router --node-role router
-            ready: GET /health -> 200, failed [], warmup None, within 300000 ms; upstream model Some("m")
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: pipeline peer 'p' (prefill): start it before this model loads, on the machine at 10.0.0.2 with the same model folder and a copy of $ROOT/work/distributed.toml (it changes only with the pipeline setting) in its working folder: mlxcel-server --model $ROOT/target --distributed-config distributed.toml --node-id p --node-role prefill --no-warmup
             note: pipeline peer 'd' (decode): start it before this model loads, on the machine at 10.0.0.3 with the same model folder and a copy of $ROOT/work/distributed.toml (it changes only with the pipeline setting) in its working folder: mlxcel-server --model $ROOT/target --distributed-config distributed.toml --node-id d --node-role decode --no-warmup
             file distributed.toml:
@@ -792,25 +778,25 @@ fn invalid_pipelines_are_refused_with_what_to_fix() {
         (
             "0-13,15-27",
             expect![[r#"
-                error: model 'm': setting pipeline is invalid: layers '0-13,15-27': range '15-27' starts at layer 15, but the ranges must follow each other from layer 0 (expected 14)
+                error: model 'm': setting pipeline is invalid: layers '0-13,15-27': with --distributed-config mlxcel-server partitions the layers across its stages itself and refuses --pp-layers; leave 'layers' out of the node and its peers
             "#]],
         ),
         (
             "0-27",
             expect![[r#"
-                error: model 'm': setting pipeline is invalid: layers '0-27': it gives 1 range(s) for 2 pipeline stage(s); give one per stage, in stage order
+                error: model 'm': setting pipeline is invalid: layers '0-27': with --distributed-config mlxcel-server partitions the layers across its stages itself and refuses --pp-layers; leave 'layers' out of the node and its peers
             "#]],
         ),
         (
             "0-13,14-30",
             expect![[r#"
-                error: model 'm': setting pipeline is invalid: layers '0-13,14-30': it covers layers 0-30, and the model has 28 (0-27)
+                error: model 'm': setting pipeline is invalid: layers '0-13,14-30': with --distributed-config mlxcel-server partitions the layers across its stages itself and refuses --pp-layers; leave 'layers' out of the node and its peers
             "#]],
         ),
         (
             "0-13;14-27",
             expect![[r#"
-                error: model 'm': setting pipeline is invalid: layers '0-13;14-27': '0-13;14-27' is not a range of layers such as 0-13 (first-last, both included)
+                error: model 'm': setting pipeline is invalid: layers '0-13;14-27': with --distributed-config mlxcel-server partitions the layers across its stages itself and refuses --pp-layers; leave 'layers' out of the node and its peers
             "#]],
         ),
     ] {
@@ -823,7 +809,7 @@ fn invalid_pipelines_are_refused_with_what_to_fix() {
     refused(
         both,
         expect![[r#"
-            error: model 'm': setting pipeline is invalid: give the layers either as the whole partition in 'layers' or as a range on each stage peer, not both
+            error: model 'm': setting pipeline is invalid: pipeline stage 'stage-0' has no layers while other peers do; give each stage peer its range, or the whole partition in 'layers'
         "#]],
     );
     let mut some = two_stages()["pipeline"].clone();
@@ -844,10 +830,8 @@ fn check_probe(run: Option<ProbeRun>, expected: Expect) {
         program,
         device,
         detail,
-    } = probe(&ProbeInput {
-        settings: Default::default(),
-        run,
-    });
+        ..
+    } = probe(&ProbeInput::new(run));
     expected.assert_eq(&format!(
         "available: {available}\nversion: {version:?}\nprogram: {program:?}\ndevice: {device:?}\ndetail: {}\n",
         detail.unwrap_or_default()
@@ -855,12 +839,7 @@ fn check_probe(run: Option<ProbeRun>, expected: Expect) {
 }
 
 fn exited(code: i32, stdout: &str, stderr: &str) -> Option<ProbeRun> {
-    Some(ProbeRun::Exited {
-        program: BIN.into(),
-        code: Some(code),
-        stdout: stdout.into(),
-        stderr: stderr.into(),
-    })
+    Some(ProbeRun::exited(BIN, Some(code), stdout, stderr))
 }
 
 #[test]
@@ -924,10 +903,7 @@ fn an_unreadable_failing_or_hanging_probe_keeps_the_engine_with_capabilities_off
         "#]],
     );
     check_probe(
-        Some(ProbeRun::TimedOut {
-            program: BIN.into(),
-            after_ms: 5000,
-        }),
+        Some(ProbeRun::timed_out(BIN, 5000)),
         expect![[r#"
             available: true
             version: None
@@ -941,28 +917,26 @@ fn an_unreadable_failing_or_hanging_probe_keeps_the_engine_with_capabilities_off
 #[test]
 fn an_engine_that_cannot_run_is_unavailable_with_install_advice() {
     check_probe(
-        Some(ProbeRun::NotFound {
-            searched: vec!["PATH".into(), "~/.local/bin/mlxcel-server".into()],
-        }),
+        Some(ProbeRun::not_found(["PATH", "~/.local/bin/mlxcel-server"])),
         expect![[r#"
             available: false
             version: None
             program: None
             device: None
-            detail: mlxcel-server is not installed (looked in PATH, ~/.local/bin/mlxcel-server). Download mlxcel-server from https://github.com/lablup/mlxcel/releases: the macOS arm64 (Metal) build, or mlxcel-server-linux-aarch64-cuda13 / mlxcel-server-linux-x86_64-cuda13 on Linux; put it on PATH or in ~/.local/bin, or point Hangar at it with `[plugins.mlxcel] program = "/path/to/mlxcel-server"` in config.toml
+            detail: mlxcel-server is not installed (looked in PATH, ~/.local/bin/mlxcel-server). Download mlxcel-server from https://github.com/lablup/mlxcel/releases: the macOS arm64 (Metal) build, or mlxcel-server-linux-aarch64-cuda13 / mlxcel-server-linux-x86_64-cuda13 on Linux. A release is a zip: unpack it whole and keep the binary beside what it loads (mlx.metallib on macOS; on Linux the bin/ folder with ../include/cccl, ../include/cute and ../include/cutlass), then point Hangar at the unpacked binary with `[plugins.mlxcel] program = "/path/to/mlxcel-server"` in config.toml, or link it into PATH or ~/.local/bin
         "#]],
     );
     check_probe(
-        Some(ProbeRun::FailedToStart {
-            program: BIN.into(),
-            error: "Exec format error (os error 8)".into(),
-        }),
+        Some(ProbeRun::failed_to_start(
+            BIN,
+            "Exec format error (os error 8)",
+        )),
         expect![[r#"
             available: false
             version: None
             program: Some("/opt/bin/mlxcel-server")
             device: None
-            detail: /opt/bin/mlxcel-server could not be started (Exec format error (os error 8)); if it is a build for another platform, replace it. Download mlxcel-server from https://github.com/lablup/mlxcel/releases: the macOS arm64 (Metal) build, or mlxcel-server-linux-aarch64-cuda13 / mlxcel-server-linux-x86_64-cuda13 on Linux; put it on PATH or in ~/.local/bin, or point Hangar at it with `[plugins.mlxcel] program = "/path/to/mlxcel-server"` in config.toml
+            detail: /opt/bin/mlxcel-server could not be started (Exec format error (os error 8)); if it is a build for another platform, replace it. Download mlxcel-server from https://github.com/lablup/mlxcel/releases: the macOS arm64 (Metal) build, or mlxcel-server-linux-aarch64-cuda13 / mlxcel-server-linux-x86_64-cuda13 on Linux. A release is a zip: unpack it whole and keep the binary beside what it loads (mlx.metallib on macOS; on Linux the bin/ folder with ../include/cccl, ../include/cute and ../include/cutlass), then point Hangar at the unpacked binary with `[plugins.mlxcel] program = "/path/to/mlxcel-server"` in config.toml, or link it into PATH or ~/.local/bin
         "#]],
     );
 }
@@ -1002,4 +976,58 @@ fn describe_agrees_with_the_manifest_and_every_setting_is_mapped() {
             "'{name}' is mapped but not declared"
         );
     }
+}
+
+/// mlxcel splits one `--ctx-size` across its `--parallel` slots (4 by
+/// default from 0.4.0, 1 before) and refuses fewer than 512 per slot: the
+/// plan multiplies, says the slot count, and refuses a short context before
+/// launch. Prompt cache off is `--no-prompt-cache` only from 0.4.0.
+#[test]
+fn the_context_is_per_slot_and_the_plan_sizes_the_total() {
+    check(
+        Some("0.4.2"),
+        json!({}),
+        json!({"context_length": 8192, "prompt_cache": false}),
+        expect![[r#"
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --no-prompt-cache -c 32768 --parallel 4
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
+        "#]],
+    );
+    check(
+        Some("0.3.3"),
+        json!({}),
+        json!({"context_length": 8192, "prompt_cache": false}),
+        expect![[r#"
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --prompt-cache-enabled=false -c 8192 --parallel 1
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
+        "#]],
+    );
+    check(
+        Some("0.4.2"),
+        json!({}),
+        json!({"context_length": 511, "parallel": 2}),
+        expect![[r#"
+            error: model 'm': setting context_length = 511 is invalid: mlxcel-server refuses fewer than 512 tokens per slot
+        "#]],
+    );
+}
+
+/// A Linux CUDA build whose libraries are missing exits 127 at the probe:
+/// unavailable, with the advice to unpack the release zip whole.
+#[test]
+fn a_build_missing_its_libraries_is_unavailable() {
+    check_probe(
+        exited(
+            127,
+            "",
+            "mlxcel-server: error while loading shared libraries: libcublas.so.13: cannot open shared object file: No such file or directory",
+        ),
+        expect![[r#"
+            available: false
+            version: None
+            program: Some("/opt/bin/mlxcel-server")
+            device: None
+            detail: `/opt/bin/mlxcel-server --version` exited 127, its libraries missing (mlxcel-server: error while loading shared libraries: libcublas.so.13: cannot open shared object file: No such file or directory). Download mlxcel-server from https://github.com/lablup/mlxcel/releases: the macOS arm64 (Metal) build, or mlxcel-server-linux-aarch64-cuda13 / mlxcel-server-linux-x86_64-cuda13 on Linux. A release is a zip: unpack it whole and keep the binary beside what it loads (mlx.metallib on macOS; on Linux the bin/ folder with ../include/cccl, ../include/cute and ../include/cutlass), then point Hangar at the unpacked binary with `[plugins.mlxcel] program = "/path/to/mlxcel-server"` in config.toml, or link it into PATH or ~/.local/bin
+        "#]],
+    );
 }

@@ -26,31 +26,19 @@ struct NativeMlx;
 
 impl Plugin for NativeMlx {
     fn describe() -> Description {
-        let mut description = hangar_sdk::describe!("native-mlx", formats: ["mlx"], aliases: {"safetensors" => "mlx"});
-        description.concurrent_generates = Some(BatchOptions::default().max_sequences as u32);
-        description
+        hangar_sdk::describe!("native-mlx", formats: ["mlx"], aliases: {"safetensors" => "mlx"}, capabilities: ["tool_calls"])
+            .with_concurrent_generates(BatchOptions::default().max_sequences as u32)
     }
 
     fn probe(_input: ProbeInput) -> Result<ProbeReport, String> {
         Ok(match crate::probe() {
-            Ok(mlx) => ProbeReport {
-                available: true,
-                version: Some(mlx.version.clone()),
-                program: None,
-                device: Some(
-                    match mlx.device {
-                        DeviceKind::Cpu => "cpu",
-                        DeviceKind::Gpu => "gpu",
-                    }
-                    .into(),
-                ),
-                detail: Some(format!("MLX {} on the {:?}", mlx.version, mlx.device).to_lowercase()),
-            },
-            Err(e) => ProbeReport {
-                available: false,
-                detail: Some(format!("the MLX library does not answer: {e}")),
-                ..ProbeReport::default()
-            },
+            Ok(mlx) => ProbeReport::available(Some(mlx.version.clone()))
+                .with_device(match mlx.device {
+                    DeviceKind::Cpu => "cpu",
+                    DeviceKind::Gpu => "gpu",
+                })
+                .with_detail(format!("MLX {} on the {:?}", mlx.version, mlx.device).to_lowercase()),
+            Err(e) => ProbeReport::unavailable(format!("the MLX library does not answer: {e}")),
         })
     }
 
@@ -118,14 +106,18 @@ impl Engine for Loaded {
         emit: &mut dyn FnMut(&str, u32) -> ControlFlow<()>,
     ) -> Result<GenerateOutcome, String> {
         let prompt = match request.input {
-            GenerateInput::Completion { prompt } => Prompt::Text(prompt),
-            GenerateInput::Chat { messages } => Prompt::Chat {
+            GenerateInput::Completion { prompt, .. } => Prompt::Text(prompt),
+            GenerateInput::Chat { messages, .. } => Prompt::Chat {
                 messages: messages.iter().map(message).collect::<Result<_, _>>()?,
                 options: ChatOptions {
                     add_generation_prompt: true,
+                    // The template renders them; the host parses the calls.
+                    tools: (!request.tools.is_empty()).then(|| Value::Array(request.tools)),
                     ..ChatOptions::default()
                 },
             },
+            // An input a later plugin-api adds: this engine does not serve it.
+            _ => return Err("native-mlx does not serve this kind of input".into()),
         };
         let mut sampling = SamplingParams::greedy();
         sampling.temperature = request.temperature.unwrap_or(0.0);
@@ -142,17 +134,17 @@ impl Engine for Loaded {
                 emit(event.text, event.token.unwrap_or(u32::MAX))
             })
             .map_err(|e| e.to_string())?;
-        Ok(GenerateOutcome {
-            finish_reason: match done.finish_reason {
-                FinishReason::Stop => "stop",
-                FinishReason::Length => "length",
-                FinishReason::Cancelled => "cancelled",
-            }
-            .into(),
-            prompt_tokens: done.usage.prompt_tokens as u32,
-            completion_tokens: done.usage.completion_tokens as u32,
-            cached_tokens: done.usage.cached_prompt_tokens as u32,
-        })
+        let finish_reason = match done.finish_reason {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        };
+        Ok(GenerateOutcome::new(
+            finish_reason,
+            done.usage.prompt_tokens as u32,
+            done.usage.completion_tokens as u32,
+        )
+        .with_cached_tokens(done.usage.cached_prompt_tokens as u32))
     }
 }
 

@@ -6,10 +6,12 @@ Reads a JSON request on stdin:
    "cases": [{"model": DIR, "prompt": [ids], "max_tokens": N,
               "temp": 0.0, "top_p": 0.0, "top_k": 0, "min_p": 0.0, "seed": 0}, ...],
    "chats": [{"model": DIR, "template": JINJA, "messages": [...], "tools": [...] | null,
-              "add_generation_prompt": true}, ...]}
+              "add_generation_prompt": true}, ...],
+   "scores": [{"model": DIR, "prompt": [ids], "continuation": [ids]}, ...]}
 First it quantizes with mlx_lm.convert (the code behind `python -m mlx_lm
 convert -q`); then prints {"ids": [[...] per case], "chats": [text or
-{"error": message} per chat]}. Unset sampling fields mean greedy. Ids go in
+{"error": message} per chat], "scores": [[log-probability of each
+continuation id] per score]}. Unset sampling fields mean greedy. Ids go in
 and come out, so no tokenizer or chat template takes part in "cases";
 mlx_lm's generate_step does not stop at EOS, which is what a fixed-length
 comparison needs. "chats" are rendered by transformers' apply_chat_template.
@@ -49,6 +51,19 @@ def run(case, models):
     return [token for token, _ in steps]
 
 
+def score(job, models):
+    """The log-probability of each continuation id after the ids before it, in float32."""
+    path = job["model"]
+    if path not in models:
+        models[path] = load(path)[0]
+    ids = job["prompt"] + job["continuation"]
+    logits = models[path](mx.array([ids[:-1]], dtype=mx.uint32))[0].astype(mx.float32)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    rows = logprobs[len(job["prompt"]) - 1:]
+    picked = mx.take_along_axis(rows, mx.array(job["continuation"])[:, None], axis=-1)[:, 0]
+    return picked.tolist()
+
+
 def render(chat, tokenizers):
     path = chat["model"]
     if path not in tokenizers:
@@ -84,7 +99,11 @@ def main():
     for chat in request.get("chats", []):
         chats.append(render(chat, tokenizers))
         log("chat rendered")
-    json.dump({"ids": ids, "chats": chats}, sys.stdout)
+    scores = []
+    for job in request.get("scores", []):
+        scores.append(score(job, models))
+        log(f"scored {job['model']}")
+    json.dump({"ids": ids, "chats": chats, "scores": scores}, sys.stdout)
     print()
 
 

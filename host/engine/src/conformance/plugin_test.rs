@@ -295,10 +295,9 @@ impl PluginTest {
         let plugin = self.plugin()?;
         let limit = manifest.probe.timeout() + self.limits.call;
         let (run, report) = bounded("probe()", limit, move || {
-            let input = ProbeInput {
-                run: registry::probe::run(&manifest.probe, configured.as_deref()),
-                settings,
-            };
+            let input =
+                ProbeInput::new(registry::probe::run(&manifest.probe, configured.as_deref()))
+                    .with_settings(settings);
             let report = plugin.probe(&input);
             (input.run, report)
         })?;
@@ -308,10 +307,7 @@ impl PluginTest {
     /// Calls the plugin's `probe()` with `run` as the probe program's
     /// outcome, within [`Limits::call`].
     pub fn probe_with(&self, run: Option<ProbeRun>) -> Result<ProbeReport, String> {
-        let input = ProbeInput {
-            run,
-            settings: self.settings.clone(),
-        };
+        let input = ProbeInput::new(run).with_settings(self.settings.clone());
         let plugin = self.plugin()?;
         bounded("probe()", self.limits.call, move || plugin.probe(&input))?
     }
@@ -364,23 +360,17 @@ impl PluginTest {
             .into_iter()
             .filter(|(_, state)| state.is_on())
             .map(|(id, _)| id)
-            .collect();
-        Ok(LoadRequest {
-            model_id: "conformance-model".into(),
-            model_path: model.display().to_string(),
-            model_files,
-            format,
-            accelerator,
-            engine,
-            capabilities,
-            settings: BTreeMap::new(),
-            plugin_settings: self.settings.clone(),
-            host: "127.0.0.1".into(),
-            port: 18080,
-            work_dir: work_dir.display().to_string(),
-            cluster: None,
-            cache_dir: None,
-        })
+            .collect::<Vec<String>>();
+        Ok(
+            LoadRequest::new("conformance-model", model.display().to_string(), format)
+                .with_model_files(model_files)
+                .with_accelerator(accelerator)
+                .with_engine(engine)
+                .with_capabilities(capabilities)
+                .with_plugin_settings(self.settings.clone())
+                .with_endpoint("127.0.0.1", 18080)
+                .with_work_dir(work_dir.display().to_string()),
+        )
     }
 
     /// Calls the plugin's `plan_launch()` within [`Limits::call`].

@@ -471,10 +471,8 @@ fn load_and_probe(entry: &PluginEntry, config: &Config) -> EngineState {
         return EngineState::Unavailable { plugin, reason };
     }
     let configured = settings.get("program").and_then(|v| v.as_str());
-    let input = ProbeInput {
-        run: probe::run(&manifest.probe, configured),
-        settings: settings.clone(),
-    };
+    let input =
+        ProbeInput::new(probe::run(&manifest.probe, configured)).with_settings(settings.clone());
     let report = match plugin.probe(&input) {
         Ok(report) => report,
         Err(reason) => return EngineState::Broken(reason),

@@ -67,7 +67,7 @@ pub fn run(spec: &ProbeSpec, configured: Option<&str>) -> Option<ProbeRun> {
     let program = spec.program.as_deref()?;
     let path = match find_program(program, configured, &spec.search_paths) {
         Ok(path) => path,
-        Err(searched) => return Some(ProbeRun::NotFound { searched }),
+        Err(searched) => return Some(ProbeRun::not_found(searched)),
     };
     let shown = path.display().to_string();
     let mut child = match Command::new(&path)
@@ -79,12 +79,7 @@ pub fn run(spec: &ProbeSpec, configured: Option<&str>) -> Option<ProbeRun> {
         .spawn()
     {
         Ok(child) => child,
-        Err(e) => {
-            return Some(ProbeRun::FailedToStart {
-                program: shown,
-                error: e.to_string(),
-            })
-        }
+        Err(e) => return Some(ProbeRun::failed_to_start(shown, e.to_string())),
     };
     let stdout = drain(child.stdout.take());
     let stderr = drain(child.stderr.take());
@@ -102,17 +97,17 @@ pub fn run(spec: &ProbeSpec, configured: Option<&str>) -> Option<ProbeRun> {
     let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
     let Some(status) = status else {
         let _ = child.wait();
-        return Some(ProbeRun::TimedOut {
-            program: shown,
-            after_ms: spec.timeout().as_millis() as u64,
-        });
+        return Some(ProbeRun::timed_out(
+            shown,
+            spec.timeout().as_millis() as u64,
+        ));
     };
-    Some(ProbeRun::Exited {
-        program: shown,
-        code: status.code(),
-        stdout: stdout.join().unwrap_or_default(),
-        stderr: stderr.join().unwrap_or_default(),
-    })
+    Some(ProbeRun::exited(
+        shown,
+        status.code(),
+        stdout.join().unwrap_or_default(),
+        stderr.join().unwrap_or_default(),
+    ))
 }
 
 /// Reads a pipe to its end on a thread of its own, so that a chatty program

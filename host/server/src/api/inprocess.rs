@@ -21,6 +21,7 @@ use hangar_plugin_api::wire::{GenerateInput, GenerateOutcome, GenerateRequest};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
+use super::stall::STREAM_BUFFER;
 use super::{validate, ApiError};
 use crate::sessions::Served;
 
@@ -73,7 +74,9 @@ impl Served {
             .and_then(Value::as_bool)
             .unwrap_or(false);
         let json = serde_json::to_string(&generate).expect("requests serialize");
-        let (tx, mut rx) = mpsc::channel::<Piece>(64);
+        // Bounded: for a client that takes its stream slowly, the engine's
+        // sink blocks (generation pauses) once this many tokens wait.
+        let (tx, mut rx) = mpsc::channel::<Piece>(STREAM_BUFFER);
         let engine = self.engine.clone();
         // Held until the engine returns: an engine that serves one call at a
         // time gets them one at a time.
@@ -132,7 +135,7 @@ impl Served {
             let outcome = outcome.map_err(|e| engine_failure(&self.model_id, e))?;
             return Ok((StatusCode::OK, Json(shape.whole(&text, &outcome))).into_response());
         }
-        let (out_tx, out_rx) = mpsc::channel::<Bytes>(64);
+        let (out_tx, out_rx) = mpsc::channel::<Bytes>(STREAM_BUFFER);
         tokio::spawn(async move {
             let send = |v: Value| Bytes::from(format!("data: {v}\n\n"));
             let mut first = true;
@@ -178,9 +181,9 @@ impl Served {
     ) -> Result<GenerateRequest, ApiError> {
         let input = match route {
             Route::Chat => match request.get("messages") {
-                Some(Value::Array(messages)) if !messages.is_empty() => GenerateInput::Chat {
-                    messages: messages.clone(),
-                },
+                Some(Value::Array(messages)) if !messages.is_empty() => {
+                    GenerateInput::chat(messages.clone())
+                }
                 _ => {
                     return Err(ApiError::bad_request(
                         "'messages' must be a non-empty list",
@@ -189,13 +192,9 @@ impl Served {
                 }
             },
             Route::Completion => match request.get("prompt") {
-                Some(Value::String(prompt)) => GenerateInput::Completion {
-                    prompt: prompt.clone(),
-                },
+                Some(Value::String(prompt)) => GenerateInput::completion(prompt.clone()),
                 Some(Value::Array(parts)) if parts.len() == 1 && parts[0].is_string() => {
-                    GenerateInput::Completion {
-                        prompt: parts[0].as_str().unwrap_or_default().to_string(),
-                    }
+                    GenerateInput::completion(parts[0].as_str().unwrap_or_default().to_string())
                 }
                 _ => {
                     return Err(ApiError::bad_request(
@@ -213,19 +212,23 @@ impl Served {
                 .find_map(|n| request.get(*n).filter(|v| !v.is_null()))
                 .or_else(|| self.defaults.get(names[0]))
         };
-        Ok(GenerateRequest {
-            input,
-            max_tokens: validate::count(
+        Ok({
+            let mut generate = GenerateRequest::new(input);
+            generate.max_tokens = validate::count(
                 field(&["max_tokens", "max_completion_tokens"]),
                 "max_tokens",
-            )?,
-            temperature: validate::number(field(&["temperature"]), "temperature")?
-                .map(|n| n as f32),
-            top_p: validate::number(field(&["top_p"]), "top_p")?.map(|n| n as f32),
-            top_k: validate::count(field(&["top_k"]), "top_k")?,
-            min_p: validate::number(field(&["min_p"]), "min_p")?.map(|n| n as f32),
-            seed: validate::seed(field(&["seed"]))?,
-            stop: validate::stop(request.get("stop"))?,
+            )?;
+            generate.temperature =
+                validate::number(field(&["temperature"]), "temperature")?.map(|n| n as f32);
+            generate.top_p = validate::number(field(&["top_p"]), "top_p")?.map(|n| n as f32);
+            generate.top_k = validate::count(field(&["top_k"]), "top_k")?;
+            generate.min_p = validate::number(field(&["min_p"]), "min_p")?.map(|n| n as f32);
+            generate.seed = validate::seed(field(&["seed"]))?;
+            generate.stop = validate::stop(request.get("stop"))?;
+            if let Some(Value::Array(tools)) = request.get("tools") {
+                generate.tools = tools.clone();
+            }
+            generate
         })
     }
 }

@@ -142,7 +142,7 @@ pub(super) async fn resolve(
         (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
-    models_view(&app, &app.discovery())
+    models_view(&app, &app.discovery()).await
 }
 
 /// `POST /api/models/rescan`.
@@ -154,31 +154,46 @@ pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
     ))]
 pub(super) async fn rescan(State(app): State<Arc<App>>) -> Json<Value> {
     let discovery = app.catalog.rescan().await;
-    models_view(&app, &discovery)
+    models_view(&app, &discovery).await
 }
 
-fn models_view(app: &App, discovery: &Discovery) -> Json<Value> {
+async fn models_view(app: &App, discovery: &Discovery) -> Json<Value> {
     let loading = app.sessions.loading();
-    let models: Vec<Value> = discovery
-        .models
-        .iter()
-        .map(|m| {
-            let session = app.sessions.of_model(&m.id).map(|s| s.info());
-            let state = if session.is_some() {
-                "loaded"
-            } else if loading.contains(&m.id) {
-                "loading"
-            } else {
-                "available"
-            };
-            json!({ "model": m, "state": state, "session": session })
-        })
-        .collect();
+    let mut models: Vec<Value> = Vec::with_capacity(discovery.models.len());
+    for m in &discovery.models {
+        let session = app.sessions.of_model(&m.id).map(|s| s.info());
+        let state = if session.is_some() {
+            "loaded"
+        } else if loading.contains(&m.id) {
+            "loading"
+        } else {
+            "available"
+        };
+        models.push(json!({
+            "model": m, "state": state, "session": session, "chat": chat_view(app, m).await,
+        }));
+    }
     Json(json!({
         "models": models,
         "not_models": discovery.rejected,
         "rules": app.sessions.registry().rules(),
     }))
+}
+
+/// What a model's chat template says about tools and reasoning: whether a
+/// template was found, whether it renders tools (`null`: unknown), the
+/// parser the host reads its tool calls with, and whether it marks
+/// reasoning.
+async fn chat_view(app: &App, model: &hangar_engine::models::Model) -> Value {
+    let chat = app.catalog.chat(&model.id);
+    let entry = app.sessions.serving(&model.format).await.map(|(e, _)| e);
+    let parser = super::tools::tool_format(app, model, entry);
+    json!({
+        "template": chat.known,
+        "takes_tools": chat.known.then_some(chat.takes_tools),
+        "tool_parser": parser.map(crate::toolcall::Format::name),
+        "reasoning": chat.thinks,
+    })
 }
 
 /// `POST /api/models/{id}/load`.
@@ -210,13 +225,27 @@ pub(super) async fn unload(
     State(app): State<Arc<App>>,
     PathId(id): PathId,
 ) -> Result<Json<Value>, ApiError> {
-    if app.scheduler.unload(&id).await {
-        Ok(Json(json!({ "unloaded": true, "model": id })))
-    } else {
-        Err(ApiError::not_found(format!(
-            "model '{id}' is not loaded; GET /api/sessions lists what is"
-        )))
-    }
+    use crate::scheduler::driver::Unloaded;
+    let (outcome, message) = match app.scheduler.unload(&id) {
+        Unloaded::Stopped => ("unloaded", "unloaded".to_string()),
+        Unloaded::Draining { requests, within } => (
+            "draining",
+            format!(
+                "draining {requests} request{}, done in ≤ {} s (drain_seconds); requests still running then are ended with an error",
+                if requests == 1 { "" } else { "s" },
+                within.div_ceil(1000)
+            ),
+        ),
+        Unloaded::LoadCancelled => ("load_cancelled", "cancelled the load".to_string()),
+        Unloaded::NotLoaded => {
+            return Err(ApiError::not_found(format!(
+                "model '{id}' is not loaded; GET /api/sessions lists what is"
+            )))
+        }
+    };
+    Ok(Json(
+        json!({ "unloaded": true, "model": id, "outcome": outcome, "message": message }),
+    ))
 }
 
 /// `GET /api/sessions`.

@@ -2,14 +2,21 @@
 //! the OpenAI chat request every engine already serves.
 //!
 //! A request is validated here field by field (Anthropic's rules: a
-//! required `max_tokens`, `temperature` in 0..=1, text blocks only), turned
-//! into an OpenAI chat request, and sent through [`super::openai::proxy`],
+//! required `max_tokens`, `temperature` in 0..=1; text, `tool_use` and
+//! `tool_result` blocks), turned into an OpenAI chat request (`tools` as
+//! function tools, `tool_choice` `auto`/`any`/`tool`/`none` as
+//! `auto`/`required`/a named function/`none`, `tool_result` blocks as
+//! `tool` messages, `tool_use` blocks as the assistant's `tool_calls`), and
+//! sent through [`super::openai::proxy`],
 //! the one path every engine request takes (validation, gating, scheduler
-//! admission, health waits, metrics). The engine is always asked for a
-//! stream with usage; its chunks become Anthropic's events
-//! (`message_start`, `content_block_start`, `content_block_delta`,
-//! `content_block_stop`, `message_delta`, `message_stop`) or, for a request
-//! without `stream`, are gathered into one message.
+//! admission, health waits, metrics, and the host's parsing of tool calls
+//! and reasoning). The engine is always asked for a stream with usage; its
+//! chunks become Anthropic's events (`message_start`,
+//! `content_block_start`, `content_block_delta`, `content_block_stop`,
+//! `message_delta`, `message_stop`), reasoning as `thinking` blocks and
+//! tool calls as `tool_use` blocks streamed as `input_json_delta`
+//! (`stop_reason: "tool_use"`), or, for a request without `stream`, are
+//! gathered into one message.
 //!
 //! `stop_sequences` are matched by the host, not the engine: OpenAI engines
 //! strip a matched stop string and report only `stop`, which cannot tell a
@@ -55,6 +62,8 @@ const FIELDS: &[&str] = &[
     "top_p",
     "top_k",
     "metadata",
+    "tools",
+    "tool_choice",
 ];
 
 /// `POST /v1/messages`.
@@ -76,7 +85,18 @@ pub(super) async fn messages(
     };
     let answer = super::openai::proxy(app, ROUTE, "/v1/chat/completions", request).await;
     match (answer, ask) {
-        (Ok(response), Some(ask)) => answer_with(response, ask).await,
+        (Ok(response), Some(ask)) => {
+            // The model the answer comes from, for a client that stalls.
+            let of = response
+                .extensions()
+                .get::<super::stall::AnswerOf>()
+                .cloned();
+            let mut translated = answer_with(response, ask).await;
+            if let Some(of) = of {
+                translated.extensions_mut().insert(of);
+            }
+            translated
+        }
         (Err(e), _) => error_response(&e),
         (Ok(response), None) => response, // unreachable: no request, no answer
     }
@@ -100,7 +120,7 @@ pub(super) fn translate(body: &[u8]) -> Result<(Map<String, Value>, Ask), ApiErr
     if let Some(name) = request.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(ApiError::bad_request(
             format!(
-                "'{name}' is not supported by this host (it serves text: {})",
+                "'{name}' is not supported by this host (it serves: {})",
                 FIELDS.join(", ")
             ),
             None,
@@ -168,11 +188,16 @@ pub(super) fn translate(body: &[u8]) -> Result<(Map<String, Value>, Ask), ApiErr
                 )))
             }
         };
-        let content = match turn.get("content") {
-            Some(content) => text_of(content, &format!("messages[{i}].content"))?,
+        match turn.get("content") {
+            Some(Value::Array(blocks)) if !blocks.is_empty() => {
+                turn_blocks(i, role, blocks, &mut chat)?
+            }
+            Some(content) => {
+                let content = text_of(content, &format!("messages[{i}].content"))?;
+                chat.push(json!({ "role": role, "content": content }));
+            }
             None => return Err(bad(format!("'messages[{i}].content' is missing"))),
-        };
-        chat.push(json!({ "role": role, "content": content }));
+        }
     }
     if let Some(metadata) = request.get("metadata").filter(|v| !v.is_null()) {
         match metadata.get("user_id") {
@@ -208,6 +233,10 @@ pub(super) fn translate(body: &[u8]) -> Result<(Map<String, Value>, Ask), ApiErr
     if let Some(k) = validate::count(request.get("top_k"), "top_k")? {
         openai.insert("top_k".into(), json!(k));
     }
+    if let Some(tools) = tools(request.get("tools"))? {
+        openai.insert("tools".into(), tools);
+    }
+    openai.extend(tool_choice(request.get("tool_choice"))?);
     openai.insert("stream".into(), json!(true));
     openai.insert("stream_options".into(), json!({ "include_usage": true }));
     Ok((
@@ -218,6 +247,218 @@ pub(super) fn translate(body: &[u8]) -> Result<(Map<String, Value>, Ask), ApiErr
             stops,
         },
     ))
+}
+
+/// Anthropic's `tools` (`{name, description, input_schema}`) as OpenAI's
+/// function tools; `None` when absent.
+fn tools(value: Option<&Value>) -> Result<Option<Value>, ApiError> {
+    let bad = |what: String| Err(ApiError::bad_request(what, Some("tools")));
+    let items = match value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(items)) => items,
+        Some(other) => {
+            return bad(format!(
+                "'tools' must be a list of {{\"name\", \"input_schema\"}} tools, not {other}"
+            ))
+        }
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for (i, tool) in items.iter().enumerate() {
+        let Value::Object(tool) = tool else {
+            return bad(format!(
+                "'tools[{i}]' must be an object with 'name' and 'input_schema', not {tool}"
+            ));
+        };
+        match tool.get("type") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(kind)) if kind == "custom" => {}
+            Some(Value::String(kind)) => {
+                return bad(format!(
+                    "'tools[{i}]' is a '{kind}' tool, which runs on Anthropic's servers; this host serves client tools ({{\"name\", \"input_schema\"}}) only"
+                ))
+            }
+            Some(other) => {
+                return bad(format!(
+                    "'tools[{i}].type' must be \"custom\" or absent, not {other}"
+                ))
+            }
+        }
+        let name = match tool.get("name") {
+            Some(Value::String(n)) if !n.is_empty() => n,
+            other => {
+                return bad(format!(
+                    "'tools[{i}].name' must be a non-empty string, not {}",
+                    other.unwrap_or(&Value::Null)
+                ))
+            }
+        };
+        let schema = match tool.get("input_schema") {
+            Some(schema @ Value::Object(_)) => schema,
+            other => {
+                return bad(format!(
+                    "'tools[{i}].input_schema' must be a JSON Schema object, not {}",
+                    other.unwrap_or(&Value::Null)
+                ))
+            }
+        };
+        let mut function = json!({ "name": name, "parameters": schema });
+        match tool.get("description") {
+            None | Some(Value::Null) => {}
+            Some(d @ Value::String(_)) => function["description"] = d.clone(),
+            Some(other) => {
+                return bad(format!(
+                    "'tools[{i}].description' must be a string, not {other}"
+                ))
+            }
+        }
+        out.push(json!({ "type": "function", "function": function }));
+    }
+    Ok(Some(Value::Array(out)))
+}
+
+/// Anthropic's `tool_choice` as OpenAI's `tool_choice` and
+/// `parallel_tool_calls`: `auto`, `any` (some tool: `required`), `tool`
+/// (this one), `none`.
+fn tool_choice(value: Option<&Value>) -> Result<Map<String, Value>, ApiError> {
+    let bad = |what: String| Err(ApiError::bad_request(what, Some("tool_choice")));
+    let mut out = Map::new();
+    let choice = match value {
+        None | Some(Value::Null) => return Ok(out),
+        Some(Value::Object(choice)) => choice,
+        Some(other) => {
+            return bad(format!(
+                "'tool_choice' must be an object such as {{\"type\": \"auto\"}}, not {other}"
+            ))
+        }
+    };
+    if !choice
+        .get("name")
+        .is_none_or(|n| n.is_string() || n.is_null())
+    {
+        return bad("'tool_choice.name' must be a string: the tool's name".into());
+    }
+    let openai = match (
+        choice.get("type").and_then(Value::as_str),
+        choice.get("name"),
+    ) {
+        (Some("auto"), _) => json!("auto"),
+        (Some("any"), _) => json!("required"),
+        (Some("none"), _) => json!("none"),
+        (Some("tool"), Some(Value::String(name))) => {
+            json!({ "type": "function", "function": { "name": name } })
+        }
+        (Some("tool"), _) => {
+            return bad("'tool_choice' of type \"tool\" needs the tool's 'name'".into())
+        }
+        _ => {
+            return bad(format!(
+                "'tool_choice.type' must be \"auto\", \"any\", \"tool\" or \"none\", not {}",
+                choice.get("type").unwrap_or(&Value::Null)
+            ))
+        }
+    };
+    out.insert("tool_choice".into(), openai);
+    match choice.get("disable_parallel_tool_use") {
+        None | Some(Value::Null) => {}
+        Some(Value::Bool(disable)) => {
+            out.insert("parallel_tool_calls".into(), json!(!disable));
+        }
+        Some(other) => {
+            return bad(format!(
+                "'tool_choice.disable_parallel_tool_use' must be true or false, not {other}"
+            ))
+        }
+    }
+    Ok(out)
+}
+
+/// One turn's content blocks as OpenAI messages: a user turn's
+/// `tool_result` blocks become `tool` messages (before the turn's text);
+/// an assistant turn's `tool_use` blocks become its `tool_calls`.
+/// `thinking` blocks the client sends back are the model's own earlier
+/// reasoning, which chat templates leave out of the history: dropped.
+fn turn_blocks(
+    i: usize,
+    role: &str,
+    blocks: &[Value],
+    chat: &mut Vec<Value>,
+) -> Result<(), ApiError> {
+    let bad = |what: String| Err(ApiError::bad_request(what, Some("messages")));
+    let mut texts: Vec<&str> = Vec::new();
+    let mut calls = Vec::new();
+    for (j, block) in blocks.iter().enumerate() {
+        let name = format!("messages[{i}].content[{j}]");
+        match (role, block.get("type").and_then(Value::as_str)) {
+            (_, Some("text")) => match block.get("text") {
+                Some(Value::String(text)) => texts.push(text),
+                other => {
+                    return bad(format!(
+                        "'{name}.text' must be a string, not {}",
+                        other.unwrap_or(&Value::Null)
+                    ))
+                }
+            },
+            ("assistant", Some(kind @ ("thinking" | "redacted_thinking"))) => {
+                let fields: &[&str] = match kind {
+                    "thinking" => &["thinking", "signature"],
+                    _ => &["data"],
+                };
+                if let Some(field) = fields.iter().find(|f| !block.get(**f).is_some_and(Value::is_string)) {
+                    return bad(format!("'{name}.{field}' must be a string"));
+                }
+            }
+            ("assistant", Some("tool_use")) => {
+                let (Some(Value::String(id)), Some(Value::String(tool))) =
+                    (block.get("id"), block.get("name"))
+                else {
+                    return bad(format!("'{name}' is a tool_use block without a string 'id' and 'name'"));
+                };
+                let input = match block.get("input") {
+                    Some(input @ Value::Object(_)) => input.to_string(),
+                    other => return bad(format!("'{name}.input' must be an object, not {}", other.unwrap_or(&Value::Null))),
+                };
+                calls.push(json!({ "id": id, "type": "function",
+                                   "function": { "name": tool, "arguments": input } }));
+            }
+            ("user", Some("tool_result")) => {
+                let Some(Value::String(id)) = block.get("tool_use_id") else {
+                    return bad(format!("'{name}.tool_use_id' must be a string: the id of the tool_use block it answers"));
+                };
+                let content = match block.get("content") {
+                    None | Some(Value::Null) => String::new(),
+                    Some(content) => text_of(content, &format!("{name}.content"))?,
+                };
+                let content = match block.get("is_error") {
+                    Some(Value::Bool(true)) => format!("Error: {content}"),
+                    None | Some(Value::Null) | Some(Value::Bool(false)) => content,
+                    Some(other) => return bad(format!("'{name}.is_error' must be true or false, not {other}")),
+                };
+                chat.push(json!({ "role": "tool", "tool_call_id": id, "content": content }));
+            }
+            (_, Some(kind @ ("tool_use" | "tool_result" | "thinking" | "redacted_thinking"))) => {
+                return bad(format!("'{name}' is a '{kind}' block, which only {} turns carry", if kind == "tool_result" { "user" } else { "assistant" }))
+            }
+            (_, Some(kind)) => {
+                return bad(format!(
+                    "'{name}' is a '{kind}' block; this host serves text blocks ({{\"type\": \"text\", \"text\": \"...\"}}), and tool_use and tool_result blocks for tools"
+                ))
+            }
+            (_, None) => {
+                return bad(format!(
+                    "'{name}' must be a block object such as {{\"type\": \"text\", \"text\": \"...\"}}, not {block}"
+                ))
+            }
+        }
+    }
+    let text = (!texts.is_empty()).then(|| texts.join("\n"));
+    match (role, text, calls.is_empty()) {
+        ("assistant", text, false) => chat.push(json!({
+            "role": "assistant", "content": text, "tool_calls": calls,
+        })),
+        (_, Some(text), _) => chat.push(json!({ "role": role, "content": text })),
+        (_, None, _) => {}
+    }
+    Ok(())
 }
 
 /// `stop_sequences`: a list of non-empty strings.
@@ -297,6 +538,7 @@ enum StopReason {
     EndTurn,
     MaxTokens,
     StopSequence,
+    ToolUse,
 }
 
 impl StopReason {
@@ -305,13 +547,14 @@ impl StopReason {
             StopReason::EndTurn => "end_turn",
             StopReason::MaxTokens => "max_tokens",
             StopReason::StopSequence => "stop_sequence",
+            StopReason::ToolUse => "tool_use",
         }
     }
 }
 
 /// One answer's translation from OpenAI chunks: the text to pass on (held
-/// back while it could be the start of a stop sequence), why it stopped,
-/// and its usage.
+/// back while it could be the start of a stop sequence), the reasoning
+/// and tool calls, why it stopped, and its usage.
 #[derive(Debug, Default)]
 pub(super) struct Translator {
     stops: Vec<String>,
@@ -323,14 +566,30 @@ pub(super) struct Translator {
     output_tokens: Option<u64>,
     /// Text events received, the token count when the engine sends none.
     events: u64,
+    /// Tool calls begun.
+    calls: usize,
     /// Whether the answer is complete (`[DONE]`, or a stop sequence).
     done: bool,
 }
 
+/// A piece of the answer, in the order it came.
+#[derive(Debug, PartialEq)]
+enum Piece {
+    Text(String),
+    Thinking(String),
+    /// A tool call begins.
+    ToolUse {
+        id: String,
+        name: String,
+    },
+    /// The next fragment of the open tool call's input (JSON text).
+    Input(String),
+}
+
 /// What one OpenAI event meant.
 enum Step {
-    /// Text to pass on (possibly empty).
-    Text(String),
+    /// Pieces to pass on (possibly none).
+    Pieces(Vec<Piece>),
     /// The engine's error, to end the answer with.
     Error(ApiError),
 }
@@ -347,7 +606,7 @@ impl Translator {
     fn event(&mut self, event: &[u8]) -> Step {
         if sse::is_done(event) {
             self.done = true;
-            return Step::Text(std::mem::take(&mut self.held));
+            return Step::Pieces(self.flush());
         }
         let data: Vec<&[u8]> = event
             .split(|&b| b == b'\n')
@@ -355,7 +614,7 @@ impl Translator {
             .collect();
         let data = data.concat();
         if data.trim_ascii().is_empty() {
-            return Step::Text(String::new()); // a comment or keep-alive
+            return Step::Pieces(vec![]); // a comment or keep-alive
         }
         match serde_json::from_slice::<Value>(&data) {
             Ok(chunk) => self.chunk(&chunk),
@@ -366,6 +625,15 @@ impl Translator {
                     .take(200)
                     .collect::<String>()
             ))),
+        }
+    }
+
+    /// The held text, passed on (the answer ended, or a tool call began).
+    fn flush(&mut self) -> Vec<Piece> {
+        let held = std::mem::take(&mut self.held);
+        match held.is_empty() {
+            true => vec![],
+            false => vec![Piece::Text(held)],
         }
     }
 
@@ -383,27 +651,68 @@ impl Translator {
             self.output_tokens = usage.get("completion_tokens").and_then(Value::as_u64);
         }
         let Some(choice) = chunk.get("choices").and_then(|c| c.get(0)) else {
-            return Step::Text(String::new());
+            return Step::Pieces(vec![]);
         };
-        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
-            self.stop_reason = Some(match reason {
-                "length" => StopReason::MaxTokens,
-                _ => StopReason::EndTurn,
-            });
-        }
+        let mut pieces = Vec::new();
         // A stream's delta, or a whole answer's message.
-        let text = ["delta", "message"]
-            .iter()
-            .find_map(|k| choice.get(*k)?.get("content")?.as_str());
-        match text {
-            Some(text) if !text.is_empty() => {
-                self.events += 1;
-                Step::Text(self.pass(text))
+        let Some(delta) = ["delta", "message"].iter().find_map(|k| choice.get(*k)) else {
+            return Step::Pieces(pieces);
+        };
+        if let Some(thinking) = delta.get("reasoning_content").and_then(Value::as_str) {
+            if !thinking.is_empty() {
+                pieces.push(Piece::Thinking(thinking.to_string()));
             }
-            _ => Step::Text(String::new()),
         }
+        match delta.get("content").and_then(Value::as_str) {
+            Some(text) if !text.is_empty() && !self.done => {
+                self.events += 1;
+                let passed = self.pass(text);
+                if !passed.is_empty() {
+                    pieces.push(Piece::Text(passed));
+                }
+            }
+            _ => {}
+        }
+        for call in delta
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let function = call.get("function");
+            let name = function.and_then(|f| f.get("name")).and_then(Value::as_str);
+            if let Some(name) = name {
+                pieces.extend(self.flush());
+                let id = match call.get("id").and_then(Value::as_str) {
+                    Some(id) => id.to_string(),
+                    None => format!("toolu_{}", super::inprocess::unique()),
+                };
+                self.calls += 1;
+                pieces.push(Piece::ToolUse {
+                    id,
+                    name: name.to_string(),
+                });
+            }
+            match function.and_then(|f| f.get("arguments")) {
+                Some(Value::String(args)) if !args.is_empty() => {
+                    pieces.push(Piece::Input(args.clone()))
+                }
+                // Some engines send a whole call's arguments as an object.
+                Some(args @ Value::Object(_)) => pieces.push(Piece::Input(args.to_string())),
+                _ => {}
+            }
+        }
+        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+            if self.stop_reason != Some(StopReason::StopSequence) {
+                self.stop_reason = Some(match reason {
+                    "length" => StopReason::MaxTokens,
+                    _ if self.calls > 0 => StopReason::ToolUse,
+                    _ => StopReason::EndTurn,
+                });
+            }
+        }
+        Step::Pieces(pieces)
     }
-
     /// Adds `text` and returns what can be passed on: all of it but a tail
     /// that could begin a stop sequence, or what comes before a stop
     /// sequence (which ends the answer).
@@ -484,16 +793,17 @@ async fn answer_with(response: Response, ask: Ask) -> Response {
             e.status = status;
             return error_response(&e);
         }
-        let mut text = match translator.chunk(&value) {
-            Step::Text(text) => text,
+        let mut blocks = Blocks::default();
+        match translator.chunk(&value) {
+            Step::Pieces(pieces) => blocks.extend(pieces),
             Step::Error(e) => return error_response(&e),
-        };
-        text.push_str(&std::mem::take(&mut translator.held));
-        return whole(&id, &ask, &translator, text);
+        }
+        blocks.extend(translator.flush());
+        return whole(&id, &ask, &translator, blocks);
     }
     let body = response.into_body().into_data_stream();
     if !ask.stream {
-        let mut text = String::new();
+        let mut blocks = Blocks::default();
         let mut body = body;
         let mut framer = SseFramer::default();
         let mut ends = Vec::new();
@@ -508,17 +818,17 @@ async fn answer_with(response: Response, ask: Ask) -> Response {
             let mut start = 0;
             for &end in &ends {
                 match translator.event(&run[start..end]) {
-                    Step::Text(t) => text.push_str(&t),
+                    Step::Pieces(pieces) => blocks.extend(pieces),
                     Step::Error(e) => return error_response(&e),
                 }
                 start = end;
                 if translator.done {
-                    return whole(&id, &ask, &translator, text);
+                    return whole(&id, &ask, &translator, blocks);
                 }
             }
         }
-        text.push_str(&std::mem::take(&mut translator.held));
-        return whole(&id, &ask, &translator, text);
+        blocks.extend(translator.flush());
+        return whole(&id, &ask, &translator, blocks);
     }
     let state = Stream {
         body: Box::pin(body),
@@ -534,14 +844,84 @@ async fn answer_with(response: Response, ask: Ask) -> Response {
     super::sse::response(stream)
 }
 
+/// A whole message's content blocks, gathered from the pieces.
+#[derive(Debug, Default)]
+struct Blocks {
+    blocks: Vec<Value>,
+    /// The open tool call's input so far (JSON text).
+    input: String,
+}
+
+impl Blocks {
+    fn extend(&mut self, pieces: Vec<Piece>) {
+        for piece in pieces {
+            let last = self.blocks.last_mut();
+            let kind = last.as_ref().and_then(|b| b["type"].as_str());
+            match (piece, kind) {
+                (Piece::Text(t), Some("text")) => append(last, "text", &t),
+                (Piece::Text(t), _) => {
+                    self.close();
+                    self.blocks.push(json!({ "type": "text", "text": t }));
+                }
+                (Piece::Thinking(t), Some("thinking")) => append(last, "thinking", &t),
+                (Piece::Thinking(t), _) => {
+                    self.close();
+                    self.blocks
+                        .push(json!({ "type": "thinking", "thinking": t, "signature": "" }));
+                }
+                (Piece::ToolUse { id, name }, _) => {
+                    self.close();
+                    self.blocks
+                        .push(json!({ "type": "tool_use", "id": id, "name": name, "input": {} }));
+                }
+                (Piece::Input(json), _) => self.input.push_str(&json),
+            }
+        }
+    }
+
+    /// Ends the open tool call: its input text becomes `input`.
+    fn close(&mut self) {
+        let input = std::mem::take(&mut self.input);
+        let Some(block) = self.blocks.last_mut() else {
+            return;
+        };
+        if block["type"] != "tool_use" || input.is_empty() {
+            return;
+        }
+        match serde_json::from_str::<Value>(&input) {
+            Ok(value @ Value::Object(_)) => block["input"] = value,
+            _ => tracing::warn!(
+                "tool call '{}' has arguments that are not a JSON object; its input is left empty: {}",
+                block["name"],
+                input.chars().take(200).collect::<String>()
+            ),
+        }
+    }
+
+    fn finish(mut self) -> Vec<Value> {
+        self.close();
+        if self.blocks.is_empty() {
+            self.blocks.push(json!({ "type": "text", "text": "" }));
+        }
+        self.blocks
+    }
+}
+
+/// Appends `text` to a block's `field`.
+fn append(block: Option<&mut Value>, field: &str, text: &str) {
+    if let Some(Value::String(s)) = block.and_then(|b| b.get_mut(field)) {
+        s.push_str(text);
+    }
+}
+
 /// A whole (non-streamed) message.
-fn whole(id: &str, ask: &Ask, translator: &Translator, text: String) -> Response {
+fn whole(id: &str, ask: &Ask, translator: &Translator, blocks: Blocks) -> Response {
     Json(json!({
         "id": id,
         "type": "message",
         "role": "assistant",
         "model": ask.model,
-        "content": [{ "type": "text", "text": text }],
+        "content": blocks.finish(),
         "stop_reason": translator.stop_reason(),
         "stop_sequence": translator.stop_sequence,
         "usage": translator.usage(),
@@ -549,13 +929,26 @@ fn whole(id: &str, ask: &Ask, translator: &Translator, text: String) -> Response
     .into_response()
 }
 
+/// The kind of the content block open in a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Text,
+    Thinking,
+    ToolUse,
+}
+
 /// Anthropic's events for one streamed message, written as server-sent
-/// events with `event:` lines.
+/// events with `event:` lines. Blocks open as their first piece comes and
+/// close when another kind begins: thinking, text, then tool_use blocks,
+/// as the model wrote them.
 struct Events {
     id: String,
     model: String,
     translator: Translator,
     started: bool,
+    /// The block open now, at index `index`.
+    open: Option<Open>,
+    index: usize,
 }
 
 impl Events {
@@ -565,6 +958,8 @@ impl Events {
             model,
             translator,
             started: false,
+            open: None,
+            index: 0,
         }
     }
 
@@ -576,7 +971,7 @@ impl Events {
         out.push_str("\n\n");
     }
 
-    /// `message_start` and the text block's start, once.
+    /// `message_start`, once.
     fn start(&mut self, out: &mut String) {
         if std::mem::replace(&mut self.started, true) {
             return;
@@ -590,20 +985,14 @@ impl Events {
                 "usage": { "input_tokens": 0, "output_tokens": 0 },
             }}),
         );
-        Events::write(
-            out,
-            "content_block_start",
-            json!({ "type": "content_block_start", "index": 0,
-                    "content_block": { "type": "text", "text": "" } }),
-        );
     }
 
     /// The events one engine event makes; `true` once the message is over.
     fn event(&mut self, event: &[u8], out: &mut String) -> bool {
         self.start(out);
         match self.translator.event(event) {
-            Step::Text(text) => {
-                self.text(&text, out);
+            Step::Pieces(pieces) => {
+                self.pieces(pieces, out);
                 if self.translator.done {
                     self.end(out);
                 }
@@ -616,27 +1005,79 @@ impl Events {
         }
     }
 
-    fn text(&self, text: &str, out: &mut String) {
-        if !text.is_empty() {
+    /// Opens a block of `kind` (closing another) unless one is open.
+    fn open(&mut self, kind: Open, block: Value, out: &mut String) {
+        if self.open == Some(kind) && kind != Open::ToolUse {
+            return;
+        }
+        self.close(out);
+        self.open = Some(kind);
+        Events::write(
+            out,
+            "content_block_start",
+            json!({ "type": "content_block_start", "index": self.index, "content_block": block }),
+        );
+    }
+
+    fn close(&mut self, out: &mut String) {
+        if self.open.take().is_some() {
             Events::write(
                 out,
-                "content_block_delta",
-                json!({ "type": "content_block_delta", "index": 0,
-                        "delta": { "type": "text_delta", "text": text } }),
+                "content_block_stop",
+                json!({ "type": "content_block_stop", "index": self.index }),
             );
+            self.index += 1;
         }
     }
 
-    /// The closing events: the block's stop, why and how much, the end.
-    fn end(&mut self, out: &mut String) {
-        self.start(out);
-        let held = std::mem::take(&mut self.translator.held);
-        self.text(&held, out);
+    fn delta(&self, delta: Value, out: &mut String) {
         Events::write(
             out,
-            "content_block_stop",
-            json!({ "type": "content_block_stop", "index": 0 }),
+            "content_block_delta",
+            json!({ "type": "content_block_delta", "index": self.index, "delta": delta }),
         );
+    }
+
+    fn pieces(&mut self, pieces: Vec<Piece>, out: &mut String) {
+        for piece in pieces {
+            match piece {
+                Piece::Text(text) => {
+                    self.open(Open::Text, json!({ "type": "text", "text": "" }), out);
+                    self.delta(json!({ "type": "text_delta", "text": text }), out);
+                }
+                Piece::Thinking(thinking) => {
+                    let block = json!({ "type": "thinking", "thinking": "", "signature": "" });
+                    self.open(Open::Thinking, block, out);
+                    self.delta(
+                        json!({ "type": "thinking_delta", "thinking": thinking }),
+                        out,
+                    );
+                }
+                Piece::ToolUse { id, name } => {
+                    let block = json!({ "type": "tool_use", "id": id, "name": name, "input": {} });
+                    self.open(Open::ToolUse, block, out);
+                }
+                Piece::Input(json) if self.open == Some(Open::ToolUse) => {
+                    self.delta(
+                        json!({ "type": "input_json_delta", "partial_json": json }),
+                        out,
+                    );
+                }
+                Piece::Input(_) => {}
+            }
+        }
+    }
+
+    /// The closing events: the last block's stop, why and how much, the end.
+    fn end(&mut self, out: &mut String) {
+        self.start(out);
+        let held = self.translator.flush();
+        self.pieces(held, out);
+        if self.open.is_none() && self.index == 0 {
+            // Every message has a block, if only an empty text.
+            self.open(Open::Text, json!({ "type": "text", "text": "" }), out);
+        }
+        self.close(out);
         Events::write(
             out,
             "message_delta",
@@ -868,10 +1309,8 @@ mod tests {
             ]],
         );
         check(
-            with("tools", json!([])),
-            expect![[
-                r#"400 invalid_request_error None: 'tools' is not supported by this host (it serves text: model, messages, max_tokens, system, stop_sequences, stream, temperature, top_p, top_k, metadata)"#
-            ]],
+            with("container", json!("x")),
+            expect!["400 invalid_request_error None: 'container' is not supported by this host (it serves: model, messages, max_tokens, system, stop_sequences, stream, temperature, top_p, top_k, metadata, tools, tool_choice)"],
         );
         check(
             with("model", json!("")),
@@ -903,7 +1342,7 @@ mod tests {
                 json!([{"role": "user", "content": [{"type": "image", "source": {}}]}]),
             ),
             expect![[
-                r#"400 invalid_request_error Some("messages"): 'messages[0].content[0]' is a 'image' block; this host serves text blocks only ({"type": "text", "text": "..."})"#
+                r#"400 invalid_request_error Some("messages"): 'messages[0].content[0]' is a 'image' block; this host serves text blocks ({"type": "text", "text": "..."}), and tool_use and tool_result blocks for tools"#
             ]],
         );
         check(
@@ -1001,6 +1440,119 @@ mod tests {
                 {"content_block":{"text":"","type":"text"},"index":0,"type":"content_block_start"}
                 {"delta":{"text":"a","type":"text_delta"},"index":0,"type":"content_block_delta"}
                 {"error":{"message":"engine 'mlx-lm' exited","type":"api_error"},"type":"error"}"#]],
+        );
+    }
+
+    #[test]
+    fn tools_and_tool_blocks_become_openais() {
+        check(
+            json!({"model": "m", "max_tokens": 8,
+                   "tools": [{"name": "get_weather", "description": "d", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}],
+                   "tool_choice": {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": true},
+                   "messages": [
+                       {"role": "user", "content": "weather?"},
+                       {"role": "assistant", "content": [
+                           {"type": "thinking", "thinking": "hmm", "signature": ""},
+                           {"type": "text", "text": "Let me look."},
+                           {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+                       {"role": "user", "content": [
+                           {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "Sunny"}]},
+                           {"type": "tool_result", "tool_use_id": "toolu_2", "content": "down", "is_error": true},
+                           {"type": "text", "text": "Thanks"}]}]}),
+            expect![[r#"
+                {"max_tokens":8,"messages":[{"content":"weather?","role":"user"},{"content":"Let me look.","role":"assistant","tool_calls":[{"function":{"arguments":"{\"city\":\"Paris\"}","name":"get_weather"},"id":"toolu_1","type":"function"}]},{"content":"Sunny","role":"tool","tool_call_id":"toolu_1"},{"content":"Error: down","role":"tool","tool_call_id":"toolu_2"},{"content":"Thanks","role":"user"}],"model":"m","parallel_tool_calls":false,"stream":true,"stream_options":{"include_usage":true},"tool_choice":{"function":{"name":"get_weather"},"type":"function"},"tools":[{"function":{"description":"d","name":"get_weather","parameters":{"type":"object"}},"type":"function"}]}
+                stream=false stops=[]"#]],
+        );
+        let base = || json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]});
+        let with = |k: &str, v: Value| {
+            let mut r = base();
+            r[k] = v;
+            r
+        };
+        check(
+            with(
+                "tools",
+                json!([{"type": "web_search_20250305", "name": "web_search"}]),
+            ),
+            expect![[
+                r#"400 invalid_request_error Some("tools"): 'tools[0]' is a 'web_search_20250305' tool, which runs on Anthropic's servers; this host serves client tools ({"name", "input_schema"}) only"#
+            ]],
+        );
+        check(
+            with("tools", json!([{"name": "x"}])),
+            expect![[
+                r#"400 invalid_request_error Some("tools"): 'tools[0].input_schema' must be a JSON Schema object, not null"#
+            ]],
+        );
+        check(
+            with("tool_choice", json!({"type": "any"})),
+            expect![[r#"
+            {"max_tokens":8,"messages":[{"content":"hi","role":"user"}],"model":"m","stream":true,"stream_options":{"include_usage":true},"tool_choice":"required"}
+            stream=false stops=[]"#]],
+        );
+        check(
+            with("tool_choice", json!({"type": "auto", "name": {}})),
+            expect![[
+                r#"400 invalid_request_error Some("tool_choice"): 'tool_choice.name' must be a string: the tool's name"#
+            ]],
+        );
+        check(
+            with("tool_choice", json!({"type": "some"})),
+            expect![[
+                r#"400 invalid_request_error Some("tool_choice"): 'tool_choice.type' must be "auto", "any", "tool" or "none", not "some""#
+            ]],
+        );
+        check(
+            with(
+                "messages",
+                json!([{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "b", "input": {}}]}]),
+            ),
+            expect![[
+                r#"400 invalid_request_error Some("messages"): 'messages[0].content[0]' is a 'tool_use' block, which only assistant turns carry"#
+            ]],
+        );
+    }
+
+    fn call_delta(call: Value) -> String {
+        json!({"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": null}]})
+            .to_string()
+    }
+
+    #[test]
+    fn reasoning_and_tool_calls_become_blocks() {
+        check_stream(
+            &[],
+            &[
+                r#"{"choices":[{"index":0,"delta":{"role":"assistant","reasoning_content":"think"},"finish_reason":null}]}"#,
+                &delta("Sure."),
+                &call_delta(
+                    json!({"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}),
+                ),
+                &call_delta(json!({"index": 0, "function": {"arguments": "{\"city\":"}})),
+                &call_delta(json!({"index": 0, "function": {"arguments": "\"Paris\"}"}})),
+                &call_delta(
+                    json!({"index": 1, "id": "call_2", "type": "function", "function": {"name": "add", "arguments": "{}"}}),
+                ),
+                r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+                "[DONE]",
+            ],
+            expect![[r#"
+                {"message":{"content":[],"id":"msg_1","model":"m","role":"assistant","stop_reason":null,"stop_sequence":null,"type":"message","usage":{"input_tokens":0,"output_tokens":0}},"type":"message_start"}
+                {"content_block":{"signature":"","thinking":"","type":"thinking"},"index":0,"type":"content_block_start"}
+                {"delta":{"thinking":"think","type":"thinking_delta"},"index":0,"type":"content_block_delta"}
+                {"index":0,"type":"content_block_stop"}
+                {"content_block":{"text":"","type":"text"},"index":1,"type":"content_block_start"}
+                {"delta":{"text":"Sure.","type":"text_delta"},"index":1,"type":"content_block_delta"}
+                {"index":1,"type":"content_block_stop"}
+                {"content_block":{"id":"call_1","input":{},"name":"get_weather","type":"tool_use"},"index":2,"type":"content_block_start"}
+                {"delta":{"partial_json":"{\"city\":","type":"input_json_delta"},"index":2,"type":"content_block_delta"}
+                {"delta":{"partial_json":"\"Paris\"}","type":"input_json_delta"},"index":2,"type":"content_block_delta"}
+                {"index":2,"type":"content_block_stop"}
+                {"content_block":{"id":"call_2","input":{},"name":"add","type":"tool_use"},"index":3,"type":"content_block_start"}
+                {"delta":{"partial_json":"{}","type":"input_json_delta"},"index":3,"type":"content_block_delta"}
+                {"index":3,"type":"content_block_stop"}
+                {"delta":{"stop_reason":"tool_use","stop_sequence":null},"type":"message_delta","usage":{"input_tokens":0,"output_tokens":1}}
+                {"type":"message_stop"}"#]],
         );
     }
 }

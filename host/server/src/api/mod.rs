@@ -36,7 +36,10 @@ mod openai;
 mod openapi;
 mod schema;
 mod settings;
+mod split;
 mod sse;
+pub(crate) mod stall;
+mod tools;
 mod upstream;
 pub(crate) mod validate;
 
@@ -156,6 +159,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/admin/style.css", get(admin::style))
         .route("/openapi.json", get(openapi::openapi_json))
         .layer(DefaultBodyLimit::max(MAX_BODY_MIB * 1024 * 1024))
+        .layer(middleware::from_fn_with_state(app.clone(), stall::watch))
         .fallback(|| async { ApiError::not_found("no such route; see GET /v1/models and /api/*") })
         .method_not_allowed_fallback(|| async {
             ApiError {

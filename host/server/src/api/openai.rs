@@ -27,7 +27,7 @@ use super::upstream::{self, Wait};
 use super::{ApiError, App};
 use crate::metrics::StreamMetrics;
 use crate::sessions::{Backend, InFlight, Session, Sessions};
-use crate::supervisor::health::State as EngineState;
+use crate::supervisor::health::{State as EngineState, Streaming};
 use hangar_engine::loader::wasm::{Direction, WasmPlugin};
 use hangar_engine::models::Model;
 
@@ -87,9 +87,15 @@ pub(super) async fn proxy(
     request: Result<Map<String, Value>, ApiError>,
 ) -> Result<Response, ApiError> {
     let mut model = String::from("-");
+    let mut plan = None;
     let result = match request {
-        Ok(request) => forward(app.clone(), path, request, &mut model).await,
+        Ok(request) => forward(app.clone(), path, request, &mut model, &mut plan).await,
         Err(e) => Err(e),
+    };
+    // Hook (tools and reasoning): the answer split the same for every engine.
+    let result = match (result, plan) {
+        (Ok(response), Some(plan)) => Ok(super::split::apply(response, plan).await),
+        (result, _) => result,
     };
     let status = match &result {
         Ok(r) => r.status(),
@@ -98,7 +104,14 @@ pub(super) async fn proxy(
     app.sessions
         .metrics()
         .request(&model, route, status.as_u16());
-    result
+    // A client that stalls while this answer is sent is recorded against
+    // the model.
+    result.map(|mut response| {
+        response
+            .extensions_mut()
+            .insert(super::stall::AnswerOf(model));
+        response
+    })
 }
 
 /// `GET /v1/models`: every discovered model, in OpenAI's list shape.
@@ -131,6 +144,7 @@ async fn forward(
     path: &'static str,
     mut request: Map<String, Value>,
     label: &mut String,
+    plan: &mut Option<super::split::Plan>,
 ) -> Result<Response, ApiError> {
     let started = std::time::Instant::now();
     let model_id = match request.get("model") {
@@ -162,6 +176,9 @@ async fn forward(
     if let Some(seed) = super::validate::seed(request.get("seed"))? {
         request.insert("seed".into(), Value::from(seed));
     }
+    if route == Route::Chat {
+        *plan = super::tools::plan(&app, &model, &mut request).await?;
+    }
     gate_request(&app, &model, route, &mut request).await?;
     let (session, in_flight) = app.scheduler.admit(&model).await?;
     let (base_url, upstream_model, mapper) = match &session.backend {
@@ -173,10 +190,21 @@ async fn forward(
         } => (base_url, upstream_model, mapper),
         Backend::InProcess(served) => {
             let answer = served.answer(route, &request);
-            return tokio::select! {
-                r = answer => r,
-                _ = session.ended.cancelled() => Err(ended_error(&session)),
+            let response = tokio::select! {
+                r = answer => r?,
+                _ = session.ended.cancelled() => return Err(ended_error(&session)),
             };
+            // A stream keeps its slot until it ends, and ends with an error
+            // event when the session does (an unload's drain deadline).
+            let is_sse = response
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+            let response = match is_sse {
+                true => response.map(|body| until_ended(body, session)),
+                false => response,
+            };
+            return Ok(super::stall::holding(response, in_flight));
         }
     };
     match upstream_model {
@@ -381,6 +409,7 @@ fn sse(
         body: Box::pin(upstream.bytes_stream()),
         ended: Box::pin(session.ended.clone().cancelled_owned()),
         timings: sessions.metrics().stream(&model_id, started),
+        streaming: session.monitor.as_ref().map(|m| m.stream()),
         sessions,
         session,
         _in_flight: in_flight,
@@ -404,6 +433,8 @@ struct Relay {
     ended: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
     /// Token timings and usage, for the metrics.
     timings: StreamMetrics,
+    /// Tells the health poll that this engine streams (busy, not failed).
+    streaming: Option<Streaming>,
     sessions: Arc<Sessions>,
     session: Arc<Session>,
     _in_flight: InFlight,
@@ -445,6 +476,9 @@ impl Relay {
             };
             let what = match next {
                 Some(Ok(chunk)) => {
+                    if let Some(streaming) = &self.streaming {
+                        streaming.chunk();
+                    }
                     let run = self.framer.push(chunk, &mut self.ends);
                     if run.is_empty() {
                         continue;
@@ -477,6 +511,20 @@ impl Relay {
             return Some(error_event(&failure(&self.session, &what).await));
         }
     }
+}
+
+/// An in-process engine's event stream, cut with a final error event when
+/// its session ends under it.
+fn until_ended(body: axum::body::Body, session: Arc<Session>) -> axum::body::Body {
+    let ended = Box::pin(session.ended.clone().cancelled_owned());
+    let state = Some((body.into_data_stream(), ended, session));
+    axum::body::Body::from_stream(futures_util::stream::unfold(state, |state| async move {
+        let (mut body, mut ended, session) = state?;
+        tokio::select! {
+            chunk = body.next() => chunk.map(|c| (c, Some((body, ended, session)))),
+            _ = &mut ended => Some((Ok(error_event(&ended_error(&session))), None)),
+        }
+    }))
 }
 
 /// The final event of a stream that failed.

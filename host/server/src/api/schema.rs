@@ -140,6 +140,96 @@ pub(super) struct ChatRequest {
     messages: Vec<ChatMessage>,
     #[serde(flatten)]
     sampling: Sampling,
+    /// Functions the model may call; refused (400) where the engine lacks
+    /// the `tool_calls` capability or the model's chat template does not
+    /// render tools.
+    tools: Option<Vec<Tool>>,
+    /// `auto` (the default), `none`, `required`, or a named function; the
+    /// last two need the engine's `structured_output` capability.
+    tool_choice: Option<ToolChoice>,
+    /// `false` keeps only the answer's first call.
+    parallel_tool_calls: Option<bool>,
+    /// `json_object` and `json_schema` need the engine's
+    /// `structured_output` capability.
+    response_format: Option<ResponseFormat>,
+}
+
+/// A function the model may call.
+#[derive(Serialize, ToSchema)]
+pub(super) struct Tool {
+    #[serde(rename = "type")]
+    kind: FunctionType,
+    function: FunctionSpec,
+}
+
+/// The one kind of tool.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum FunctionType {
+    Function,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct FunctionSpec {
+    /// Unique among the request's tools.
+    #[schema(pattern = r"^[A-Za-z0-9_\-]{1,64}$")]
+    name: String,
+    description: Option<String>,
+    /// A JSON Schema of the arguments.
+    parameters: Option<BTreeMap<String, Value>>,
+    strict: Option<bool>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum ToolChoice {
+    /// `auto`, `none` or `required`.
+    Mode(ToolChoiceMode),
+    /// This function (one of `tools`).
+    Named(NamedFunction),
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum ToolChoiceMode {
+    Auto,
+    None,
+    Required,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct NamedFunction {
+    #[serde(rename = "type")]
+    kind: FunctionType,
+    function: FunctionName,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct FunctionName {
+    name: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct ResponseFormat {
+    #[serde(rename = "type")]
+    kind: ResponseFormatType,
+    /// With `json_schema`: `{"name", "schema", "strict"}`.
+    json_schema: Option<JsonSchemaFormat>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum ResponseFormatType {
+    Text,
+    JsonObject,
+    JsonSchema,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct JsonSchemaFormat {
+    name: String,
+    schema: Option<BTreeMap<String, Value>>,
+    strict: Option<bool>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -147,6 +237,26 @@ pub(super) struct ChatMessage {
     role: String,
     /// A string, a list of content parts (objects with a `type`), or null.
     content: Option<ChatContent>,
+    /// An assistant turn's calls, as an answer gave them.
+    tool_calls: Option<Vec<ToolCall>>,
+    /// A `tool` message: the id of the call it answers (required there).
+    tool_call_id: Option<String>,
+}
+
+/// A tool call, in an answer or in the history.
+#[derive(Serialize, ToSchema)]
+pub(super) struct ToolCall {
+    id: String,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    function: CalledFunction,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct CalledFunction {
+    name: String,
+    /// The arguments, as JSON text.
+    arguments: String,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -201,10 +311,14 @@ pub(super) struct ChatChoice {
     finish_reason: Option<String>,
 }
 
+/// The answer; `finish_reason` is `tool_calls` when it called tools.
 #[derive(Serialize, ToSchema)]
 pub(super) struct AssistantMessage {
     role: String,
     content: Option<String>,
+    /// The model's reasoning, for models whose template marks it.
+    reasoning_content: Option<String>,
+    tool_calls: Option<Vec<ToolCall>>,
 }
 
 /// A whole completion.
@@ -249,6 +363,47 @@ pub(super) struct MessagesRequest {
     #[schema(minimum = 0, maximum = 4294967295_u64)]
     top_k: Option<u64>,
     metadata: Option<Metadata>,
+    /// Client tools; refused (400) where the engine lacks the `tool_calls`
+    /// capability or the model's template does not render tools.
+    tools: Option<Vec<AnthropicTool>>,
+    /// `any` and `tool` need the engine's `structured_output` capability.
+    tool_choice: Option<AnthropicToolChoice>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct AnthropicTool {
+    #[schema(min_length = 1)]
+    name: String,
+    description: Option<String>,
+    /// A JSON Schema of the input.
+    input_schema: BTreeMap<String, Value>,
+    /// Client tools only.
+    #[serde(rename = "type")]
+    kind: Option<CustomType>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum CustomType {
+    Custom,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct AnthropicToolChoice {
+    #[serde(rename = "type")]
+    kind: AnthropicChoiceType,
+    /// With `tool`: the tool's name.
+    name: Option<String>,
+    disable_parallel_tool_use: Option<bool>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum AnthropicChoiceType {
+    Auto,
+    Any,
+    Tool,
+    None,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -259,7 +414,87 @@ pub(super) struct Metadata {
 #[derive(Serialize, ToSchema)]
 pub(super) struct Turn {
     role: Role,
-    content: TextOrBlocks,
+    content: TurnContent,
+}
+
+/// A turn's content: a string, or blocks (`tool_use` and `thinking` in
+/// assistant turns, `tool_result` in user turns).
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum TurnContent {
+    Text(String),
+    /// Not empty.
+    Blocks(Vec<Block>),
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum Block {
+    Text(TextBlock),
+    ToolUse(ToolUseBlock),
+    ToolResult(ToolResultBlock),
+    Thinking(ThinkingBlock),
+    RedactedThinking(RedactedThinkingBlock),
+}
+
+/// Reasoning an earlier answer gave encrypted; sent back, it is dropped.
+#[derive(Serialize, ToSchema)]
+pub(super) struct RedactedThinkingBlock {
+    #[serde(rename = "type")]
+    kind: RedactedThinkingType,
+    data: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum RedactedThinkingType {
+    RedactedThinking,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct ToolUseBlock {
+    #[serde(rename = "type")]
+    kind: ToolUseType,
+    id: String,
+    name: String,
+    input: BTreeMap<String, Value>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum ToolUseType {
+    ToolUse,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct ToolResultBlock {
+    #[serde(rename = "type")]
+    kind: ToolResultType,
+    tool_use_id: String,
+    /// A string or a list of text blocks.
+    content: Option<TextOrBlocks>,
+    is_error: Option<bool>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum ToolResultType {
+    ToolResult,
+}
+
+/// The model's reasoning: `signature` is empty (no engine here signs it).
+#[derive(Serialize, ToSchema)]
+pub(super) struct ThinkingBlock {
+    #[serde(rename = "type")]
+    kind: ThinkingType,
+    thinking: String,
+    signature: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum ThinkingType {
+    Thinking,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -307,11 +542,20 @@ pub(super) struct Message {
     kind: String,
     role: String,
     model: String,
-    content: Vec<TextBlock>,
-    /// `end_turn`, `max_tokens` or `stop_sequence`.
+    /// Thinking, text and tool_use blocks, as the model wrote them.
+    content: Vec<AnswerBlock>,
+    /// `end_turn`, `max_tokens`, `stop_sequence` or `tool_use`.
     stop_reason: String,
     stop_sequence: Option<String>,
     usage: MessageUsage,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum AnswerBlock {
+    Text(TextBlock),
+    Thinking(ThinkingBlock),
+    ToolUse(ToolUseBlock),
 }
 
 #[derive(Serialize, ToSchema)]
@@ -355,6 +599,12 @@ pub(super) struct Loaded {
 pub(super) struct Unloaded {
     unloaded: bool,
     model: String,
+    /// What the unload did, answered at once: `unloaded` (its engine is
+    /// being stopped), `draining` (requests in flight may finish until the
+    /// drain's deadline, then are ended with an error), `load_cancelled`.
+    outcome: String,
+    /// The same in words (`draining 2 requests, done in ≤ 30 s …`).
+    message: String,
 }
 
 /// `GET /api/resolve`.

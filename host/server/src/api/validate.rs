@@ -76,7 +76,10 @@ const COUNT_TOKENS: Rule = Rule::Count {
 /// through for the engine to judge.
 pub(crate) fn check(route: Route, request: &Map<String, Value>) -> Result<(), ApiError> {
     match route {
-        Route::Chat => messages(request.get("messages"))?,
+        Route::Chat => {
+            messages(request.get("messages"))?;
+            super::tools::read(request)?;
+        }
         Route::Completion => prompt(request.get("prompt"))?,
     }
     for (name, rule) in FIELDS {
@@ -291,6 +294,7 @@ fn messages(value: Option<&Value>) -> Result<(), ApiError> {
             ))
             }
         }
+        super::tools::check_message(i, message)?;
     }
     Ok(())
 }
@@ -485,6 +489,93 @@ mod tests {
             json!({"stream_options": {"include_usage": 1}}),
             expect![[
                 r#"400 Some("stream_options"): 'stream_options.include_usage' must be true or false, not 1"#
+            ]],
+        );
+    }
+
+    #[test]
+    fn tools_and_tool_messages_are_checked() {
+        let weather = json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}});
+        check_chat(
+            json!({"tools": [weather], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": false}),
+            expect!["ok"],
+        );
+        check_chat(
+            json!({"tools": {}}),
+            expect![[
+                r#"400 Some("tools"): 'tools' must be a list of {"type": "function", "function": {"name", "parameters"}} objects, not {}"#
+            ]],
+        );
+        check_chat(
+            json!({"tools": [{"type": "retrieval"}]}),
+            expect![[
+                r#"400 Some("tools"): 'tools[0].type' must be "function" (the only kind of tool), not "retrieval""#
+            ]],
+        );
+        check_chat(
+            json!({"tools": [{"type": "function", "function": {"name": "bad name"}}]}),
+            expect![[
+                r#"400 Some("tools"): 'tools[0].function.name' must be 1 to 64 letters, digits, '_' or '-', not "bad name""#
+            ]],
+        );
+        check_chat(
+            json!({"tools": [weather, weather]}),
+            expect![[
+                r#"400 Some("tools"): 'tools[1].function.name' repeats 'get_weather'; each tool needs its own name"#
+            ]],
+        );
+        check_chat(
+            json!({"tool_choice": "required"}),
+            expect![[
+                r#"400 Some("tool_choice"): 'tool_choice' is "required" but the request has no 'tools'"#
+            ]],
+        );
+        check_chat(
+            json!({"tools": [weather], "tool_choice": {"type": "function", "function": {"name": "other"}}}),
+            expect![[
+                r#"400 Some("tool_choice"): 'tool_choice' names function 'other', which is not in 'tools' (get_weather)"#
+            ]],
+        );
+        check_chat(
+            json!({"tools": [weather], "tool_choice": 1}),
+            expect![[
+                r#"400 Some("tool_choice"): 'tool_choice' must be "auto", "none", "required" or {"type": "function", "function": {"name": "..."}}, not 1"#
+            ]],
+        );
+        check_chat(
+            json!({"parallel_tool_calls": "yes"}),
+            expect![[
+                r#"400 Some("parallel_tool_calls"): 'parallel_tool_calls' must be true or false, not "yes""#
+            ]],
+        );
+        check_chat(
+            json!({"response_format": {"type": "xml"}}),
+            expect![[
+                r#"400 Some("response_format"): 'response_format.type' must be "text", "json_object" or "json_schema", not "xml""#
+            ]],
+        );
+        check_chat(
+            json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}),
+            expect![[
+                r#"400 Some("response_format"): 'response_format.json_schema.name' must be a string"#
+            ]],
+        );
+        check_chat(
+            json!({"messages": [
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"}]}),
+            expect!["ok"],
+        );
+        check_chat(
+            json!({"messages": [{"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": {}}}]}]}),
+            expect![[
+                r#"400 Some("messages"): 'messages[0].tool_calls[0].function.arguments' must be a string of JSON, as the answer gave it"#
+            ]],
+        );
+        check_chat(
+            json!({"messages": [{"role": "tool", "content": "42"}]}),
+            expect![[
+                r#"400 Some("messages"): 'messages[0].tool_call_id' must be a string: the id of the call this message answers"#
             ]],
         );
     }

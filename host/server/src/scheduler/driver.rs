@@ -19,7 +19,7 @@ use super::machine::{
     Decision, Event, Limits, Millis, Policy, Refusal, Residency, Scheduler, Ticket,
 };
 use super::readings;
-use crate::sessions::{InFlight, LoadError, Session, Sessions};
+use crate::sessions::{Begun, Detached, InFlight, LoadError, Session, Sessions};
 use crate::settings::residency_of;
 
 /// How often memory is read and engines are looked at.
@@ -50,6 +50,25 @@ struct Inner {
     /// Pinned models at start, and how their load went.
     pinned: Vec<(String, Result<bool, String>)>,
     decisions: Vec<Decision>,
+}
+
+/// What an unload did, answered at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Unloaded {
+    /// The model's engine is being stopped (it had no requests in flight).
+    Stopped,
+    /// The model drains: its requests in flight may finish within `within`
+    /// (ms); then they are cut off with an error and its engine stops.
+    Draining {
+        /// Requests in flight.
+        requests: usize,
+        /// Until the drain's deadline (ms).
+        within: Millis,
+    },
+    /// The model was loading; its load was cancelled.
+    LoadCancelled,
+    /// The model was neither loaded nor loading.
+    NotLoaded,
 }
 
 /// The scheduler, driven.
@@ -162,8 +181,9 @@ impl Driver {
         self.origin.elapsed().as_millis() as Millis
     }
 
-    /// The model's policy from its settings, with its estimate.
-    fn policy(&self, inner: &mut Inner, model: &Model) -> Policy {
+    /// The model's policy from its settings, with its estimate; `at_once`
+    /// is how many requests its engine serves at once, where it says.
+    fn policy(&self, inner: &mut Inner, model: &Model, at_once: Option<usize>) -> Policy {
         let stored = self.sessions.settings().get();
         let residency = residency_of(&stored, &model.id);
         let context = stored
@@ -189,9 +209,14 @@ impl Driver {
         Policy {
             pin: residency.pin,
             ttl: residency.ttl_seconds.map(|s| s.saturating_mul(1000)),
+            // An engine that serves N at once gets N: the rest wait in the
+            // scheduler's queue, under its timeout, not inside the engine.
             max_concurrent: residency
                 .max_concurrent_requests
-                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+                .into_iter()
+                .chain(at_once)
+                .min(),
             drain: residency.drain_seconds.saturating_mul(1000),
             need,
         }
@@ -238,19 +263,34 @@ impl Driver {
                 let Some(model) = inner.models.get(model).cloned() else {
                     return;
                 };
+                // Begun now, under the scheduler's lock: begun later, the
+                // load could start after an unload decided since, and serve
+                // a model the scheduler counts as gone.
+                let begun = self.sessions.begin(&model);
                 let this = self.clone();
                 tokio::spawn(async move {
-                    let event = match this.sessions.ensure(&model).await {
-                        Ok(_) => Event::Loaded(model.id.clone()),
-                        Err(_) => Event::LoadFailed(model.id.clone()),
+                    let loaded = match begun {
+                        Ok(Begun::Ready(_)) => true,
+                        Ok(Begun::Loading(load)) => load.await.is_ok(),
+                        Err(_) => false,
+                    };
+                    let event = match loaded {
+                        true => Event::Loaded(model.id.clone()),
+                        false => Event::LoadFailed(model.id.clone()),
                     };
                     this.step(event);
                 });
             }
             Decision::Stop(model, why) => {
-                let (this, model, why) = (self.clone(), model.clone(), why.to_string());
+                // Detached now, so that whoever sees the decision (an unload
+                // answering) finds the session gone and its requests told
+                // why; stopping the engine may take its grace period.
+                let detached = self.sessions.detach(model, &why.to_string());
+                let (this, model) = (self.clone(), model.clone());
                 tokio::spawn(async move {
-                    this.sessions.unload(&model, &why).await;
+                    if let Some(detached) = detached {
+                        this.sessions.finish(detached).await;
+                    }
                     this.step(Event::Stopped(model));
                 });
             }
@@ -271,11 +311,12 @@ impl Driver {
         self: &Arc<Self>,
         model: &Model,
     ) -> Result<(Arc<Session>, InFlight), AdmitError> {
+        let at_once = self.sessions.at_once(model).await;
         let (ticket, outcome) = {
             let mut inner = self.inner.lock().expect("scheduler lock");
             let ticket = inner.next_ticket;
             inner.next_ticket += 1;
-            let policy = self.policy(&mut inner, model);
+            let policy = self.policy(&mut inner, model, at_once);
             let decisions = self.step_locked(
                 &mut inner,
                 Event::Request {
@@ -326,22 +367,33 @@ impl Driver {
     /// Loads `model` on an operator's request (or a pin), evicting what
     /// must go; refused when it cannot fit.
     pub(crate) async fn load(self: &Arc<Self>, model: &Model) -> Result<Arc<Session>, AdmitError> {
-        let decisions = {
-            let mut inner = self.inner.lock().expect("scheduler lock");
-            let policy = self.policy(&mut inner, model);
-            self.step_locked(
-                &mut inner,
-                Event::Load {
+        let at_once = self.sessions.at_once(model).await;
+        // A model whose engine is being stopped (an unload answers before
+        // its engine is gone) loads once it is: the stop takes at most the
+        // engine's grace period.
+        let stopped_by = Instant::now() + crate::sessions::STOP_GRACE + SAMPLE;
+        loop {
+            let (decisions, stopping) = {
+                let mut inner = self.inner.lock().expect("scheduler lock");
+                let policy = self.policy(&mut inner, model, at_once);
+                let stopping = inner.machine.model(&model.id).map(|m| m.residency)
+                    == Some(Residency::Stopping);
+                let event = Event::Load {
                     model: model.id.clone(),
                     policy,
-                },
-            )
-        };
-        for d in decisions {
-            if let Decision::RefuseLoad(m, refusal) = d {
-                if m == model.id {
-                    return Err(AdmitError::Refused(refusal));
+                };
+                (self.step_locked(&mut inner, event), stopping)
+            };
+            let refused = decisions.into_iter().find_map(|d| match d {
+                Decision::RefuseLoad(m, refusal) if m == model.id => Some(refusal),
+                _ => None,
+            });
+            match refused {
+                None => break,
+                Some(_) if stopping && Instant::now() < stopped_by => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
+                Some(refusal) => return Err(AdmitError::Refused(refusal)),
             }
         }
         let session = self.sessions.ensure(model).await?;
@@ -351,38 +403,59 @@ impl Driver {
         Ok(session)
     }
 
-    /// Unloads `model`: cancels its load, or drains its in-flight requests
-    /// (up to its `drain_seconds`) and stops its engine. Returns once it is
-    /// gone; false when it was neither loaded nor loading.
-    pub(crate) async fn unload(self: &Arc<Self>, model: &str) -> bool {
-        let decisions = self.step(Event::Unload(model.to_string()));
-        if decisions
-            .iter()
-            .any(|d| matches!(d, Decision::NotLoaded(m) if m == model))
-        {
-            // Not the scheduler's (a load it did not start): the sessions
-            // may still have it.
-            return self.sessions.unload(model, "unloaded on request").await;
+    /// Unloads `model`, answering at once with what it did: cancelled its
+    /// load, stopped it (its engine goes in the background), or began to
+    /// drain its in-flight requests, which are cut off with an error at the
+    /// drain's deadline (`drain_seconds`).
+    pub(crate) fn unload(self: &Arc<Self>, model: &str) -> Unloaded {
+        let mut inner = self.inner.lock().expect("scheduler lock");
+        let before = inner.machine.model(model).map(|m| m.residency);
+        if before == Some(Residency::Stopping) {
+            // Stopping already (an eviction, a drain that ended).
+            return Unloaded::Stopped;
         }
-        if decisions
-            .iter()
-            .any(|d| matches!(d, Decision::CancelLoad(m) if m == model))
-        {
-            self.sessions.unload(model, "load cancelled").await;
-            return true;
-        }
-        loop {
-            let state = self.residency(model);
-            if matches!(state, None | Some(Residency::Absent)) {
-                return true;
+        let decisions = self.step_locked(&mut inner, Event::Unload(model.to_string()));
+        for d in &decisions {
+            match d {
+                Decision::Stop(m, _) if m == model => return Unloaded::Stopped,
+                Decision::CancelLoad(m) if m == model => {
+                    if let Some(detached) = self.sessions.detach(model, "load cancelled") {
+                        let sessions = self.sessions.clone();
+                        tokio::spawn(async move { sessions.finish(detached).await });
+                    }
+                    return Unloaded::LoadCancelled;
+                }
+                Decision::NotLoaded(m) if m == model => {
+                    // Not the scheduler's (a load it did not start): the
+                    // sessions may still have it.
+                    return match self.sessions.detach(model, "unloaded on request") {
+                        Some(detached) => {
+                            let outcome = match detached {
+                                Detached::Load(_) => Unloaded::LoadCancelled,
+                                Detached::Session(..) => Unloaded::Stopped,
+                            };
+                            let sessions = self.sessions.clone();
+                            tokio::spawn(async move { sessions.finish(detached).await });
+                            outcome
+                        }
+                        None => Unloaded::NotLoaded,
+                    };
+                }
+                _ => {}
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-    }
-
-    fn residency(&self, model: &str) -> Option<Residency> {
-        let inner = self.inner.lock().expect("scheduler lock");
-        inner.machine.model(model).map(|m| m.residency)
+        // Draining: newly, or since an earlier unload.
+        let now = self.now();
+        match inner.machine.model(model) {
+            Some(m) => match m.residency {
+                Residency::Draining(until) => Unloaded::Draining {
+                    requests: m.in_flight,
+                    within: until.saturating_sub(now),
+                },
+                _ => Unloaded::Stopped,
+            },
+            None => Unloaded::NotLoaded,
+        }
     }
 
     /// Loads every pinned model among `models` (in the background), so

@@ -117,13 +117,26 @@ pub(crate) struct Event {
     pub message: String,
 }
 
-type LoadFuture = Shared<BoxFuture<'static, Result<Arc<Session>, LoadError>>>;
+pub(crate) type LoadFuture = Shared<BoxFuture<'static, Result<Arc<Session>, LoadError>>>;
 
 enum Slot {
     /// A load in flight, and the token that cancels it (an unload sent
     /// while the model loads, or shutdown: a child of `closing`).
     Loading(LoadFuture, CancellationToken),
     Ready(Arc<Session>),
+}
+
+/// What [`Sessions::begin`] found: a ready session, or a load to await.
+pub(crate) enum Begun {
+    Ready(Arc<Session>),
+    Loading(LoadFuture),
+}
+
+/// What [`Sessions::detach`] took: a session to stop (and the event's
+/// message), or a cancelled load to wait for.
+pub(crate) enum Detached {
+    Session(Arc<Session>, String),
+    Load(LoadFuture),
 }
 
 /// Every session of the host.
@@ -146,6 +159,8 @@ pub(crate) struct Sessions {
     closing: CancellationToken,
     /// Which plugin serves each format, kept until the settings change.
     resolved: crate::resolved::Resolved,
+    /// In-process plugins' `concurrent_generates`, by plugin id.
+    at_once: Mutex<HashMap<String, usize>>,
 }
 
 /// How many events are kept.
@@ -175,6 +190,7 @@ impl Sessions {
             next_id: AtomicU64::new(1),
             closing: CancellationToken::new(),
             resolved: Default::default(),
+            at_once: Mutex::new(HashMap::new()),
         })
     }
 
@@ -208,38 +224,46 @@ impl Sessions {
 
     /// The session serving `model`, loading it first if needed.
     pub(crate) async fn ensure(self: &Arc<Self>, model: &Model) -> Result<Arc<Session>, LoadError> {
-        let load = {
-            let mut slots = self.slots.lock().expect("slots lock");
-            if self.closing.is_cancelled() {
-                return Err(LoadError::ShuttingDown {
-                    model: model.id.clone(),
-                });
-            }
-            match slots.get(&model.id) {
-                Some(Slot::Ready(s)) if !s.ended.is_cancelled() => return Ok(s.clone()),
-                Some(Slot::Loading(load, _)) => load.clone(),
-                _ => {
-                    // The load runs as its own task: a client that gives up
-                    // waiting does not cancel it for the others.
-                    let this = self.clone();
-                    let cancel = self.closing.child_token();
-                    let task = tokio::spawn(this.load(model.clone(), cancel.clone()));
-                    let load: LoadFuture = async move {
-                        task.await.unwrap_or_else(|e| {
-                            Err(LoadError::Host {
-                                model: String::new(),
-                                reason: format!("the load task failed: {e}"),
-                            })
+        match self.begin(model)? {
+            Begun::Ready(session) => Ok(session),
+            Begun::Loading(load) => load.await,
+        }
+    }
+
+    /// The model's session if it is ready, else its load, started now if
+    /// none runs (without waiting: the scheduler starts loads under its
+    /// lock, so that a load it decided cannot begin after an unload it
+    /// decided later).
+    pub(crate) fn begin(self: &Arc<Self>, model: &Model) -> Result<Begun, LoadError> {
+        let mut slots = self.slots.lock().expect("slots lock");
+        if self.closing.is_cancelled() {
+            return Err(LoadError::ShuttingDown {
+                model: model.id.clone(),
+            });
+        }
+        Ok(match slots.get(&model.id) {
+            Some(Slot::Ready(s)) if !s.ended.is_cancelled() => Begun::Ready(s.clone()),
+            Some(Slot::Loading(load, _)) => Begun::Loading(load.clone()),
+            _ => {
+                // The load runs as its own task: a client that gives up
+                // waiting does not cancel it for the others.
+                let this = self.clone();
+                let cancel = self.closing.child_token();
+                let task = tokio::spawn(this.load(model.clone(), cancel.clone()));
+                let load: LoadFuture = async move {
+                    task.await.unwrap_or_else(|e| {
+                        Err(LoadError::Host {
+                            model: String::new(),
+                            reason: format!("the load task failed: {e}"),
                         })
-                    }
-                    .boxed()
-                    .shared();
-                    slots.insert(model.id.clone(), Slot::Loading(load.clone(), cancel));
-                    load
+                    })
                 }
+                .boxed()
+                .shared();
+                slots.insert(model.id.clone(), Slot::Loading(load.clone(), cancel));
+                Begun::Loading(load)
             }
-        };
-        load.await
+        })
     }
 
     /// Ids of models loading now.
@@ -278,39 +302,68 @@ impl Sessions {
         self.list().into_iter().find(|s| s.model.id == model)
     }
 
-    /// Stops a model's session, or cancels its load (the engine being
-    /// started is stopped, and the requests waiting for it are told why).
-    /// Returns false when the model was neither loaded nor loading.
-    /// `why` is the event's message (`unloaded on request`, `idle for 600 s`).
-    pub(crate) async fn unload(&self, model: &str, why: &str) -> bool {
-        let session = {
-            let mut slots = self.slots.lock().expect("slots lock");
-            match slots.get(model) {
-                Some(Slot::Ready(_)) => match slots.remove(model) {
-                    Some(Slot::Ready(s)) => Ok(s),
-                    _ => unreachable!("checked above"),
-                },
-                Some(Slot::Loading(load, cancel)) => {
-                    cancel.cancel();
-                    Err(load.clone())
+    /// The first half of an unload (of a model's session, or of its load:
+    /// the engine being started is stopped, and the requests waiting for it
+    /// are told why), which never waits; `None` when the model was neither
+    /// loaded nor loading. `why` is the event's message (`unloaded on
+    /// request`, `idle for 600 s`). The session leaves the map and ends (its
+    /// requests are told `why`), or the load is cancelled;
+    /// [`Sessions::finish`] then stops what was detached.
+    pub(crate) fn detach(&self, model: &str, why: &str) -> Option<Detached> {
+        let mut slots = self.slots.lock().expect("slots lock");
+        match slots.get(model) {
+            Some(Slot::Ready(_)) => match slots.remove(model) {
+                Some(Slot::Ready(session)) => {
+                    session.end(format!("model '{model}' was {why}"));
+                    Some(Detached::Session(session, why.to_string()))
                 }
-                None => return false,
+                _ => unreachable!("checked above"),
+            },
+            Some(Slot::Loading(load, cancel)) => {
+                cancel.cancel();
+                Some(Detached::Load(load.clone()))
             }
-        };
-        let session = match session {
-            Ok(session) => session,
-            Err(load) => {
-                // The slot goes when the load ends, so that a request
-                // arriving now waits for the cancelled load to finish
-                // stopping its engine rather than starting a second one.
+            None => None,
+        }
+    }
+
+    /// The second half of an unload: stops the detached session's engine
+    /// and records `unloaded`, or waits for a cancelled load to stop the
+    /// engine it was starting.
+    pub(crate) async fn finish(&self, detached: Detached) {
+        match detached {
+            // The slot goes when the load ends, so that a request arriving
+            // now waits for the cancelled load to finish stopping its engine
+            // rather than starting a second one.
+            Detached::Load(load) => {
                 let _ = load.await;
-                return true;
             }
-        };
-        session.end(format!("model '{model}' was unloaded"));
-        session.stop(STOP_GRACE).await;
-        self.record("unloaded", model, Some(&session.id), why.to_string());
-        true
+            Detached::Session(session, why) => {
+                session.stop(STOP_GRACE).await;
+                self.record("unloaded", &session.model.id, Some(&session.id), why);
+            }
+        }
+    }
+
+    /// How many requests the engine that would serve `model` takes at
+    /// once, where it says: an in-process engine's `concurrent_generates`
+    /// (1 when it declares none). `None` for engine processes, which queue
+    /// for themselves.
+    pub(crate) async fn at_once(&self, model: &Model) -> Option<usize> {
+        let (entry, engine) = self.serving(&model.format).await?;
+        if !entry.manifest.in_process {
+            return None;
+        }
+        let mut known = self.at_once.lock().expect("at_once lock");
+        let n = known.entry(entry.manifest.id.clone()).or_insert_with(|| {
+            let declared = engine
+                .plugin
+                .describe()
+                .ok()
+                .and_then(|d| d.concurrent_generates);
+            declared.unwrap_or(1).max(1) as usize
+        });
+        Some(*n)
     }
 
     /// Cancelled when shutdown begins (live streams end on it).

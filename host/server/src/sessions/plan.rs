@@ -85,31 +85,34 @@ pub(super) fn plan(
     let stored_model = stored.models.get(&model.id).cloned().unwrap_or_default();
     let cluster =
         cluster(registry.config(), &stored_model, &effective, &notes).map_err(plan_err)?;
-    let request = LoadRequest {
-        model_id: model.id.clone(),
-        model_path: model.path.display().to_string(),
-        model_files: model.files.clone(),
-        format: model.format.clone(),
-        accelerator: entry
+    let mut request = LoadRequest::new(
+        model.id.clone(),
+        model.path.display().to_string(),
+        model.format.clone(),
+    )
+    .with_model_files(model.files.clone())
+    .with_accelerator(
+        entry
             .accelerator
             .as_ref()
             .map(ToString::to_string)
             .unwrap_or_else(|| "cpu".into()),
-        engine: engine.report.clone(),
-        capabilities: engine
+    )
+    .with_engine(engine.report.clone())
+    .with_capabilities(
+        engine
             .capabilities
             .iter()
             .filter(|(_, s)| s.is_on())
             .map(|(id, _)| id.clone())
-            .collect(),
-        settings: effective.clone(),
-        plugin_settings: plugin_settings.clone(),
-        host: "127.0.0.1".into(),
-        port,
-        work_dir: work_dir.display().to_string(),
-        cluster,
-        cache_dir: Some(dirs.state.join("cache").join(&chosen).display().to_string()),
-    };
+            .collect::<Vec<_>>(),
+    )
+    .with_settings(effective.clone())
+    .with_plugin_settings(plugin_settings.clone())
+    .with_endpoint("127.0.0.1", port)
+    .with_work_dir(work_dir.display().to_string())
+    .with_cache_dir(dirs.state.join("cache").join(&chosen).display().to_string());
+    request.cluster = cluster;
     let planned = |how| Planned {
         plugin: chosen.clone(),
         engine_version: engine.version.as_ref().map(ToString::to_string),
@@ -143,33 +146,25 @@ pub(super) fn plan(
             }
         }
         let load = serde_json::to_string_pretty(&request).expect("requests serialize");
-        let plan = LaunchPlan {
-            program: keeper.display().to_string(),
-            args: vec![
+        let plan = LaunchPlan::new(
+            keeper.display().to_string(),
+            vec![
                 "worker".into(),
                 "--plugin-dir".into(),
                 entry.dir.display().to_string(),
                 "--request".into(),
                 work_dir.join("load.json").display().to_string(),
             ],
-            env: Default::default(),
-            cwd: None,
-            readiness: hangar_plugin_api::wire::Readiness {
-                health_path: "/health".into(),
-                ready_status: 200,
-                warmup: None,
-                failed_statuses: vec![],
-            },
-            start_timeout_ms: effective
+        )
+        .with_readiness(hangar_plugin_api::wire::Readiness::new("/health"))
+        .with_start_timeout_ms(
+            effective
                 .get("start_timeout_ms")
                 .and_then(|v| v.as_u64())
                 .unwrap_or(300_000),
-            protocol: Default::default(),
-            upstream_model: None,
-            notes,
-            files: [("load.json".to_string(), load)].into_iter().collect(),
-            ranks: Vec::new(),
-        };
+        )
+        .with_notes(notes)
+        .with_files([("load.json".to_string(), load)].into_iter().collect());
         return Ok(planned(How::Launch {
             plan: Box::new(plan),
             program: keeper.to_path_buf(),

@@ -4,7 +4,12 @@
 //! While a session lives its engine's readiness route (the launch plan's
 //! [`Readiness`]) is polled; an answer in the plan's `failed_statuses`
 //! (mlx_lm.server's 503 once its generation thread died) marks the session
-//! failed. Requests wait on an engine under three timeouts (connect, first
+//! failed, unless the engine is still streaming tokens: a readiness route
+//! can answer 503 under load (every slot taken, in llama-server's and
+//! older mlxcel's words; the plan lists such statuses in `busy_statuses`),
+//! and an engine with clients receiving tokens from it is busy, whatever
+//! its route says, never failed. It is judged again once its streams end
+//! or go silent. Requests wait on an engine under three timeouts (connect, first
 //! byte, silence between bytes of a stream); when one passes while the
 //! engine process lives, the engine is asked on its readiness route: an
 //! answer, whatever its status, means it is **busy** (keep waiting, and say
@@ -12,8 +17,9 @@
 //! means it is **hung**, and the caller kills it.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use hangar_plugin_api::wire::Readiness;
 use serde::{Deserialize, Serialize};
@@ -40,6 +46,10 @@ pub(crate) struct ServingSettings {
     /// How long the engine has to answer a check before it counts as hung,
     /// in milliseconds.
     pub check_timeout_ms: u64,
+    /// How long a client may accept no bytes of an answer it is being
+    /// sent (its socket full), or send none of a request body it started,
+    /// before its connection is cut and its slot freed, in milliseconds.
+    pub client_stall_timeout_ms: u64,
 }
 
 impl Default for ServingSettings {
@@ -51,6 +61,7 @@ impl Default for ServingSettings {
             stream_idle_timeout_ms: 60_000,
             health_poll_ms: 2_000,
             check_timeout_ms: 5_000,
+            client_stall_timeout_ms: 30_000,
         }
     }
 }
@@ -64,6 +75,7 @@ impl ServingSettings {
             ("stream_idle_timeout_ms", self.stream_idle_timeout_ms),
             ("health_poll_ms", self.health_poll_ms),
             ("check_timeout_ms", self.check_timeout_ms),
+            ("client_stall_timeout_ms", self.client_stall_timeout_ms),
         ]
         .into_iter()
         .filter(|(_, v)| *v == 0 || *v > i64::MAX as u64)
@@ -100,6 +112,11 @@ impl ServingSettings {
     /// The check timeout.
     pub(crate) fn check(&self) -> Duration {
         Self::ms(self.check_timeout_ms)
+    }
+
+    /// How long a client may stall an answer or a request body.
+    pub(crate) fn client_stall(&self) -> Duration {
+        Self::ms(self.client_stall_timeout_ms)
     }
 }
 
@@ -149,6 +166,13 @@ pub(crate) struct Monitor {
     state: AtomicU8,
     /// Requests now waiting past a timeout on an engine that answers.
     waiting: AtomicUsize,
+    /// When the monitor began: token times are kept as milliseconds since.
+    epoch: Instant,
+    /// Streams from the engine now relayed to clients.
+    streams: AtomicUsize,
+    /// When the engine last sent a stream chunk, in milliseconds since
+    /// `epoch` plus one (0: never).
+    last_chunk: AtomicU64,
 }
 
 /// Why a wait ended without the awaited thing.
@@ -163,8 +187,10 @@ pub(crate) struct Hung {
 /// What the readiness route said.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Check {
-    /// It answered (any status but a failed one).
+    /// It answered (any status but a failed or busy one).
     Answered(u16),
+    /// It answered with a status the plan calls busy (full, not failed).
+    Busy(u16),
     /// It answered with a status the plan calls failed.
     Failed(u16, String),
     /// No answer within the check timeout.
@@ -186,6 +212,33 @@ impl Monitor {
             settings,
             state: AtomicU8::new(0),
             waiting: AtomicUsize::new(0),
+            epoch: Instant::now(),
+            streams: AtomicUsize::new(0),
+            last_chunk: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts a stream from the engine as relayed until the returned guard
+    /// drops; call [`Streaming::chunk`] for each chunk it brings.
+    pub(crate) fn stream(self: &Arc<Self>) -> Streaming {
+        self.streams.fetch_add(1, Ordering::SeqCst);
+        Streaming(self.clone())
+    }
+
+    /// Whether the engine is streaming now: a stream is open and one of
+    /// its chunks arrived within the stream-silence timeout (a stream
+    /// silent for longer is the request's own timeout's business, which
+    /// tells busy from hung).
+    fn streaming(&self) -> bool {
+        if self.streams.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        match self.last_chunk.load(Ordering::SeqCst) {
+            0 => false,
+            at => {
+                let since = self.epoch.elapsed().as_millis() as u64 + 1 - at;
+                since <= self.settings.stream_idle_timeout_ms
+            }
         }
     }
 
@@ -214,6 +267,9 @@ impl Monitor {
             .send()
             .await;
         match answer {
+            Ok(r) if self.readiness.busy_statuses.contains(&r.status().as_u16()) => {
+                Check::Busy(r.status().as_u16())
+            }
             Ok(r)
                 if self
                     .readiness
@@ -232,22 +288,42 @@ impl Monitor {
     /// Polls the readiness route until it reports failure (returned as a
     /// sentence) or `ended` resolves. Silence here is not judged: a busy
     /// single-threaded engine may not answer polls, and requests' own
-    /// timeouts tell busy from hung.
+    /// timeouts tell busy from hung. A busy status, or a failed one while
+    /// the engine streams tokens, shows the session `busy` until the route
+    /// answers otherwise.
     pub(crate) async fn poll_until_failed(
         &self,
         ended: impl Future<Output = ()>,
     ) -> Option<String> {
         tokio::pin!(ended);
+        let mut busy: Option<BusyGuard<'_>> = None;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(self.settings.poll()) => {}
                 _ = &mut ended => return None,
             }
-            if let Check::Failed(status, body) = self.check().await {
-                return Some(format!(
-                    "its readiness route {} answered {status} ({body})",
-                    self.readiness.health_path
-                ));
+            let path = &self.readiness.health_path;
+            match self.check().await {
+                Check::Failed(status, body) if self.streaming() => {
+                    if busy.is_none() {
+                        tracing::info!(
+                            "engine at {} answered {path} with {status} ({body}) while streaming tokens to {} clients: busy, not failed",
+                            self.base_url,
+                            self.streams.load(Ordering::SeqCst)
+                        );
+                    }
+                    busy.get_or_insert_with(|| BusyGuard::new(self));
+                }
+                Check::Failed(status, body) => {
+                    return Some(format!(
+                        "its readiness route {path} answered {status} ({body})"
+                    ));
+                }
+                Check::Busy(_) => {
+                    busy.get_or_insert_with(|| BusyGuard::new(self));
+                }
+                Check::Answered(_) => busy = None,
+                Check::Silent => {}
             }
         }
     }
@@ -269,7 +345,7 @@ impl Monitor {
                 _ = tokio::time::sleep(period) => {}
             }
             match self.check().await {
-                Check::Answered(_) => {
+                Check::Answered(_) | Check::Busy(_) => {
                     if busy.is_none() {
                         busy = Some(BusyGuard::new(self));
                         tracing::info!(
@@ -291,8 +367,27 @@ impl Monitor {
     }
 }
 
+/// One stream from the engine relayed to a client, counted while it lives
+/// (see [`Monitor::stream`]).
+#[derive(Debug)]
+pub(crate) struct Streaming(Arc<Monitor>);
+
+impl Streaming {
+    /// A chunk of the stream arrived from the engine.
+    pub(crate) fn chunk(&self) {
+        let now = self.0.epoch.elapsed().as_millis() as u64 + 1;
+        self.0.last_chunk.fetch_max(now, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        self.0.streams.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Keeps a session `busy` while one request waits on an engine that
-/// answers its checks.
+/// answers its checks, or while its readiness route says it is full.
 struct BusyGuard<'a>(&'a Monitor);
 
 impl<'a> BusyGuard<'a> {

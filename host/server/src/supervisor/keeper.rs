@@ -14,6 +14,7 @@
 //! engine's exit code, or 128 + signal number when a signal ended it.
 
 use std::io::Read;
+use std::io::Write;
 use std::process::{Command, ExitCode, Stdio};
 
 use nix::sys::signal::{killpg, Signal};
@@ -35,7 +36,13 @@ pub(crate) fn run(program: &str, args: &[String]) -> ExitCode {
             return ExitCode::from(127);
         }
     };
-    eprintln!("{PID_LINE}{}", child.id());
+    // One write: the engine, started just now, shares this stderr, and
+    // `eprintln!` writes its pieces one by one (stderr is unbuffered), so
+    // an engine line could land inside the pid line and both be lost (seen:
+    // "unsupported model architecture" vanished from a failed start's
+    // output under load). A pipe takes a write this short whole.
+    let line = format!("{PID_LINE}{}\n", child.id());
+    let _ = std::io::stderr().write_all(line.as_bytes());
     std::thread::spawn(|| {
         // Blocks until the host closes the pipe, which happens only when it
         // exits: then nothing may survive it.

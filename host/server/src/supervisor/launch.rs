@@ -60,6 +60,7 @@ pub(crate) async fn launch(
         program,
         args: plan.args.clone(),
         env: plan.env.clone(),
+        env_remove_prefixes: plan.env_remove_prefixes.clone(),
         cwd: plan
             .cwd
             .clone()

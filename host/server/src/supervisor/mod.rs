@@ -44,6 +44,9 @@ pub(crate) struct Spawn {
     pub args: Vec<String>,
     /// Extra environment.
     pub env: BTreeMap<String, String>,
+    /// Prefixes of the host's environment variables the engine must not
+    /// inherit (those `env` sets excepted).
+    pub env_remove_prefixes: Vec<String>,
     /// Working directory.
     pub cwd: PathBuf,
 }
@@ -124,6 +127,17 @@ impl EngineProcess {
     /// Starts `spawn` under the keeper `keeper` (the `hangar` binary).
     pub(crate) fn start(keeper: &Path, spawn: &Spawn) -> Result<EngineProcess, StartError> {
         let mut command = Command::new(keeper);
+        // The keeper passes its environment on to the engine.
+        for (name, _) in std::env::vars_os() {
+            let Some(text) = name.to_str() else { continue };
+            let listed = spawn
+                .env_remove_prefixes
+                .iter()
+                .any(|p| text.starts_with(p.as_str()));
+            if listed && !spawn.env.contains_key(text) {
+                command.env_remove(&name);
+            }
+        }
         command
             .arg("keeper")
             .arg("--")

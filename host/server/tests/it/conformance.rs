@@ -9,7 +9,7 @@ use std::path::Path;
 use expect_test::{expect, Expect};
 use hangar_engine::conformance::{self, Outcome, PluginTest};
 
-use crate::fixtures::{allow_python, manifest, Scenario};
+use crate::fixtures::{allow_python, manifest, Scenario, ECHO_EXTRA};
 
 /// Runs the suite on the plugin folder `dir`: each check's outcome, and
 /// each failure's verdict (passes say how long things took, which varies).
@@ -108,7 +108,7 @@ fn the_honest_examples_pass() {
     );
     let echo = s.plugin(
         "echo",
-        &manifest("echo", "engine_echo", &["mlx"], 50, "in_process = true\n"),
+        &manifest("echo", "engine_echo", &["mlx"], 50, ECHO_EXTRA),
         Some("engine_echo"),
     );
     check(

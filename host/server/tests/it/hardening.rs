@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::fixtures::{allow_python, make_executable, manifest, Scenario};
+use crate::fixtures::{allow_python, make_executable, manifest, Scenario, ECHO_EXTRA};
 use crate::serve::{alive, beta, beta_plugin, Server};
 
 /// Posts `body` as raw text (for numbers `json!` cannot write, like 2^64).
@@ -78,7 +78,7 @@ fn bad_request_fields_are_refused_on_the_in_process_route_too() {
     let server = Server::with(|s| {
         s.plugin(
             "echo",
-            &manifest("echo", "engine_echo", &["mlx"], 50, "in_process = true\n"),
+            &manifest("echo", "engine_echo", &["mlx"], 50, ECHO_EXTRA),
             Some("engine_echo"),
         );
         s.config("[plugins.echo]\nisolation = \"none\"\n");

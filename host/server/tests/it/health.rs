@@ -112,6 +112,71 @@ fn a_slow_engine_that_answers_is_busy_not_hung() {
     assert_eq!(model_state(&server), "ready");
 }
 
+/// Streams one chat of `max_tokens` tokens; returns the status and the
+/// data events that carried a token or an error.
+fn stream(server: &Server, max_tokens: u32) -> (u16, Vec<String>) {
+    let response = reqwest::blocking::Client::new()
+        .post(format!("{}/v1/chat/completions", server.url))
+        .json(&json!({
+            "model": "tiny", "stream": true, "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": "go"}],
+        }))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .unwrap();
+    let status = response.status().as_u16();
+    let events = BufReader::new(response)
+        .lines()
+        .map_while(Result::ok)
+        .filter(|l| l.starts_with("data: {"))
+        .collect();
+    (status, events)
+}
+
+/// Regression (issue 30): at 64 concurrent streams the health poll took a
+/// 503 from mlx_lm.server's readiness route for a failure and killed the
+/// engine with every client on it. An engine that answers 503 while it
+/// streams tokens is busy: three times its batch of streams all finish,
+/// the session shows `busy` meanwhile, and nothing is failed or restarted.
+#[test]
+fn an_engine_that_answers_503_while_it_streams_is_busy_not_failed() {
+    let server = unruly();
+    let pid = pid_of(&server.load());
+    let (status, body) = chat(&server, "BUSY503");
+    assert_eq!(status, 200, "{body}");
+    std::thread::scope(|scope| {
+        // The stand-in streams 4 at a time; 12 keep it full for 3 rounds.
+        let streams: Vec<_> = (0..12)
+            .map(|_| scope.spawn(|| stream(&server, 40)))
+            .collect();
+        eventually("the busy state", Duration::from_secs(5), || {
+            model_state(&server) == "busy"
+        });
+        for s in streams {
+            let (status, events) = s.join().unwrap();
+            assert_eq!(status, 200);
+            assert_eq!(events.len(), 40, "{:?}", events.last());
+            assert!(events.iter().all(|e| !e.contains("error")), "{events:?}");
+        }
+    });
+    assert_eq!(
+        server.events("failed"),
+        0,
+        "{:?}",
+        server.event_log("failed")
+    );
+    eventually("the ready state", Duration::from_secs(5), || {
+        model_state(&server) == "ready"
+    });
+    assert_eq!(pid_of(&server.load()), pid);
+    // With no stream on it, the same 503 is a failure again.
+    let (status, _) = chat(&server, "POISON");
+    assert_ne!(status, 200);
+    eventually("the failed state", Duration::from_secs(10), || {
+        server.events("failed") == 1
+    });
+}
+
 #[test]
 fn a_stream_that_goes_silent_on_a_stopped_engine_ends_with_a_hung_error() {
     let server = unruly();

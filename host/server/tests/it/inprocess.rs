@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::fixtures::{manifest, Scenario};
+use crate::fixtures::{manifest, Scenario, ECHO_EXTRA};
 use crate::serve::{alive, eventually, kill9, pid_of, Server};
 
 pub fn echo(s: &Scenario, isolation: Option<&str>) {
     s.plugin(
         "echo",
-        &manifest("echo", "engine_echo", &["mlx"], 50, "in_process = true\n"),
+        &manifest("echo", "engine_echo", &["mlx"], 50, ECHO_EXTRA),
         Some("engine_echo"),
     );
     match isolation {

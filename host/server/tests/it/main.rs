@@ -15,4 +15,6 @@ mod registry;
 mod request_gates;
 mod scheduler;
 mod serve;
+mod stalls;
+mod tools;
 mod wasm;

@@ -310,40 +310,40 @@ fn every_malformed_plugin_is_reported_and_the_rest_still_load() {
         &s,
         &["plugins"],
         expect![[r#"
-        exit 0
-        platform: linux/x86_64/cpu
-         PLUGIN        STATUS  FORMATS   PLATFORMS                PRIORITY  ENGINE  CAPABILITIES          
-         alpha         ready   mlx       linux/x86_64/cpu,cuda13  20        1.5.0   kv_cache_quantization 
-         beta          ready   mlx,gguf  linux/x86_64/cpu,cuda13  10        0.9.0                         
-         conflict      broken  mlx       linux/x86_64/cpu,cuda13  1                                       
-         liar          broken  mlx       linux/x86_64/cpu,cuda13  1                                       
-         no-root       broken  mlx       linux/x86_64/cpu,cuda13  1                                       
-         panics        broken  mlx       linux/x86_64/cpu,cuda13  1                                       
-         text          broken  mlx       linux/x86_64/cpu,cuda13  1                                       
-         truncated     broken  mlx       linux/x86_64/cpu,cuda13  1                                       
-         arm           broken  mlx       linux/x86_64/cpu,cuda13  1                                       
-         future        broken                                                                             
-         bad-toml      broken                                                                             
-         ghost         broken                                                                             
-         not-a-plugin  broken                                                                             
-         kindless      broken                                                                             
-         beta          broken                                                                             
-        - alpha: off: plugin 'alpha' needs engine >=2.0 for paged_attention; found 1.5.0
-        - conflict ($ROOT/plugins/conflict): the plugin's code disagrees with its plugin.toml (code vs manifest: id 'beta' vs 'conflict'; formats [mlx, gguf] vs [mlx]; aliases {} vs {"safetensors": "gguf"}); the plugin is refused
-        - liar ($ROOT/plugins/liar): the plugin's code disagrees with its plugin.toml (code vs manifest: formats [gguf] vs [mlx]); the plugin is refused
-        - no-root ($ROOT/plugins/no-root): $ROOT/plugins/no-root/libno_root_module.so is a shared library but not a Hangar plugin: it exports no root module (build it with hangar_sdk::export_plugin!)
-        - panics ($ROOT/plugins/panics): describe() failed: the plugin panicked: the engine adapter is broken at sdk/examples/engine_panics.rs:11
-        - text ($ROOT/plugins/text-file): $ROOT/plugins/text-file/libengine_text.so is not a shared library this host can read (Could not read file magic); rebuild the plugin for linux/x86_64
-        - truncated ($ROOT/plugins/truncated): $ROOT/plugins/truncated/libengine_truncated.so is not a shared library this host can read (Invalid ELF section header offset/size/alignment); rebuild the plugin for linux/x86_64
-        - arm ($ROOT/plugins/wrong-arch): $ROOT/plugins/wrong-arch/libengine_arm.so is an ELF library for aarch64, but this host needs ELF for x86_64; install the plugin build for this machine
-        - future ($ROOT/plugins/api-2): plugin needs plugin-api ^2.0, but this host provides 1.1.0; rebuild the plugin against plugin-api 1.x or use a matching host
-        - bad-toml ($ROOT/plugins/bad-toml): plugin.toml is malformed: a value is missing or cut off (at line 2, column 8)
-        - ghost ($ROOT/plugins/missing-artifact): artifact $ROOT/plugins/missing-artifact/libengine_ghost.so is missing; build the plugin or reinstall its folder
-        - not-a-plugin ($ROOT/plugins/not-a-plugin): no plugin.toml in this folder; a plugin folder holds plugin.toml and its artifact
-        - kindless ($ROOT/plugins/unknown-kind): plugin.toml is malformed: unknown variant `python`, expected `native` or `wasm` (at line 5, column 8)
-        - beta ($ROOT/plugins/zz-duplicate): duplicate plugin id 'beta': $ROOT/plugins/beta was found first and is used; remove one of them
-        - format alias 'safetensors' is declared with different targets (conflict → gguf; built-in, alpha → mlx); the alias is ignored until the plugins agree
-    "#]],
+            exit 0
+            platform: linux/x86_64/cpu
+             PLUGIN        STATUS  FORMATS   PLATFORMS                PRIORITY  ENGINE  CAPABILITIES          
+             alpha         ready   mlx       linux/x86_64/cpu,cuda13  20        1.5.0   kv_cache_quantization 
+             beta          ready   mlx,gguf  linux/x86_64/cpu,cuda13  10        0.9.0                         
+             conflict      broken  mlx       linux/x86_64/cpu,cuda13  1                                       
+             liar          broken  mlx       linux/x86_64/cpu,cuda13  1                                       
+             no-root       broken  mlx       linux/x86_64/cpu,cuda13  1                                       
+             panics        broken  mlx       linux/x86_64/cpu,cuda13  1                                       
+             text          broken  mlx       linux/x86_64/cpu,cuda13  1                                       
+             truncated     broken  mlx       linux/x86_64/cpu,cuda13  1                                       
+             arm           broken  mlx       linux/x86_64/cpu,cuda13  1                                       
+             future        broken                                                                             
+             bad-toml      broken                                                                             
+             ghost         broken                                                                             
+             not-a-plugin  broken                                                                             
+             kindless      broken                                                                             
+             beta          broken                                                                             
+            - alpha: off: plugin 'alpha' needs engine >=2.0 for paged_attention; found 1.5.0
+            - conflict ($ROOT/plugins/conflict): the plugin's code disagrees with its plugin.toml (code vs manifest: id 'beta' vs 'conflict'; formats [mlx, gguf] vs [mlx]; aliases {} vs {"safetensors": "gguf"}); the plugin is refused
+            - liar ($ROOT/plugins/liar): the plugin's code disagrees with its plugin.toml (code vs manifest: formats [gguf] vs [mlx]); the plugin is refused
+            - no-root ($ROOT/plugins/no-root): $ROOT/plugins/no-root/libno_root_module.so is a shared library but not a Hangar plugin: it exports no root module (build it with hangar_sdk::export_plugin!)
+            - panics ($ROOT/plugins/panics): describe() failed: the plugin panicked: the engine adapter is broken at sdk/examples/engine_panics.rs:11
+            - text ($ROOT/plugins/text-file): $ROOT/plugins/text-file/libengine_text.so is not a shared library this host can read (Could not read file magic); rebuild the plugin for linux/x86_64
+            - truncated ($ROOT/plugins/truncated): $ROOT/plugins/truncated/libengine_truncated.so is not a shared library this host can read (Invalid ELF section header offset/size/alignment); rebuild the plugin for linux/x86_64
+            - arm ($ROOT/plugins/wrong-arch): $ROOT/plugins/wrong-arch/libengine_arm.so is an ELF library for aarch64, but this host needs ELF for x86_64; install the plugin build for this machine
+            - future ($ROOT/plugins/api-2): plugin needs plugin-api ^2.0, but this host provides 1.2.0; rebuild the plugin against plugin-api 1.x or use a matching host
+            - bad-toml ($ROOT/plugins/bad-toml): plugin.toml is malformed: a value is missing or cut off (at line 2, column 8)
+            - ghost ($ROOT/plugins/missing-artifact): artifact $ROOT/plugins/missing-artifact/libengine_ghost.so is missing; build the plugin or reinstall its folder
+            - not-a-plugin ($ROOT/plugins/not-a-plugin): no plugin.toml in this folder; a plugin folder holds plugin.toml and its artifact
+            - kindless ($ROOT/plugins/unknown-kind): plugin.toml is malformed: unknown variant `python`, expected `native` or `wasm` (at line 5, column 8)
+            - beta ($ROOT/plugins/zz-duplicate): duplicate plugin id 'beta': $ROOT/plugins/beta was found first and is used; remove one of them
+            - format alias 'safetensors' is declared with different targets (conflict → gguf; built-in, alpha → mlx); the alias is ignored until the plugins agree
+        "#]],
     );
     let (code, out) = s.hangar(&["resolve", "mlx"]);
     assert_eq!(code, 0);

@@ -364,11 +364,144 @@ fn an_unload_waits_for_in_flight_requests_to_finish() {
         });
         let (status, body) = server.post("/api/models/tiny/unload", json!({}));
         assert_eq!(status, 200, "{body}");
+        assert_eq!(body["outcome"], "draining", "{body}");
         // The request was answered, not cut off, and the engine stopped
         // once it was done (not at the drain's deadline).
         assert_eq!(running.join().unwrap(), 200);
     });
+    eventually("the unload", Duration::from_secs(10), || {
+        server.event_log("unloaded") == ["tiny: unloaded on request"]
+    });
+}
+
+/// `POST /api/models/tiny/unload`, timed: every unload must answer within
+/// a second, whatever the model is doing.
+fn unload(server: &Server) -> (u16, Value) {
+    let started = std::time::Instant::now();
+    let answer = server.post("/api/models/tiny/unload", json!({}));
+    let took = started.elapsed();
+    eprintln!("unload answered in {took:?}: {}", answer.1);
+    assert!(took < Duration::from_secs(1), "unload answered in {took:?}");
+    answer
+}
+
+#[test]
+fn an_unload_answers_at_once_while_requests_drain_and_the_deadline_ends_them_with_an_error() {
+    let server = Server::with(|s| {
+        echo(s, None);
+        s.settings("[models.tiny]\ndrain_seconds = 2\n");
+    });
+    server.load();
+    std::thread::scope(|scope| {
+        // A stream that would run for minutes, read as it comes.
+        let running = scope.spawn(|| {
+            let response = reqwest::blocking::Client::new()
+                .post(format!("{}/v1/chat/completions", server.url))
+                .json(&json!({
+                    "model": "tiny", "stream": true, "max_tokens": 200000,
+                    "messages": [{"role": "user", "content": "on and on"}],
+                }))
+                .send()
+                .unwrap();
+            let text = response.text().unwrap_or_default();
+            text.lines()
+                .rev()
+                .find(|l| l.starts_with("data: "))
+                .unwrap_or_default()
+                .to_string()
+        });
+        eventually("the stream runs", Duration::from_secs(10), || {
+            scheduler(&server)["in_flight"] == 1
+        });
+        let (status, body) = unload(&server);
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(
+            (body["outcome"].clone(), body["message"].clone()),
+            (
+                json!("draining"),
+                json!("draining 1 request, done in ≤ 2 s (drain_seconds); requests still running then are ended with an error")
+            ),
+            "{body}"
+        );
+        // Asked again while it drains, it says so again, at once.
+        let (status, body) = unload(&server);
+        assert_eq!((status, body["outcome"].clone()), (200, json!("draining")));
+        let last = running.join().unwrap();
+        let last: Value = serde_json::from_str(last.trim_start_matches("data: ")).unwrap();
+        assert_eq!(
+            last["error"]["message"],
+            "model 'tiny' was unloaded on request; requests still running after the drain period were cut off",
+            "{last}"
+        );
+    });
+    eventually("the unload", Duration::from_secs(10), || {
+        server.events("unloaded") == 1
+    });
+    assert_eq!(server.get("/api/sessions").1["sessions"], json!([]));
+}
+
+#[test]
+fn unloads_answer_at_once_during_and_right_after_eight_concurrent_loads() {
+    // During: the engine takes 30 s to start; the unload cancels the load
+    // that all eight share.
+    let server = Server::with(|s| slow_alpha(s, 30));
+    std::thread::scope(|scope| {
+        let loads: Vec<_> = (0..8)
+            .map(|_| scope.spawn(|| server.post("/api/models/tiny/load", json!({}))))
+            .collect();
+        eventually("the load's start", Duration::from_secs(10), || {
+            server.get("/health").1["loading"] == json!(["tiny"])
+        });
+        let (status, body) = unload(&server);
+        assert_eq!(
+            (status, body["outcome"].clone(), body["message"].clone()),
+            (200, json!("load_cancelled"), json!("cancelled the load")),
+            "{body}"
+        );
+        for load in loads {
+            let (status, body) = load.join().unwrap();
+            assert_eq!(
+                (status, body["error"]["code"].clone()),
+                (503, json!("load_cancelled")),
+                "{body}"
+            );
+        }
+    });
+    drop(server);
+    // Right after: eight loads of an engine process, one session, then an
+    // unload.
+    let server = Server::with(beta);
+    let sessions: Vec<Value> = std::thread::scope(|scope| {
+        let loads: Vec<_> = (0..8)
+            .map(|_| scope.spawn(|| server.post("/api/models/tiny/load", json!({}))))
+            .collect();
+        loads
+            .into_iter()
+            .map(|l| {
+                let (status, body) = l.join().unwrap();
+                assert_eq!(status, 200, "{body}");
+                body["session"]["id"].clone()
+            })
+            .collect()
+    });
+    assert!(sessions.iter().all(|id| *id == sessions[0]), "{sessions:?}");
+    let pid = pid_of(&server.get("/api/sessions").1["sessions"][0]);
+    let (status, body) = unload(&server);
+    assert_eq!(
+        (status, body["outcome"].clone()),
+        (200, json!("unloaded")),
+        "{body}"
+    );
+    // The session is gone from the answer on; the engine soon after (the
+    // event is recorded once its process group is gone).
+    assert_eq!(server.get("/api/sessions").1["sessions"], json!([]));
+    // A load sent at once waits for the stop, then starts afresh.
+    let again = server.load();
+    assert_ne!(again["id"], sessions[0], "{again}");
     assert_eq!(server.event_log("unloaded"), ["tiny: unloaded on request"]);
+    assert!(!alive(pid));
+    let (status, body) = unload(&server);
+    assert_eq!((status, body["outcome"].clone()), (200, json!("unloaded")));
 }
 
 #[test]

@@ -233,7 +233,12 @@ fn an_engine_is_started_and_unloading_stops_its_whole_tree() {
     assert_eq!(status, 200, "{logs}");
     let (status, _) = server.post("/api/models/tiny/unload", json!({}));
     assert_eq!(status, 200);
-    eventually("the engine's exit", Duration::from_secs(6), || !alive(pid));
+    // The unload answers at once; the event follows once the engine's
+    // process group is gone (and reaped).
+    eventually("the engine's exit", Duration::from_secs(6), || {
+        server.events("unloaded") == 1
+    });
+    assert!(!alive(pid));
     let (_, sessions) = server.get("/api/sessions");
     assert_eq!(sessions["sessions"], json!([]));
     let (status, body) = server.post("/api/models/tiny/unload", json!({}));

@@ -140,6 +140,7 @@ pub struct Fixtures {
 }
 
 impl Fixtures {
+    /// The folder of fixture `name` (an absolute path is taken as it is).
     pub fn model(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -153,7 +154,7 @@ pub fn fixtures() -> &'static Fixtures {
 
 /// The repository: `HANGAR_REPO`, for a test binary carried to another
 /// machine (scripts/gpu-device.sh), or where this one was built.
-fn repo() -> PathBuf {
+pub fn repo() -> PathBuf {
     std::env::var_os("HANGAR_REPO")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
@@ -252,8 +253,18 @@ fn build() -> Fixtures {
                 "add_generation_prompt": c.add_generation_prompt})
         })
         .collect();
-    let request = json!({"convert": convert, "cases": cases, "chats": chats}).to_string();
+    let mut answer = reference(json!({"convert": convert, "cases": cases, "chats": chats}));
+    progress(start, "mlx-lm reference done");
+    Fixtures {
+        dir,
+        reference: serde_json::from_value(answer["ids"].take()).unwrap(),
+        chats: serde_json::from_value(answer["chats"].take()).unwrap(),
+    }
+}
 
+/// Runs `tests/mlx_lm_reference.py` on `request` (see its docstring) and
+/// returns its answer.
+pub fn reference(request: Value) -> Value {
     // HANGAR_FIXTURES_LOG shows the reference's progress as it runs: where
     // another machine spends its time (scripts/gpu-device.sh sets it).
     let stderr = if std::env::var_os("HANGAR_FIXTURES_LOG").is_some() {
@@ -273,21 +284,15 @@ fn build() -> Fixtures {
         .stdin
         .take()
         .unwrap()
-        .write_all(request.as_bytes())
+        .write_all(request.to_string().as_bytes())
         .unwrap();
     let output = child.wait_with_output().unwrap();
-    progress(start, "mlx-lm reference done");
     assert!(
         output.status.success(),
         "mlx_lm_reference.py failed:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let mut answer: Value = serde_json::from_slice(&output.stdout).unwrap();
-    Fixtures {
-        dir,
-        reference: serde_json::from_value(answer["ids"].take()).unwrap(),
-        chats: serde_json::from_value(answer["chats"].take()).unwrap(),
-    }
+    serde_json::from_slice(&output.stdout).unwrap()
 }
 
 /// Copies model `from` to `to`, editing its config.json.

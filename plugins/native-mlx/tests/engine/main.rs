@@ -1,7 +1,8 @@
-//! Integration tests of the engine on random-weight models that the tests generate (one binary, shared fixtures).
+//! Integration tests of the engine on random-weight models that the tests generate (one binary, shared fixtures), and on the real model of scripts/real-model.sh.
 
 mod batch;
 mod fixtures;
 mod greedy;
 mod parity;
+mod real;
 mod session;

@@ -46,25 +46,14 @@ impl Plugin for Engine {
                 args.extend(["--prompt-cache".into(), entries.to_string()]);
             }
         }
-        Ok(LaunchPlan {
-            // The path the probe resolved, else the declared name.
-            program: request.engine.program.unwrap_or_else(|| PROGRAM.into()),
-            args,
-            env: Default::default(),
-            cwd: None,
-            readiness: Readiness {
-                health_path: "/health".into(),
-                ready_status: 200,
-                warmup: None,
-                failed_statuses: vec![],
-            },
-            start_timeout_ms: 120_000,
-            protocol: Default::default(),
-            upstream_model: None,
-            notes: vec![],
-            files: Default::default(),
-            ranks: Vec::new(),
-        })
+        // The path the probe resolved, else the declared name.
+        let program = request.engine.program.unwrap_or_else(|| PROGRAM.into());
+        // A constructor and `with_*` builders, never a struct literal: the
+        // messages are `#[non_exhaustive]`, so a plugin-api 1.x release can
+        // add a field without breaking this source.
+        Ok(LaunchPlan::new(program, args)
+            .with_readiness(Readiness::new("/health").with_busy_statuses([503]))
+            .with_start_timeout_ms(120_000))
     }
 }
 

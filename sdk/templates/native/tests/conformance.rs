@@ -16,11 +16,7 @@ fn passes_the_conformance_suite() {
 fn the_prompt_cache_flag_needs_an_engine_that_has_it() {
     let plugin = plugin();
     let plan = |version: &str| {
-        let engine = ProbeReport {
-            available: true,
-            version: Some(version.into()),
-            ..ProbeReport::default()
-        };
+        let engine = ProbeReport::available(Some(version.into()));
         let mut request = plugin.load_request(engine).unwrap();
         request
             .settings
@@ -36,12 +32,7 @@ fn the_probe_reads_the_engines_version_without_the_engine() {
     // What `{{id}}-server --version` prints, handed over as the host would.
     let plugin = plugin();
     let version = |stdout: &str| {
-        let run = ProbeRun::Exited {
-            program: "/usr/bin/{{id}}-server".into(),
-            code: Some(0),
-            stdout: stdout.into(),
-            stderr: String::new(),
-        };
+        let run = ProbeRun::exited("/usr/bin/{{id}}-server", Some(0), stdout, "");
         plugin.probe_with(Some(run)).unwrap().version
     };
     assert_eq!(version("{{id}}-server 1.2.3\n").as_deref(), Some("1.2.3"));
