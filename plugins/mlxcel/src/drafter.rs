@@ -1,17 +1,25 @@
 //! Speculative decoding: which kind of drafter a folder holds, whether it
 //! pairs with the target model, and the flags that follow.
 //!
-//! mlxcel's own rule: a drafter whose `config.json` has `model_type`
-//! `gemma4_assistant`, `gemma4_unified_assistant` or `qwen3_5_mtp` is a
-//! multi-token-prediction (MTP) drafter; anything else (DFlash configs carry
-//! no `model_type`) is DFlash. `draft_kind = "auto"` applies that rule;
-//! `classic` runs the folder as a plain small draft model.
+//! mlxcel's own rule (0.0.27 on): a drafter whose `config.json` has
+//! `model_type` `gemma4_assistant`, `gemma4_unified_assistant` or
+//! `qwen3_5_mtp` is a multi-token-prediction (MTP) drafter; anything else
+//! (DFlash configs carry no `model_type`) is loaded as DFlash. There is no
+//! "classic" choice on those builds: a plain small model given as the
+//! drafter is DFlash to them. Builds before 0.0.27 have no `--draft-kind`
+//! and run any drafter as a plain draft model (`--model-draft`,
+//! `--draft-max`); the plan does that there, and only there.
+//!
+//! `draft_kind = "auto"` (the default) passes no `--draft-kind` and leaves
+//! the choice to mlxcel, and no `--draft-block-size` unless it is set:
+//! newer builds size the block from the drafter checkpoint itself or a
+//! measured default, which an explicit value would override.
 //!
 //! MTP drafters pair with Gemma 4 targets, DFlash drafters with Qwen 3.5
 //! text and VLM targets, and both must share the target's vocabulary size.
-//! (A classic draft model is not checked: small and large models of one
-//! family often pad their embeddings to different `vocab_size`s while
-//! sharing a tokenizer, as Qwen2.5 0.5B and 7B do.)
+//! (A plain draft model on an old build is not checked: small and large
+//! models of one family often pad their embeddings to different
+//! `vocab_size`s while sharing a tokenizer, as Qwen2.5 0.5B and 7B do.)
 //!
 //! A drafter that does not fit, or an engine version without the kind's
 //! capability, falls back to normal decoding, with no draft flag at all and
@@ -26,7 +34,7 @@ use serde_json::Value;
 
 use crate::{has, invalid, local_path, off_reason, read_config, setting};
 
-/// `draft_kind`: `auto`, `classic`, `mtp` or `dflash`.
+/// `draft_kind`: `auto`, `mtp` or `dflash`.
 pub const DRAFT_KIND: &str = "draft_kind";
 /// `draft_block_size`: block length of MTP and DFlash drafters.
 pub const DRAFT_BLOCK_SIZE: &str = "draft_block_size";
@@ -34,7 +42,8 @@ pub const DRAFT_BLOCK_SIZE: &str = "draft_block_size";
 /// The kinds of drafter mlxcel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// A small model of the same family (`--model-draft`, `--draft-max`).
+    /// A plain small model of the same family (`--model-draft`,
+    /// `--draft-max`): what builds before 0.0.27 make of any drafter.
     Classic,
     /// Multi-token prediction heads (`--draft-kind mtp`).
     Mtp,
@@ -55,19 +64,18 @@ impl Kind {
     /// The kind in a sentence.
     fn described(self) -> &'static str {
         match self {
-            Kind::Classic => "a classic draft model",
+            Kind::Classic => "a plain draft model",
             Kind::Mtp => "an MTP drafter",
             Kind::Dflash => "a DFlash drafter",
         }
     }
 
-    /// `--draft-kind` and the default `--draft-block-size` (mlxcel's own
-    /// defaults); a classic draft model takes neither.
-    fn block_kind(self) -> Option<(&'static str, u64)> {
+    /// The `--draft-kind` value; a plain draft model takes none.
+    fn flag(self) -> Option<&'static str> {
         match self {
             Kind::Classic => None,
-            Kind::Mtp => Some(("mtp", 4)),
-            Kind::Dflash => Some(("dflash", 16)),
+            Kind::Mtp => Some("mtp"),
+            Kind::Dflash => Some("dflash"),
         }
     }
 }
@@ -193,9 +201,8 @@ pub fn plan(request: &LoadRequest, target_dir: &Path) -> Result<Planned, String>
     let drafter = read_config(&folder)?;
     let chosen = setting(request, DRAFT_KIND);
     let auto = matches!(chosen.map(Value::as_str), None | Some(Some("auto")));
-    let (kind, evidence) = match chosen.map(|v| (v, v.as_str())) {
+    let (mut kind, mut evidence) = match chosen.map(|v| (v, v.as_str())) {
         None | Some((_, Some("auto"))) => detect(&drafter),
-        Some((_, Some("classic"))) => (Kind::Classic, "draft_kind = \"classic\"".into()),
         Some((_, Some("mtp"))) => (Kind::Mtp, "draft_kind = \"mtp\"".into()),
         Some((_, Some("dflash"))) => (Kind::Dflash, "draft_kind = \"dflash\"".into()),
         Some((value, _)) => {
@@ -203,18 +210,19 @@ pub fn plan(request: &LoadRequest, target_dir: &Path) -> Result<Planned, String>
                 request,
                 DRAFT_KIND,
                 value,
-                "it must be auto, classic, mtp or dflash",
+                "it must be auto, mtp or dflash (mlxcel has no classic drafter kind: it loads a plain small model as DFlash)",
             ))
         }
     };
+    // Before 0.0.27 mlxcel has neither kind and drafts with any drafter as
+    // a plain draft model.
+    if auto && kind == Kind::Dflash && !has(request, Kind::Dflash.capability()) {
+        kind = Kind::Classic;
+        evidence = format!("{evidence}; builds before 0.0.27 run it as a plain draft model");
+    }
     let fallback = |planned: &mut Planned, why: String| {
-        let hint = if auto && kind == Kind::Dflash {
-            "; to draft with it as a plain small model, set draft_kind = \"classic\""
-        } else {
-            ""
-        };
         planned.notes.push(format!(
-            "speculative decoding is off, decoding normally: draft_model '{shown}' is {} ({evidence}), and {why}{hint}",
+            "speculative decoding is off, decoding normally: draft_model '{shown}' is {} ({evidence}), and {why}",
             kind.described()
         ));
     };
@@ -245,28 +253,31 @@ pub fn plan(request: &LoadRequest, target_dir: &Path) -> Result<Planned, String>
         }
     };
     planned.args = vec!["--model-draft".into(), shown.clone()];
-    match kind.block_kind() {
+    match kind.flag() {
         None => {
             if let Some(n) = positive(names::DRAFT_TOKENS)? {
                 planned.args.extend(["--draft-max".into(), n.to_string()]);
             }
             if setting(request, DRAFT_BLOCK_SIZE).is_some() {
                 planned.notes.push(format!(
-                    "setting '{DRAFT_BLOCK_SIZE}' was not applied: it sizes MTP and DFlash drafter blocks, and draft_model is a classic draft model"
+                    "setting '{DRAFT_BLOCK_SIZE}' was not applied: it sizes MTP and DFlash drafter blocks, and this build runs draft_model as a plain draft model"
                 ));
             }
         }
-        Some((name, default_block)) => {
-            let block = positive(DRAFT_BLOCK_SIZE)?.unwrap_or(default_block);
-            planned.args.extend([
-                "--draft-kind".into(),
-                name.into(),
-                "--draft-block-size".into(),
-                block.to_string(),
-            ]);
+        Some(flag) => {
+            // `auto` leaves the kind to mlxcel's own detection (the same
+            // rule as `detect`), and an unset block size to mlxcel too.
+            if !auto {
+                planned.args.extend(["--draft-kind".into(), flag.into()]);
+            }
+            if let Some(block) = positive(DRAFT_BLOCK_SIZE)? {
+                planned
+                    .args
+                    .extend(["--draft-block-size".into(), block.to_string()]);
+            }
             if setting(request, names::DRAFT_TOKENS).is_some() {
                 planned.notes.push(format!(
-                    "setting '{}' was not applied: it sets a classic draft model's --draft-max; {} drafts draft_block_size tokens",
+                    "setting '{}' was not applied: it sets a plain draft model's --draft-max; {} drafts draft_block_size tokens",
                     names::DRAFT_TOKENS,
                     kind.described()
                 ));

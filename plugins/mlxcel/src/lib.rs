@@ -63,6 +63,7 @@ pub const CAPABILITIES: &[&str] = &[
     "speculative_dflash",
     "kv_cache_budget",
     "split_prefill_decode",
+    "offline",
 ];
 
 /// The plugin's own setting (per model, or in `[plugins.mlxcel]`) for how
@@ -333,8 +334,22 @@ const FLAGS: &[Flag] = &[
     },
     Flag {
         setting: names::KV_BITS,
-        flags: "--kv-bits",
-        render: single!("--kv-bits"),
+        flags: "--kv-bits/--kv-quant-scheme",
+        // mlxcel validates the pair at start-up (BatchKvQuantConfig::validate
+        // in src/lib/mlxcel-core/src/cache/batch_quant.rs): 8 with the
+        // default uniform scheme, 4 only with `--kv-quant-scheme turboquant`.
+        render: |v| match v.as_u64() {
+            Some(8) => Ok(vec!["--kv-bits".into(), "8".into()]),
+            Some(4) => Ok(vec![
+                "--kv-bits".into(),
+                "4".into(),
+                "--kv-quant-scheme".into(),
+                "turboquant".into(),
+            ]),
+            _ => Err(format!(
+                "{PROGRAM} takes 8 (uniform) or 4 (TurboQuant) KV bits and refuses any other count"
+            )),
+        },
     },
     Flag {
         setting: "decode_storage",
@@ -472,6 +487,39 @@ fn slots(request: &LoadRequest) -> Result<Vec<String>, String> {
     ])
 }
 
+/// mlxcel-server refuses to start a remote pipeline (a cluster file with
+/// `pipeline_parallel_size` above 1) with a drafter or with tensor
+/// parallelism (`resolve_remote_pipeline_topology` in its
+/// src/server/startup.rs); the plan refuses the same pair first, naming
+/// both settings.
+fn refuse_with_remote_pipeline(
+    request: &LoadRequest,
+    args: &[String],
+    drafting: bool,
+    stages: usize,
+) -> Result<(), String> {
+    if stages < 2 {
+        return Ok(());
+    }
+    let tensor_parallel = args
+        .windows(2)
+        .any(|pair| pair[0] == "--tp-size" && pair[1] != "1");
+    let clash = if drafting {
+        Some((names::DRAFT_MODEL, "speculative decoding"))
+    } else if tensor_parallel {
+        Some(("tensor_parallel_size", "tensor parallelism"))
+    } else {
+        None
+    };
+    match clash {
+        None => Ok(()),
+        Some((name, what)) => Err(format!(
+            "model '{}': setting {name} cannot be combined with setting pipeline: {PROGRAM}'s remote pipeline ({stages} stages) refuses {what} at start-up; remove one of the two settings",
+            request.model_id
+        )),
+    }
+}
+
 /// Plans `mlxcel-server` for one model.
 pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
     let manifest = manifest()?;
@@ -502,6 +550,11 @@ pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
         "--port".into(),
         request.port.to_string(),
     ];
+    // The engine otherwise fetches the media URLs a request names (and a
+    // model reference it cannot find locally): `--offline` stops both.
+    if has(request, "offline") {
+        args.push("--offline".into());
+    }
     let mut notes = Vec::new();
     // Settings this table does not name (the host's own, and the ones the
     // modules below handle) are left alone here.
@@ -550,12 +603,14 @@ pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
     }
     args.extend(slots(request)?);
     let speculative = drafter::plan(request, Path::new(&model_path))?;
+    let drafting = !speculative.args.is_empty();
     args.extend(speculative.args);
     notes.extend(speculative.notes);
     let mut files = std::collections::BTreeMap::new();
     if let Some(value) = setting(request, "pipeline") {
         if has(request, "distributed_pipeline") {
             let planned = pipeline::plan(request, Path::new(&model_path), value)?;
+            refuse_with_remote_pipeline(request, &args, drafting, planned.stages)?;
             args.extend(planned.args);
             notes.extend(planned.notes);
             files.insert(pipeline::FILE.to_string(), planned.config);

@@ -60,6 +60,9 @@ pub struct Planned {
     pub args: Vec<String>,
     /// What the operator runs on each peer.
     pub notes: Vec<String>,
+    /// The pipeline stages (the cluster file's `pipeline_parallel_size`):
+    /// from 2 on, mlxcel-server runs its remote pipeline.
+    pub stages: usize,
 }
 
 /// Node roles and the capability each needs.
@@ -367,6 +370,7 @@ pub fn plan(request: &LoadRequest, model_dir: &Path, value: &Value) -> Result<Pl
         config,
         args: node_args(&me, &path),
         notes,
+        stages: stages.len().max(1),
     })
 }
 

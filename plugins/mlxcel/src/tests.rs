@@ -163,8 +163,9 @@ fn flags_follow_the_capabilities_of_each_version() {
         qwen35(),
         many(),
         expect![[r#"
-            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 -n 256 --cache-type-k int8 --cache-type-v int8 --tp-size 2 --chat-template-kwargs '{"enable_thinking":false}' -c 16384 --parallel 2
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 -n 256 --tp-size 2 --chat-template-kwargs '{"enable_thinking":false}' -c 16384 --parallel 2
             ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
+            note: setting 'kv_cache_type' was not applied (--cache-type-k/--cache-type-v): plugin 'mlxcel' needs mlxcel-server >=0.0.26 for kv_cache_quantization; found 0.0.20
             note: setting 'decode_storage' was not applied (--decode-storage-backend): plugin 'mlxcel' needs mlxcel-server >=0.0.21 for paged_attention; found 0.0.20
             note: setting 'prompt_cache' was not applied (--prompt-cache-enabled/--no-prompt-cache): plugin 'mlxcel' needs mlxcel-server >=0.0.25 for prompt_cache; found 0.0.20
             note: setting 'prompt_cache_capacity_bytes' was not applied (--prompt-cache-capacity-bytes): plugin 'mlxcel' needs mlxcel-server >=0.0.25 for prompt_cache; found 0.0.20
@@ -202,7 +203,7 @@ fn flags_follow_the_capabilities_of_each_version() {
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 -n 256 --chat-template-kwargs '{"enable_thinking":false}' -c 16384 --parallel 2
             ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
-            note: setting 'kv_cache_type' was not applied (--cache-type-k/--cache-type-v): plugin 'mlxcel' needs mlxcel-server >=0.0.14 for kv_cache_quantization; found an unknown version
+            note: setting 'kv_cache_type' was not applied (--cache-type-k/--cache-type-v): plugin 'mlxcel' needs mlxcel-server >=0.0.26 for kv_cache_quantization; found an unknown version
             note: setting 'decode_storage' was not applied (--decode-storage-backend): plugin 'mlxcel' needs mlxcel-server >=0.0.21 for paged_attention; found an unknown version
             note: setting 'prompt_cache' was not applied (--prompt-cache-enabled/--no-prompt-cache): plugin 'mlxcel' needs mlxcel-server >=0.0.25 for prompt_cache; found an unknown version
             note: setting 'prompt_cache_capacity_bytes' was not applied (--prompt-cache-capacity-bytes): plugin 'mlxcel' needs mlxcel-server >=0.0.25 for prompt_cache; found an unknown version
@@ -239,8 +240,8 @@ fn turbo4_and_kv_bits_need_the_turbo_capability() {
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000
             ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
-            note: setting kv_cache_type = "turbo4" was not applied (--cache-type-k/--cache-type-v): plugin 'mlxcel' needs mlxcel-server >=0.0.26 for kv_cache_turbo; found 0.0.21
-            note: setting 'kv_bits' was not applied (--kv-bits): plugin 'mlxcel' needs mlxcel-server >=0.0.26 for kv_cache_turbo; found 0.0.21
+            note: setting 'kv_cache_type' was not applied (--cache-type-k/--cache-type-v): plugin 'mlxcel' needs mlxcel-server >=0.0.26 for kv_cache_quantization; found 0.0.21
+            note: setting 'kv_bits' was not applied (--kv-bits/--kv-quant-scheme): plugin 'mlxcel' needs mlxcel-server >=0.0.26 for kv_cache_turbo; found 0.0.21
         "#]],
     );
     check(
@@ -250,6 +251,142 @@ fn turbo4_and_kv_bits_need_the_turbo_capability() {
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --cache-type-k turbo4 --cache-type-v turbo4 --kv-bits 8
             ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
+        "#]],
+    );
+}
+
+/// `--kv-bits` takes 8 (uniform) or 4 with `--kv-quant-scheme turboquant`
+/// (mlxcel's BatchKvQuantConfig::validate); the cache types arrived in
+/// 0.0.26 with TurboQuant.
+#[test]
+fn kv_bits_are_8_or_turboquant_4() {
+    for (bits, expected) in [
+        (
+            8,
+            expect![[r#"
+                /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --kv-bits 8
+                ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
+            "#]],
+        ),
+        (
+            4,
+            expect![[r#"
+                /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --kv-bits 4 --kv-quant-scheme turboquant
+                ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
+            "#]],
+        ),
+        (
+            6,
+            expect![[r#"
+                error: model 'm': setting kv_bits = 6 is invalid: mlxcel-server takes 8 (uniform) or 4 (TurboQuant) KV bits and refuses any other count
+            "#]],
+        ),
+        (
+            2,
+            expect![[r#"
+                error: model 'm': setting 'kv_bits' must be between 4 and 8, not 2
+            "#]],
+        ),
+    ] {
+        check(
+            Some("0.4.2"),
+            qwen35(),
+            json!({ "kv_bits": bits }),
+            expected,
+        );
+    }
+    check(
+        Some("0.0.25"),
+        qwen35(),
+        json!({"kv_cache_type": "int8"}),
+        expect![[r#"
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
+            note: setting 'kv_cache_type' was not applied (--cache-type-k/--cache-type-v): plugin 'mlxcel' needs mlxcel-server >=0.0.26 for kv_cache_quantization; found 0.0.25
+        "#]],
+    );
+}
+
+/// 0.7.0 builds take `--offline`, which also stops the fetches of media
+/// URLs named in requests; older builds would refuse the flag.
+#[test]
+fn offline_is_passed_where_the_binary_has_it() {
+    check(
+        Some("0.7.0"),
+        qwen35(),
+        json!({}),
+        expect![[r#"
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --offline
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
+        "#]],
+    );
+}
+
+/// mlxcel's remote pipeline refuses a drafter and tensor parallelism at
+/// start-up; the plan refuses them first, naming the settings.
+#[test]
+fn a_remote_pipeline_refuses_drafters_and_tensor_parallelism() {
+    let with = |extra: Value| {
+        let mut settings = two_stages();
+        for (k, v) in extra.as_object().unwrap() {
+            settings[k] = v.clone();
+        }
+        settings
+    };
+    check(
+        Some("0.4.2"),
+        qwen35(),
+        with(json!({"draft_model": "$ROOT/dflash"})),
+        expect![[r#"
+            error: model 'm': setting draft_model cannot be combined with setting pipeline: mlxcel-server's remote pipeline (2 stages) refuses speculative decoding at start-up; remove one of the two settings
+        "#]],
+    );
+    check(
+        Some("0.4.2"),
+        qwen35(),
+        with(json!({"tensor_parallel_size": 2})),
+        expect![[r#"
+            error: model 'm': setting tensor_parallel_size cannot be combined with setting pipeline: mlxcel-server's remote pipeline (2 stages) refuses tensor parallelism at start-up; remove one of the two settings
+        "#]],
+    );
+    // A drafter that falls back to normal decoding never reaches the
+    // engine, so it does not clash; one stage is no remote pipeline.
+    check(
+        Some("0.4.2"),
+        qwen35(),
+        with(json!({"draft_model": "$ROOT/mtp", "tensor_parallel_size": 1})),
+        expect![[r#"
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --tp-size 1 --distributed-config $ROOT/work/distributed.toml --node-id coordinator
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
+            note: speculative decoding is off, decoding normally: draft_model '$ROOT/mtp' is an MTP drafter (its model_type is 'gemma4_assistant'), and an MTP drafter needs a Gemma 4 target (model_type gemma4*), and the model is 'qwen3_5'
+            note: pipeline peer 'stage-0' (pipeline_stage): start it before this model loads, on the machine at 192.168.1.22 with the same model folder and a copy of $ROOT/work/distributed.toml (it changes only with the pipeline setting) in its working folder: mlxcel-server --model $ROOT/target --distributed-config distributed.toml --node-id stage-0 --port 18081 --no-warmup
+            note: pipeline peer 'stage-1' (pipeline_stage): start it before this model loads, on the machine at 192.168.1.24 with the same model folder and a copy of $ROOT/work/distributed.toml (it changes only with the pipeline setting) in its working folder: mlxcel-server --model $ROOT/target --distributed-config distributed.toml --node-id stage-1 --no-warmup
+            file distributed.toml:
+            # mlxcel-server --distributed-config for model 'm', written by Hangar's mlxcel plugin.
+            # Schema *unconfirmed*: taken from mlxcel's public source (src/distributed/config.rs),
+            # not from a release's documentation; see plugins/mlxcel/README.md.
+
+            [cluster]
+            name = "hangar-m"
+            pipeline_parallel_size = 2
+            transport_backend = "tcp"
+
+            [[nodes]]
+            id = "coordinator"
+            address = "192.168.1.22:19000"
+            role = "hybrid"
+
+            [[nodes]]
+            id = "stage-0"
+            address = "192.168.1.22:19001"
+            role = "pipeline_stage"
+            stage = 0
+
+            [[nodes]]
+            id = "stage-1"
+            address = "192.168.1.24:19001"
+            role = "pipeline_stage"
+            stage = 1
         "#]],
     );
 }
@@ -379,7 +516,7 @@ fn drafters_are_detected_by_mlxcels_rule() {
         gemma4(),
         json!({"draft_model": "$ROOT/mtp"}),
         expect![[r#"
-            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --model-draft $ROOT/mtp --draft-kind mtp --draft-block-size 4
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --model-draft $ROOT/mtp
             ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: speculative decoding with an MTP drafter (its model_type is 'gemma4_assistant')
         "#]],
@@ -390,9 +527,9 @@ fn drafters_are_detected_by_mlxcels_rule() {
         gemma4(),
         json!({"draft_model": "$ROOT/unified-mtp", "draft_block_size": 2, "draft_tokens": 8}),
         expect![[r#"
-            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --model-draft $ROOT/unified-mtp --draft-kind mtp --draft-block-size 2
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --model-draft $ROOT/unified-mtp --draft-block-size 2
             ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
-            note: setting 'draft_tokens' was not applied: it sets a classic draft model's --draft-max; an MTP drafter drafts draft_block_size tokens
+            note: setting 'draft_tokens' was not applied: it sets a plain draft model's --draft-max; an MTP drafter drafts draft_block_size tokens
             note: speculative decoding with an MTP drafter (its model_type is 'gemma4_unified_assistant')
         "#]],
     );
@@ -401,21 +538,33 @@ fn drafters_are_detected_by_mlxcels_rule() {
         qwen35(),
         json!({"draft_model": "$ROOT/dflash"}),
         expect![[r#"
-            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --model-draft $ROOT/dflash --draft-kind dflash --draft-block-size 16
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --model-draft $ROOT/dflash
             ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: speculative decoding with a DFlash drafter (its config.json has no model_type, which mlxcel reads as DFlash)
         "#]],
     );
-    // A classic draft model works on every version, vocabulary unchecked.
+    // Builds before 0.0.27 have no drafter kinds: any drafter is a plain
+    // draft model there, vocabulary unchecked.
     check(
         Some("0.0.20"),
         qwen35(),
-        json!({"draft_model": "$ROOT/llama-small", "draft_kind": "classic", "draft_tokens": 5, "draft_block_size": 4}),
+        json!({"draft_model": "$ROOT/llama-small", "draft_tokens": 5, "draft_block_size": 4}),
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --model-draft $ROOT/llama-small --draft-max 5
             ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
-            note: setting 'draft_block_size' was not applied: it sizes MTP and DFlash drafter blocks, and draft_model is a classic draft model
-            note: speculative decoding with a classic draft model (draft_kind = "classic")
+            note: setting 'draft_block_size' was not applied: it sizes MTP and DFlash drafter blocks, and this build runs draft_model as a plain draft model
+            note: speculative decoding with a plain draft model (its model_type 'llama' is not an MTP type, which mlxcel reads as DFlash; builds before 0.0.27 run it as a plain draft model)
+        "#]],
+    );
+    // An explicit kind is passed on; a block size only when it is set.
+    check(
+        Some("0.4.2"),
+        qwen35(),
+        json!({"draft_model": "$ROOT/dflash", "draft_kind": "dflash", "draft_block_size": 8}),
+        expect![[r#"
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --model-draft $ROOT/dflash --draft-kind dflash --draft-block-size 8
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
+            note: speculative decoding with a DFlash drafter (draft_kind = "dflash")
         "#]],
     );
     // Without vocab_size on one side, the pairing holds with a note.
@@ -424,7 +573,7 @@ fn drafters_are_detected_by_mlxcels_rule() {
         qwen35(),
         json!({"draft_model": "$ROOT/no-vocab", "draft_kind": "dflash"}),
         expect![[r#"
-            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --model-draft $ROOT/no-vocab --draft-kind dflash --draft-block-size 16
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --model-draft $ROOT/no-vocab --draft-kind dflash
             ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: the vocabularies of draft_model '$ROOT/no-vocab' and the model were not compared: a config.json has no vocab_size
             note: speculative decoding with a DFlash drafter (draft_kind = "dflash")
@@ -466,7 +615,7 @@ fn drafters_that_do_not_fit_fall_back_to_normal_decoding_and_say_why() {
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000
             ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
-            note: speculative decoding is off, decoding normally: draft_model '$ROOT/llama-small' is a DFlash drafter (its model_type 'llama' is not an MTP type, which mlxcel reads as DFlash), and a DFlash drafter needs a Qwen 3.5 text or VLM target (model_type qwen3_5*), and the model is 'llama'; to draft with it as a plain small model, set draft_kind = "classic"
+            note: speculative decoding is off, decoding normally: draft_model '$ROOT/llama-small' is a DFlash drafter (its model_type 'llama' is not an MTP type, which mlxcel reads as DFlash), and a DFlash drafter needs a Qwen 3.5 text or VLM target (model_type qwen3_5*), and the model is 'llama'
         "#]],
     );
     fallback(
@@ -476,7 +625,7 @@ fn drafters_that_do_not_fit_fall_back_to_normal_decoding_and_say_why() {
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000
             ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
-            note: speculative decoding is off, decoding normally: draft_model '$ROOT/dflash' is a DFlash drafter (its config.json has no model_type, which mlxcel reads as DFlash), and the drafter's vocabulary (1000 tokens) differs from the model's (2000); to draft with it as a plain small model, set draft_kind = "classic"
+            note: speculative decoding is off, decoding normally: draft_model '$ROOT/dflash' is a DFlash drafter (its config.json has no model_type, which mlxcel reads as DFlash), and the drafter's vocabulary (1000 tokens) differs from the model's (2000)
         "#]],
     );
     // 0.0.26 has classic drafting but neither MTP nor DFlash.
@@ -529,7 +678,17 @@ fn a_drafter_must_be_a_local_folder() {
         qwen35(),
         json!({"draft_model": "$ROOT/dflash", "draft_kind": "eagle"}),
         expect![[r#"
-            error: model 'm': setting draft_kind = "eagle" is invalid: it must be auto, classic, mtp or dflash
+            error: model 'm': setting draft_kind = "eagle" is invalid: it must be auto, mtp or dflash (mlxcel has no classic drafter kind: it loads a plain small model as DFlash)
+        "#]],
+    );
+    // mlxcel has no classic kind: a value stored before this was fixed is
+    // refused, not mapped to something mlxcel would do differently.
+    check(
+        Some("0.4.2"),
+        qwen35(),
+        json!({"draft_model": "$ROOT/llama-small", "draft_kind": "classic"}),
+        expect![[r#"
+            error: model 'm': setting draft_kind = "classic" is invalid: it must be auto, mtp or dflash (mlxcel has no classic drafter kind: it loads a plain small model as DFlash)
         "#]],
     );
     check(
