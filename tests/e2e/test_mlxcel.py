@@ -100,10 +100,11 @@ def without_endpoint(argv: list[str]) -> list[str]:
 #  the exact argv they produce)
 CASES = {
     "0.0.20": (
-        ["audio_input", "kv_cache_quantization", "speculative", "tensor_parallel"],
-        {"kv_cache_type": "int8", "tensor_parallel_size": 1, "context_length": 2048},
+        # --cache-type-k/-v arrived in 0.0.26 (mlxcel's CHANGELOG).
+        ["audio_input", "speculative", "tensor_parallel"],
+        {"tensor_parallel_size": 1, "context_length": 2048},
         # -c is split across the slots: 1 by default before 0.4.0.
-        ["--cache-type-k", "int8", "--cache-type-v", "int8", "--tp-size", "1", "-c", "2048", "--parallel", "1"],
+        ["--tp-size", "1", "-c", "2048", "--parallel", "1"],
     ),
     "0.0.26": (
         ["apc", "audio_input", "distributed_pipeline", "kv_cache_quantization", "kv_cache_turbo",
@@ -111,7 +112,8 @@ CASES = {
          "zero_config_pipeline"],
         {"kv_cache_type": "turbo4", "kv_bits": 4, "decode_storage": "paged", "prompt_cache": True,
          "apc": True, "reasoning_budget": 256},
-        ["--cache-type-k", "turbo4", "--cache-type-v", "turbo4", "--kv-bits", "4",
+        # 4 KV bits only with the TurboQuant scheme.
+        ["--cache-type-k", "turbo4", "--cache-type-v", "turbo4", "--kv-bits", "4", "--kv-quant-scheme", "turboquant",
          "--decode-storage-backend", "paged", "--prompt-cache-enabled=true", "--apc-enabled=true",
          "--reasoning-budget=256"],
     ),
@@ -282,11 +284,12 @@ def test_drafters_are_detected_and_incompatible_pairs_fall_back(host, env):
     gemma = fake_model(models / "fake-gemma4", {"model_type": "gemma4", "vocab_size": 512})
     try:
         h = host("0.4.2")
-        # An MTP drafter with a Gemma 4 target: detected from its config.json.
+        # An MTP drafter with a Gemma 4 target: detected from its config.json
+        # (and left to mlxcel's own detection, with its own block size).
         assert h.put("/api/models/fake-gemma4/settings", {"draft_model": str(mtp)})[0] == 200
         assert h.post("/api/models/fake-gemma4/load")[0] == 200
         assert without_endpoint(h.argv("fake-gemma4"))[8:] == [
-            "--model-draft", str(mtp), "--draft-kind", "mtp", "--draft-block-size", "4"]
+            "--model-draft", str(mtp)]
         # A DFlash drafter with a Llama target: falls back, and says why.
         assert h.put(f"/api/models/{LLAMA}/settings", {"draft_model": str(dflash)})[0] == 200
         assert h.post(f"/api/models/{LLAMA}/load")[0] == 200

@@ -97,10 +97,6 @@ class Flag:
         return f"{self.long} <{self.value_name}>" if self.value else self.long
 
 
-def _cache_types():
-    return ["fp16", "int8"] + (["turbo4"] if has((0, 0, 26)) else [])
-
-
 def _node_roles():
     return ["prefill", "decode", "router"]
 
@@ -127,9 +123,13 @@ FLAGS = [
     # speculative (classic draft model)
     Flag(["--model-draft", "--draft-model"], "text", (0, 0, 1), help="Draft model folder"),
     Flag(["--draft-max", "--draft"], ("uint", 0, None), (0, 0, 1), help="Draft tokens per step"),
-    # KV cache quantization (int8); turbo4 from 0.0.26
-    Flag(["--cache-type-k"], ("choice", _cache_types), (0, 0, 14), default="fp16", help="K cache type"),
-    Flag(["--cache-type-v"], ("choice", _cache_types), (0, 0, 14), default="fp16", help="V cache type"),
+    # SOURCE: CHANGELOG.md @ 057cebac05bd (v0.0.26, "Server flag parity for
+    # KV quantization"): --cache-type-k/-v arrived with TurboQuant in 0.0.26.
+    # SOURCE: src/cli/turbo_args.rs @ 04d5d0939e1d: a free string for clap
+    # (Option<String>, env LLAMA_ARG_CACHE_TYPE_K/V), checked at start-up by
+    # resolve_kv_cache_mode (see check_kv_cache below), so a bad value exits 1.
+    Flag(["--cache-type-k"], "text", (0, 0, 26), env="LLAMA_ARG_CACHE_TYPE_K", help="K cache type"),
+    Flag(["--cache-type-v"], "text", (0, 0, 26), env="LLAMA_ARG_CACHE_TYPE_V", help="V cache type"),
     # tensor parallel
     Flag(["--tp-size"], ("uint", 1, None), (0, 0, 20), help="Tensor parallel size"),
     # paged attention
@@ -156,8 +156,16 @@ FLAGS = [
     # reasoning budget
     Flag(["--reasoning-budget"], ("int", -1, None), (0, 0, 25), negative=True, default="-1",
          help="Thinking tokens (-1 unlimited, 0 none)"),
-    # KV quant (turbo), APC
-    Flag(["--kv-bits"], ("uint", 1, 16), (0, 0, 26), help="KV quantization bits"),
+    # SOURCE: src/cli/batch_quant_args.rs @ 1b37521e5afa: --kv-bits (i32,
+    # default 0 = off) and --kv-quant-scheme (a free string), both checked
+    # at start-up (check_batch_kv_quant below). The release is the
+    # CHANGELOG's v0.0.26 "KV cache quantization extended to continuous
+    # batching" (@ 057cebac05bd), an inference: the entry names no flag.
+    Flag(["--kv-bits"], ("int", -(2 ** 31), 2 ** 31 - 1), (0, 0, 26), env="LLAMA_ARG_KV_BITS", negative=True,
+         default="0", help="KV quantization bits for continuous batching (8 uniform, 4 turboquant)"),
+    Flag(["--kv-quant-scheme"], "text", (0, 0, 26), env="LLAMA_ARG_KV_QUANT_SCHEME",
+         help="KV quantization scheme (uniform, turboquant)"),
+    # APC
     # APC is on by default; off is --apc-enabled=false (require_equals, above).
     Flag(["--apc-enabled"], None, (0, 0, 26), require_equals=True,
          help="Automatic prefix caching [=BOOL] (default: true)"),
@@ -167,6 +175,12 @@ FLAGS = [
     Flag(["--draft-block-size"], ("uint", 1, None), (0, 0, 27), help="Draft block size (MTP 4, DFlash 16)"),
     # KV cache budget (split prefill/decode is --node-role's new values)
     Flag(["--kv-cache-budget"], "kv-budget", (0, 2, 0), help="KV cache budget: BYTES, auto or none"),
+    # SOURCE: src/bin/mlx_server.rs @ 01c20350f744 (`offline`, set_offline_mode:
+    # one process-wide flag that also stops request-path media URL fetches).
+    # Part of the llama-server b10621 series (#1432-#1448), which 0.7.0 carries
+    # (Cargo.toml @ 004b8b919134 names #1432 and #1446); its first release is
+    # not known here, so the stand-in has it from 0.7.0.
+    Flag(["--offline"], None, (0, 7, 0), help="Resolve models locally only; never fetch (media URLs too)"),
 ]
 
 
@@ -358,10 +372,83 @@ def read_model_config(path: str, what: str) -> dict:
 MTP_MODEL_TYPES = ("gemma4_assistant", "gemma4_unified_assistant", "qwen3_5_mtp")
 
 
+# SOURCE: src/cli/turbo_args.rs @ 04d5d0939e1d (resolve_kv_cache_mode,
+# parse_split_cache_type, map_kv_modes_to_cache_mode): the unspecified side
+# defaults to fp16, `f16` is fp16, and only these K/V pairs are accepted.
+_CACHE_MODES = {"fp16": "fp16", "f16": "fp16", "int8": "int8", "turbo4": "turbo4", "turbo4-sym": "turbo4",
+                "fp16+turbo4": "turbo4-asym", "turbo4-asym": "turbo4-asym", "fp16+turbo3": "turbo3-asym",
+                "turbo3-asym": "turbo3-asym", "turbo3": "turbo3-asym", "turbo4-delegated": "turbo4-delegated"}
+_CACHE_PAIRS = {("fp16", "fp16"), ("int8", "int8"), ("fp16", "turbo4-asym"), ("fp16", "turbo4"),
+                ("turbo4", "turbo4"), ("fp16", "turbo4-delegated"), ("fp16", "turbo3-asym")}
+
+
+def check_kv_cache(options: dict) -> None:
+    k, v = options.get("cache-type-k"), options.get("cache-type-v")
+    if k is None and v is None:
+        return
+    modes = []
+    for flag, value in (("--cache-type-k", k or "fp16"), ("--cache-type-v", v or "fp16")):
+        mode = _CACHE_MODES.get(value.lower())
+        if mode is None:
+            fail(f"{flag} {value} is not a recognised KV cache type.")
+        modes.append(mode)
+    if tuple(modes) not in _CACHE_PAIRS:
+        fail(f"unsupported KV cache combination --cache-type-k {k} --cache-type-v {v}")
+
+
+def check_batch_kv_quant(options: dict) -> None:
+    """SOURCE: src/server/cli_input.rs @ 01cb1ae9ffd4
+    (resolve_batch_kv_quant_config) and src/lib/mlxcel-core/src/cache/
+    batch_quant.rs @ 08e0903694fd (KvQuantScheme::from_str,
+    BatchKvQuantConfig::validate): the scheme is parsed even when bits is 0;
+    bits 0 is off; 8 needs the uniform scheme (the default), 4 the
+    turboquant one; everything else fails start-up."""
+    raw = options.get("kv-quant-scheme")
+    scheme = "uniform"
+    if raw is not None:
+        lowered = raw.lower()
+        if lowered in ("uniform", "affine", "mx.quantize"):
+            scheme = "uniform"
+        elif lowered in ("turboquant", "turbo", "turbo4"):
+            scheme = "turboquant"
+        else:
+            fail(f'batch KV cache quant error: unknown --kv-quant-scheme "{lowered}"; '
+                 'expected one of "uniform", "turboquant"')
+    bits = options.get("kv-bits", 0)
+    if bits < 0:
+        fail(f"batch KV cache quant error: BatchKvQuantConfig: bits must be non-negative (got {bits})")
+    if bits == 0 or (scheme, bits) in (("uniform", 8), ("turboquant", 4)):
+        return
+    expected = "8" if scheme == "uniform" else "4"
+    fail(f"batch KV cache quant error: --kv-bits {bits} not supported for --kv-quant-scheme {scheme}; "
+         f"expected {expected}")
+
+
+def check_remote_pipeline(options: dict, cluster: dict) -> None:
+    """SOURCE: src/server/startup.rs @ 00b1038bfce8
+    (resolve_remote_pipeline_topology): a cluster file with
+    pipeline_parallel_size above 1 starts the remote pipeline, which refuses
+    --pp-layers, a drafter and tensor parallelism, and needs --node-id."""
+    depth = (cluster.get("cluster") or {}).get("pipeline_parallel_size", 1)
+    if not isinstance(depth, int) or depth <= 1:
+        return
+    if "pp-layers" in options:
+        fail("remote pipeline startup is configured via cluster topology; remove --pp-layers")
+    if "model-draft" in options:
+        fail("remote pipeline startup does not support speculative decoding yet")
+    if options.get("tp-size", 1) != 1:
+        fail("remote pipeline startup does not support tensor parallelism yet")
+    if "node-id" not in options:
+        fail("remote pipeline startup requires --node-id so the local cluster node can be identified")
+
+
 def load(options: dict) -> dict:
     model = options.get("model")
     if not model:
         fail("no model given (-m/--model)")
+    # Model-independent checks run before the model is resolved
+    # (src/bin/mlx_server.rs @ 01c20350f744, build_startup_input).
+    check_kv_cache(options)
     read_model_config(model, "model")
     if "model-draft" in options:
         draft = read_model_config(options["model-draft"], "draft model")
@@ -378,11 +465,7 @@ def load(options: dict) -> dict:
             kwargs = None
         if not isinstance(kwargs, dict):
             fail("--chat-template-kwargs must be a JSON object")
-    if "distributed-config" in options and "pp-layers" in options:
-        # The issue 30 reading of src/distributed/: with a cluster file the
-        # layers are partitioned automatically, and --pp-layers is refused.
-        fail("--pp-layers cannot be used with --distributed-config: the layers are partitioned "
-             "across the stages automatically")
+    check_batch_kv_quant(options)
     if "distributed-config" in options:
         path = options["distributed-config"]
         try:
@@ -397,6 +480,7 @@ def load(options: dict) -> dict:
         except tomllib.TOMLDecodeError as e:
             fail(f"invalid distributed config '{path}': {e}")
         sys.stderr.write(f"{NAME} distributed-config: {json.dumps(content, sort_keys=True, default=str)}\n")
+        check_remote_pipeline(options, content)
     parallel = options.get("parallel", 4 if has((0, 4, 0)) else 1)
     # The issue 30 reading of src/bin/mlx_server.rs and src/server/: one
     # --ctx-size is split across the --parallel slots, and start-up refuses

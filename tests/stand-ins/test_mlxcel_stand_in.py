@@ -52,11 +52,10 @@ def test_default_version_is_0_4_2():
 MATRIX = [
     ("0.0.1", ["--model-draft", "{model}", "--draft", "4"], True),
     ("0.0.1", ["--draft-model", "{model}", "--draft-max", "4"], True),
-    ("0.0.13", ["--cache-type-k", "int8"], False),
-    ("0.0.14", ["--cache-type-k", "int8", "--cache-type-v", "fp16"], True),
+    ("0.0.25", ["--cache-type-k", "int8"], False),
+    ("0.0.26", ["--cache-type-k", "int8", "--cache-type-v", "fp16"], True),
     ("0.0.19", ["--tp-size", "2"], False),
     ("0.0.20", ["--tp-size", "2"], True),
-    ("0.0.20", ["--cache-type-k", "int8"], True),
     ("0.0.20", ["--decode-storage-backend", "paged"], False),
     ("0.0.20", ["--prompt-cache-enabled"], False),
     ("0.0.21", ["--decode-storage-backend", "paged"], True),
@@ -81,7 +80,12 @@ MATRIX = [
     ("0.0.25", ["--apc-enabled"], False),
     ("0.0.25-rc.1", ["--prompt-cache-enabled"], False),
     ("0.0.26", ["--cache-type-k", "turbo4", "--cache-type-v", "turbo4"], True),
-    ("0.0.26", ["--kv-bits", "4", "--apc-enabled", "--apc-block-size", "16"], True),
+    ("0.0.26", ["--kv-bits", "4", "--kv-quant-scheme", "turboquant", "--apc-enabled", "--apc-block-size", "16"],
+     True),
+    ("0.0.25", ["--kv-bits", "8"], False),
+    ("0.0.26", ["--kv-bits", "eight"], False),
+    ("0.4.2", ["--offline"], False),
+    ("0.7.0", ["--offline"], True),
     ("0.0.26", ["--apc-enabled=false"], True),
     ("0.0.26", ["--apc-enabled=no"], False),
     ("0.0.26", ["--draft-kind", "mtp"], False),
@@ -98,7 +102,8 @@ MATRIX = [
                "--decode-storage-backend", "dense", "--tp-size", "1", "--prompt-cache-enabled",
                "--reasoning-budget", "128", "--apc-enabled", "--kv-cache-budget", "auto", "--node-role",
                "prefill", "--pp-auto", "2"], True),
-    ("0.4.2", ["--cache-type-k", "q8_0"], False),
+    # A free string for clap: q8_0 is refused at start-up (exit 1), not here.
+    ("0.4.2", ["--cache-type-k", "q8_0"], True),
     ("0.4.2", ["--no-such-flag"], False),
     ("0.4.2", ["--metrics=true"], False),
     ("0.4.2", ["--port", "http"], False),
@@ -162,11 +167,11 @@ def test_clap_error_messages():
 
 def test_help_lists_the_flags_of_its_version():
     old, new, odd = (run(v, "--help").stdout for v in ("0.0.20", "0.4.2", "nightly-abc"))
-    for flag in ("--tp-size", "--cache-type-k", "--draft-model", "--ctx-size"):
+    for flag in ("--tp-size", "--draft-model", "--ctx-size"):
         assert flag in old
-    for flag in ("--decode-storage-backend", "--prompt-cache-enabled", "--draft-kind", "--kv-cache-budget"):
+    for flag in ("--decode-storage-backend", "--prompt-cache-enabled", "--draft-kind", "--kv-cache-budget",
+                 "--cache-type-k", "--kv-quant-scheme"):
         assert flag not in old and flag in new
-    assert "[possible values: fp16, int8]" in old and "[possible values: fp16, int8, turbo4]" in new
     assert "[default: 1]" in old and "[default: 4]" in new
     assert "--model" in odd and "--draft" not in odd and "--cache-type-k" not in odd
 
@@ -264,11 +269,45 @@ def test_a_failed_load_stays_up_answering_503_and_says_so(model):
         assert status == 503 and body["error"]["message"] == "Loading model", body
 
 
-def test_pp_layers_is_refused_with_a_distributed_config(model, tmp_path):
-    config = tmp_path / "cluster.toml"
-    config.write_text("[cluster]\nname = 'x'\n")
-    r = run("0.4.2", "-m", model, "--port", "0", "--distributed-config", str(config), "--pp-layers", "0-7")
-    assert r.returncode == 1 and "--pp-layers cannot be used with --distributed-config" in r.stderr, r.stderr
+def test_the_remote_pipeline_refuses_layers_drafters_and_tensor_parallelism(model, tmp_path):
+    remote = tmp_path / "remote.toml"
+    remote.write_text("[cluster]\nname = 'x'\npipeline_parallel_size = 2\n")
+    single = tmp_path / "single.toml"
+    single.write_text("[cluster]\nname = 'x'\npipeline_parallel_size = 1\n")
+    base = ["-m", model, "--port", "0", "--node-id", "coordinator"]
+    for extra, message in [
+        (["--pp-layers", "0-7"], "remove --pp-layers"),
+        (["--model-draft", model], "does not support speculative decoding"),
+        (["--tp-size", "2"], "does not support tensor parallelism"),
+    ]:
+        r = run("0.4.2", *base, "--distributed-config", str(remote), *extra)
+        assert r.returncode == 1 and message in r.stderr, r.stderr
+    r = run("0.4.2", "-m", model, "--port", "0", "--distributed-config", str(remote))
+    assert r.returncode == 1 and "requires --node-id" in r.stderr, r.stderr
+    # One stage is no remote pipeline: nothing is refused.
+    with Served("0.4.2", *base[4:], "-m", model, "--distributed-config", str(single), "--tp-size", "2"):
+        pass
+
+
+@pytest.mark.parametrize("flags, refused", [
+    (["--kv-bits", "8"], None),
+    (["--kv-bits", "8", "--kv-quant-scheme", "uniform"], None),
+    (["--kv-bits", "4", "--kv-quant-scheme", "turboquant"], None),
+    (["--kv-quant-scheme", "turboquant"], None),
+    (["--kv-bits", "4"], "--kv-bits 4 not supported for --kv-quant-scheme uniform; expected 8"),
+    (["--kv-bits", "8", "--kv-quant-scheme", "turboquant"], "expected 4"),
+    (["--kv-bits", "6"], "--kv-bits 6 not supported"),
+    (["--kv-quant-scheme", "fp8"], "unknown --kv-quant-scheme"),
+    (["--cache-type-k", "turbo4", "--cache-type-v", "turbo4"], None),
+    (["--cache-type-k", "int8"], "unsupported KV cache combination"),
+    (["--cache-type-k", "q8_0", "--cache-type-v", "q8_0"], "--cache-type-k q8_0 is not a recognised KV cache type"),
+])
+def test_kv_quantization_is_checked_at_start_up(model, flags, refused):
+    if refused is None:
+        with Served("0.4.2", "-m", model, *flags):
+            return
+    r = run("0.4.2", "-m", model, "--port", "0", *flags)
+    assert r.returncode == 1 and refused in r.stderr, r.stderr
 
 
 def test_ctx_size_is_split_across_slots_and_512_per_slot_is_the_floor(model):
