@@ -482,15 +482,17 @@ def load(options: dict) -> dict:
         sys.stderr.write(f"{NAME} distributed-config: {json.dumps(content, sort_keys=True, default=str)}\n")
         check_remote_pipeline(options, content)
     parallel = options.get("parallel", 4 if has((0, 4, 0)) else 1)
-    # The issue 30 reading of src/bin/mlx_server.rs and src/server/: one
-    # --ctx-size is split across the --parallel slots, and start-up refuses
-    # fewer than 512 tokens per slot (llama-server's rule, not the old
-    # note's "each slot gets all of it").
+    # SOURCE: CHANGELOG.md @ 057cebac05bd (v0.0.30, #57) and
+    # src/server/startup.rs @ 00b1038bfce8 (validate_parallel_context_startup,
+    # MIN_PARALLEL_CONTEXT_SIZE): from 0.0.30 one --ctx-size is split across
+    # the --parallel slots and start-up refuses fewer than 512 per slot;
+    # before it every slot had the whole --ctx-size.
     ctx = options.get("ctx-size", 0)
-    per_slot = ctx // parallel if ctx else 0
-    if ctx and per_slot < 512:
-        fail(f"--ctx-size {ctx} split across --parallel {parallel} slots gives {per_slot} "
-             f"tokens per slot; each slot needs at least 512")
+    shared = has((0, 0, 30))
+    per_slot = (ctx // parallel if shared else ctx) if ctx else 0
+    if ctx and shared and per_slot < 512:
+        fail(f"--ctx-size {ctx} divided across {parallel} active slot(s) gives {per_slot} tokens per slot, "
+             f"below the minimum supported per-slot context size of 512")
     load_ms = int(os.environ.get("MLXCEL_STANDIN_LOAD_MS", "300"))
     return {
         "options": options,

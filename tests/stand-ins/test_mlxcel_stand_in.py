@@ -315,6 +315,9 @@ def test_ctx_size_is_split_across_slots_and_512_per_slot_is_the_floor(model):
     assert r.returncode == 1 and "511 tokens per slot" in r.stderr, r.stderr
     with Served("0.4.2", "-m", model, "-c", "4096", "--parallel", "2", "--props") as s:
         assert s.request("/props")[1]["default_generation_settings"]["n_ctx"] == 2048
+    # Before 0.0.30 every slot had the whole --ctx-size.
+    with Served("0.0.29", "-m", model, "-c", "256", "--parallel", "2", "--props") as s:
+        assert s.request("/props")[1]["default_generation_settings"]["n_ctx"] == 256
 
 
 def test_health_says_no_slot_available_when_full(model):

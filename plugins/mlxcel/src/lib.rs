@@ -457,11 +457,12 @@ fn at_least(request: &LoadRequest, version: (u64, u64, u64)) -> bool {
     }
 }
 
-/// `-c TOTAL --parallel N`: mlxcel splits one `--ctx-size` across its
-/// `--parallel` slots (4 by default from 0.4.0, 1 before), so a session
-/// gets `context_length` only when the total is that many times the
-/// slots; and it refuses to start with fewer than 512 tokens per slot,
-/// which is refused here before launch, naming the setting.
+/// `-c TOTAL --parallel N`: from 0.0.30 mlxcel splits one `--ctx-size`
+/// across its `--parallel` slots (4 by default from 0.4.0, 1 before), so a
+/// session gets `context_length` only when the total is that many times
+/// the slots, and it refuses to start with fewer than 512 tokens per slot,
+/// which is refused here before launch, naming the setting. Before 0.0.30
+/// every slot had the whole `--ctx-size` (mlxcel's CHANGELOG, v0.0.30).
 fn slots(request: &LoadRequest) -> Result<Vec<String>, String> {
     let parallel = setting(request, "parallel").and_then(Value::as_u64);
     let Some(value) = setting(request, names::CONTEXT_LENGTH) else {
@@ -470,7 +471,8 @@ fn slots(request: &LoadRequest) -> Result<Vec<String>, String> {
             .unwrap_or_default());
     };
     let per_slot = value.as_u64().unwrap_or(0);
-    if per_slot < MIN_CTX_PER_SLOT {
+    let shared = at_least(request, (0, 0, 30));
+    if shared && per_slot < MIN_CTX_PER_SLOT {
         return Err(invalid(
             request,
             names::CONTEXT_LENGTH,
@@ -479,9 +481,10 @@ fn slots(request: &LoadRequest) -> Result<Vec<String>, String> {
         ));
     }
     let slots = parallel.unwrap_or(if at_least(request, (0, 4, 0)) { 4 } else { 1 });
+    let total = if shared { per_slot * slots } else { per_slot };
     Ok(vec![
         "-c".into(),
-        (per_slot * slots).to_string(),
+        total.to_string(),
         "--parallel".into(),
         slots.to_string(),
     ])

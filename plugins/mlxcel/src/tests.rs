@@ -163,7 +163,7 @@ fn flags_follow_the_capabilities_of_each_version() {
         qwen35(),
         many(),
         expect![[r#"
-            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 -n 256 --tp-size 2 --chat-template-kwargs '{"enable_thinking":false}' -c 16384 --parallel 2
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 -n 256 --tp-size 2 --chat-template-kwargs '{"enable_thinking":false}' -c 8192 --parallel 2
             ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: setting 'kv_cache_type' was not applied (--cache-type-k/--cache-type-v): plugin 'mlxcel' needs mlxcel-server >=0.0.26 for kv_cache_quantization; found 0.0.20
             note: setting 'decode_storage' was not applied (--decode-storage-backend): plugin 'mlxcel' needs mlxcel-server >=0.0.21 for paged_attention; found 0.0.20
@@ -181,7 +181,7 @@ fn flags_follow_the_capabilities_of_each_version() {
         qwen35(),
         many(),
         expect![[r#"
-            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 -n 256 --cache-type-k int8 --cache-type-v int8 --decode-storage-backend paged --prompt-cache-enabled=true --prompt-cache-capacity-bytes 1073741824 --prompt-cache-ttl 600 --apc-enabled=true --apc-block-size 32 --reasoning-budget=0 --tp-size 2 --chat-template-kwargs '{"enable_thinking":false}' -c 16384 --parallel 2
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 -n 256 --cache-type-k int8 --cache-type-v int8 --decode-storage-backend paged --prompt-cache-enabled=true --prompt-cache-capacity-bytes 1073741824 --prompt-cache-ttl 600 --apc-enabled=true --apc-block-size 32 --reasoning-budget=0 --tp-size 2 --chat-template-kwargs '{"enable_thinking":false}' -c 8192 --parallel 2
             ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
             note: setting 'kv_cache_budget' was not applied (--kv-cache-budget): plugin 'mlxcel' needs mlxcel-server >=0.2.0 for kv_cache_budget; found 0.0.26
         "#]],
@@ -1158,6 +1158,17 @@ fn the_context_is_per_slot_and_the_plan_sizes_the_total() {
         json!({"context_length": 8192, "prompt_cache": false}),
         expect![[r#"
             /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --prompt-cache-enabled=false -c 8192 --parallel 1
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
+        "#]],
+    );
+    // Before 0.0.30 each slot had the whole --ctx-size, and nothing
+    // below 512 was refused.
+    check(
+        Some("0.0.29"),
+        json!({}),
+        json!({"context_length": 256, "parallel": 2}),
+        expect![[r#"
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 -c 256 --parallel 2
             ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
         "#]],
     );
