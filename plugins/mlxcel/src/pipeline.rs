@@ -23,9 +23,10 @@
 //!   passed as `--node-role`.
 //! - `layers` (on the node or its peers) is refused before launch: with
 //!   `--distributed-config` mlxcel-server partitions the layers across its
-//!   stages itself and refuses `--pp-layers` (issue 30's reading of
-//!   mlxcel's `src/distributed/`). Stages are numbered in the order the
-//!   nodes are listed.
+//!   stages itself, and its remote pipeline refuses `--pp-layers`, as it
+//!   refuses a drafter and tensor parallelism (`resolve_remote_pipeline_topology`
+//!   in mlxcel's `src/server/startup.rs`; `plan_launch` refuses those two).
+//!   Stages are numbered in the order the nodes are listed.
 //! - `transport`: `tcp` (default) or `thunderbolt` (TCP over a Thunderbolt
 //!   Bridge network).
 //! - `http_port` (peers only): the peer's own HTTP port (`--port`), needed
