@@ -44,7 +44,7 @@ pub const DRAFT_BLOCK_SIZE: &str = "draft_block_size";
 pub enum Kind {
     /// A plain small model of the same family (`--model-draft`,
     /// `--draft-max`): what builds before 0.0.27 make of any drafter.
-    Classic,
+    Plain,
     /// Multi-token prediction heads (`--draft-kind mtp`).
     Mtp,
     /// DFlash block drafters (`--draft-kind dflash`).
@@ -55,7 +55,7 @@ impl Kind {
     /// The capability the kind needs.
     pub fn capability(self) -> &'static str {
         match self {
-            Kind::Classic => "speculative",
+            Kind::Plain => "speculative",
             Kind::Mtp => "speculative_mtp",
             Kind::Dflash => "speculative_dflash",
         }
@@ -64,7 +64,7 @@ impl Kind {
     /// The kind in a sentence.
     fn described(self) -> &'static str {
         match self {
-            Kind::Classic => "a plain draft model",
+            Kind::Plain => "a plain draft model",
             Kind::Mtp => "an MTP drafter",
             Kind::Dflash => "a DFlash drafter",
         }
@@ -73,7 +73,7 @@ impl Kind {
     /// The `--draft-kind` value; a plain draft model takes none.
     fn flag(self) -> Option<&'static str> {
         match self {
-            Kind::Classic => None,
+            Kind::Plain => None,
             Kind::Mtp => Some("mtp"),
             Kind::Dflash => Some("dflash"),
         }
@@ -126,7 +126,7 @@ fn vocab_size(config: &Value) -> Option<u64> {
 pub fn mismatch(kind: Kind, target: &Value, drafter: &Value) -> Option<String> {
     let target_type = model_type(target);
     let family = match kind {
-        Kind::Classic => return None,
+        Kind::Plain => return None,
         Kind::Mtp => ("gemma4", "a Gemma 4 target (model_type gemma4*)"),
         Kind::Dflash => (
             "qwen3_5",
@@ -217,7 +217,7 @@ pub fn plan(request: &LoadRequest, target_dir: &Path) -> Result<Planned, String>
     // Before 0.0.27 mlxcel has neither kind and drafts with any drafter as
     // a plain draft model.
     if auto && kind == Kind::Dflash && !has(request, Kind::Dflash.capability()) {
-        kind = Kind::Classic;
+        kind = Kind::Plain;
         evidence = format!("{evidence}; builds before 0.0.27 run it as a plain draft model");
     }
     let fallback = |planned: &mut Planned, why: String| {
@@ -230,7 +230,7 @@ pub fn plan(request: &LoadRequest, target_dir: &Path) -> Result<Planned, String>
         fallback(&mut planned, off_reason(request, kind.capability()));
         return Ok(planned);
     }
-    if kind != Kind::Classic {
+    if kind != Kind::Plain {
         let target = read_config(target_dir)?;
         if let Some(why) = mismatch(kind, &target, &drafter) {
             fallback(&mut planned, why);

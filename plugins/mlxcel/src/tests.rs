@@ -628,7 +628,7 @@ fn drafters_that_do_not_fit_fall_back_to_normal_decoding_and_say_why() {
             note: speculative decoding is off, decoding normally: draft_model '$ROOT/dflash' is a DFlash drafter (its config.json has no model_type, which mlxcel reads as DFlash), and the drafter's vocabulary (1000 tokens) differs from the model's (2000)
         "#]],
     );
-    // 0.0.26 has classic drafting but neither MTP nor DFlash.
+    // 0.0.26 drafts with plain draft models only: neither MTP nor DFlash.
     fallback(
         "0.0.26",
         gemma4(),
