@@ -453,6 +453,16 @@ pub struct GenerateRequest {
     /// host refuses tools for engines without the `tool_calls` capability.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<serde_json::Value>,
+    /// What the answer must be, as a grammar in llguidance's Lark syntax
+    /// (JSON schemas inside as `%json { … }`): the host writes it from
+    /// `response_format` or a forced tool choice, in the model's tool-call
+    /// markup. An engine with the `structured_output` capability draws
+    /// every token from those the grammar allows next and ends the answer
+    /// where the grammar is complete. Added in 1.x with a default: the host
+    /// sends none to an engine without the capability (it refuses such a
+    /// request instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<String>,
 }
 
 /// What to generate from.
@@ -959,7 +969,14 @@ impl GenerateRequest {
             seed: None,
             stop: Vec::new(),
             tools: Vec::new(),
+            grammar: None,
         }
+    }
+
+    /// With a grammar the answer must follow (llguidance's Lark syntax).
+    pub fn with_grammar(mut self, lark: impl Into<String>) -> Self {
+        self.grammar = Some(lark.into());
+        self
     }
 
     /// With the request's tools (OpenAI's `tools` list).

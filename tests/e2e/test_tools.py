@@ -293,3 +293,101 @@ def test_mlx_lm_takes_tools_and_answers_in_openais_shape(env):
     finally:
         problems = srv.stop()
     assert not problems, problems
+
+
+# What a forced call or a JSON answer must be: short enough for a random
+# model to finish (enums, booleans, small integers), strict enough to check.
+TRIP = {"type": "object", "additionalProperties": False, "required": ["city", "days", "train"],
+        "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]},
+                       "days": {"type": "integer", "minimum": 1, "maximum": 9},
+                       "train": {"type": "boolean"}}}
+BOOK = {"type": "function", "function": {"name": "book_trip", "description": "Books a trip.", "parameters": TRIP}}
+FORECAST = {"type": "function", "function": {"name": "forecast", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["city"],
+    "properties": {"city": {"enum": ["Paris", "Rome"]}}}}}
+
+
+def is_trip(value) -> bool:
+    return (isinstance(value, dict) and set(value) == {"city", "days", "train"}
+            and value["city"] in ("Paris", "Rome", "Oslo") and isinstance(value["days"], int)
+            and 1 <= value["days"] <= 9 and isinstance(value["train"], bool))
+
+
+@pytest.fixture(scope="module")
+def constrained(env, tmp_path_factory):
+    """native-mlx (which enforces grammars) on a tiny model whose template takes tools."""
+    root = tmp_path_factory.mktemp("constrained")
+    models = root / "models"
+    models.mkdir()
+    shutil.copytree(env["models"] / "tiny-qwen", models / "tiny-qwen-tools")
+    config = json.loads((models / "tiny-qwen-tools" / "tokenizer_config.json").read_text())
+    config["chat_template"] = TINY_TOOLS_TEMPLATE
+    (models / "tiny-qwen-tools" / "tokenizer_config.json").write_text(json.dumps(config))
+    (root / "config.toml").write_text(f'[plugins.mlx-lm]\nprogram = "{env["python"]}"\nallow_programs = ["python3"]\n')
+    args = list(env["base_args"])
+    args[args.index("--model-dir") + 1] = str(models)
+    args[args.index("--config") + 1] = str(root / "config.toml")
+    args[args.index("--state-dir") + 1] = str(root / "state")
+    srv = Server("hangar (native-mlx, constrained)", args, env["proc_env"])
+    yield srv
+    problems = srv.stop()
+    assert not problems, problems
+
+
+def test_native_mlx_enforces_forced_calls_and_json_schemas(constrained):
+    c = oa(constrained)
+    model = "tiny-qwen-tools"
+    status, body = http(constrained.url + f"/api/resolve?model={model}")
+    assert body["resolution"]["chosen"] == "native-mlx", body
+    # A required call: one of the tools, with arguments of its schema.
+    for seed, choice in ((1, "required"), (2, {"type": "function", "function": {"name": "book_trip"}})):
+        answer = c.chat.completions.create(model=model, messages=ask("Plan my trip."), tools=[FORECAST, BOOK],
+                                           tool_choice=choice, parallel_tool_calls=False, max_tokens=96,
+                                           temperature=0.8, seed=seed)
+        choice_ = answer.choices[0]
+        assert choice_.finish_reason == "tool_calls", choice_
+        [call] = choice_.message.tool_calls
+        arguments = json.loads(call.function.arguments)
+        if call.function.name == "book_trip":
+            assert is_trip(arguments), arguments
+        else:
+            assert call.function.name == "forecast" and arguments["city"] in ("Paris", "Rome"), call
+        if isinstance(choice, dict):
+            assert call.function.name == "book_trip", call
+    # Streamed, the deltas assemble into the call the whole answer gives.
+    kw = dict(model=model, messages=ask("Book it."), tools=[BOOK], tool_choice="required",
+              parallel_tool_calls=False, max_tokens=96, temperature=0)
+    whole = c.chat.completions.create(**kw).choices[0].message.tool_calls[0]
+    name, arguments, finish = "", "", None
+    for chunk in c.chat.completions.create(**kw, stream=True):
+        for delta in chunk.choices:
+            for call in delta.delta.tool_calls or []:
+                name += call.function.name or ""
+                arguments += call.function.arguments or ""
+            finish = delta.finish_reason or finish
+    assert (name, json.loads(arguments), finish) == ("book_trip", json.loads(whole.function.arguments), "tool_calls")
+    # response_format: the content is JSON of the schema.
+    for fmt in ({"type": "json_schema", "json_schema": {"name": "trip", "schema": TRIP, "strict": True}},):
+        answer = c.chat.completions.create(model=model, messages=ask("A trip, as JSON."), response_format=fmt,
+                                           max_tokens=96, temperature=0)
+        assert answer.choices[0].finish_reason == "stop", answer
+        assert is_trip(json.loads(answer.choices[0].message.content)), answer
+    # Anthropic: tool_choice any and tool give tool_use blocks of the schema.
+    tool = {"name": "book_trip", "description": "Books a trip.", "input_schema": TRIP}
+    for choice in ({"type": "any", "disable_parallel_tool_use": True},
+                   {"type": "tool", "name": "book_trip", "disable_parallel_tool_use": True}):
+        m = an(constrained).messages.create(model=model, max_tokens=96, messages=ask("Book a trip."),
+                                            tools=[tool], tool_choice=choice)
+        assert m.stop_reason == "tool_use", m
+        [use] = [b for b in m.content if b.type == "tool_use"]
+        assert use.name == "book_trip" and is_trip(use.input), use
+
+
+def test_an_engine_without_a_grammar_refuses_structured_output(client):
+    # The main suite's server serves tiny-llama with mlx-lm, which has no
+    # grammar engine: a 400 naming the capability, not an unconstrained 200.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny-llama", messages=ask("hi"), max_tokens=4,
+                                       response_format={"type": "json_object"})
+    assert e.value.body["param"] == "response_format", e.value.body
+    assert "'structured_output'" in e.value.body["message"] and "'mlx-lm'" in e.value.body["message"], e.value.body

@@ -22,7 +22,7 @@ pub struct LlamaServer;
 
 impl Plugin for LlamaServer {
     fn describe() -> Description {
-        hangar_sdk::describe!("llama-server", formats: ["gguf"], capabilities: ["tool_calls"])
+        hangar_sdk::describe!("llama-server", formats: ["gguf"], capabilities: ["tool_calls", "structured_output"])
     }
 
     /// `llama-server --version` prints `version: 4589 (1d1e6a90)` for a
@@ -103,22 +103,37 @@ impl Plugin for LlamaServer {
         )
     }
 
-    /// OpenAI's newer `max_completion_tokens` is llama-server's
-    /// `max_tokens`; a request that sends only the former keeps its limit.
+    /// Two fields llama-server reads otherwise than OpenAI writes them:
+    /// the newer `max_completion_tokens` is its `max_tokens` (a request
+    /// that sends only the former keeps its limit), and it reads
+    /// `tool_choice` as a string only (an object silently becomes
+    /// `"auto"`), so a named function becomes `"required"` with that tool
+    /// alone, which its grammar then enforces.
     fn map_request(_route: &str, mut body: Value) -> Result<Option<Value>, String> {
         let Some(object) = body.as_object_mut() else {
             return Ok(None);
         };
-        if object.contains_key("max_tokens") {
-            return Ok(None);
-        }
-        match object.remove("max_completion_tokens") {
-            Some(limit) => {
+        let mut changed = false;
+        if !object.contains_key("max_tokens") {
+            if let Some(limit) = object.remove("max_completion_tokens") {
                 object.insert("max_tokens".into(), limit);
-                Ok(Some(body))
+                changed = true;
             }
-            None => Ok(None),
         }
+        let named = object
+            .get("tool_choice")
+            .and_then(|c| c.pointer("/function/name"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        if let Some(name) = named {
+            if let Some(Value::Array(tools)) = object.get_mut("tools") {
+                tools
+                    .retain(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(&name));
+            }
+            object.insert("tool_choice".into(), Value::from("required"));
+            changed = true;
+        }
+        Ok(changed.then_some(body))
     }
 }
 
@@ -268,5 +283,25 @@ mod tests {
         let untouched =
             LlamaServer::map_request("/v1/chat/completions", json!({"max_tokens": 3})).unwrap();
         assert_eq!(untouched, None);
+    }
+
+    #[test]
+    fn a_named_tool_choice_becomes_required_with_that_tool_alone() {
+        let tool = |name: &str| json!({"type": "function", "function": {"name": name}});
+        let mapped = LlamaServer::map_request(
+            "/v1/chat/completions",
+            json!({"max_tokens": 8, "tools": [tool("a"), tool("b")],
+                   "tool_choice": {"type": "function", "function": {"name": "b"}}}),
+        )
+        .unwrap();
+        assert_eq!(
+            mapped,
+            Some(json!({"max_tokens": 8, "tools": [tool("b")], "tool_choice": "required"}))
+        );
+        let required = json!({"max_tokens": 8, "tools": [tool("a")], "tool_choice": "required"});
+        assert_eq!(
+            LlamaServer::map_request("/v1/chat/completions", required).unwrap(),
+            None
+        );
     }
 }

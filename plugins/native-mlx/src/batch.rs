@@ -16,7 +16,11 @@
 //! on its company.
 //!
 //! As in `Session`, step n+1 is built and queued before token n is read,
-//! so graph building overlaps evaluation.
+//! so graph building overlaps evaluation. A request under a grammar (see
+//! `constraint`) needs token n read before its draw n+1 is masked: a step
+//! with such a request queues its forward pass, reads token n, then
+//! queues the draws, so the device computes the pass while the host
+//! reads, advances the grammars and builds the masks.
 
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
@@ -25,12 +29,13 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::{argmax_axis, take_axis};
+use mlx_rs::ops::{concatenate, select};
 use mlx_rs::transforms::async_eval;
 use mlx_rs::{with_stream, Array, Dtype};
 
 use crate::cache::KvCache;
+use crate::constraint::{Constraint, Grammars};
 use crate::disk::DiskTier;
 use crate::error::{Error, Result};
 use crate::indexing::IndexOnStream;
@@ -97,6 +102,10 @@ pub struct StepStats {
     pub mixed_rows: u64,
     pub mixed_prompt_tokens: u64,
     pub mixed_time: Duration,
+    /// Masks computed for rows under a grammar, and the host's time for
+    /// them and for advancing the grammars by each token taken.
+    pub masks: u64,
+    pub grammar_time: Duration,
 }
 
 impl StepStats {
@@ -247,6 +256,10 @@ struct Seq {
     filled: usize,
     cached_prompt_tokens: usize,
     sampler: Sampler,
+    /// The grammar its answer follows, if the request has one.
+    constraint: Option<Constraint>,
+    /// Why it ended early, to answer with (its grammar failed).
+    error: Option<Error>,
     stops: StopMatcher,
     decoder: StreamDecoder,
     text: String,
@@ -266,6 +279,25 @@ impl Seq {
     fn prefilled(&self) -> bool {
         self.filled + 1 >= self.prompt.len()
     }
+
+    /// Its grammar, while its next token counts.
+    fn live_constraint(&mut self) -> Option<&mut Constraint> {
+        self.constraint.as_mut().filter(|_| self.finished.is_none())
+    }
+
+    /// Ends it with `error` as its answer.
+    fn fail(&mut self, error: Error) {
+        self.error = Some(error);
+        self.finished = Some(FinishReason::Stop);
+    }
+}
+
+/// A step whose forward pass is queued and whose draws wait for the
+/// tokens of the step before (a row of it is under a grammar).
+struct Deferred {
+    logits: Array,
+    decoding: Vec<usize>,
+    prompt_tokens: usize,
 }
 
 /// A queued step's sampled tokens: one `(1, n)` array, so that the next
@@ -290,6 +322,9 @@ struct Engine {
     prefix: PrefixCache,
     /// The step queued last, whose tokens are read after the next is built.
     in_flight: Option<InFlight>,
+    /// The step built last, when its draws wait for `in_flight`'s tokens.
+    deferred: Option<Deferred>,
+    grammars: Grammars,
     /// Identities of `active`, parallel to it.
     tags: Vec<usize>,
     next_id: usize,
@@ -297,6 +332,8 @@ struct Engine {
     stats: Arc<Mutex<StepStats>>,
     /// When the tokens of the last step were read.
     last_read: Option<Instant>,
+    /// Grammar work not yet counted in `stats`: masks and time.
+    grammar_work: (u64, Duration),
 }
 
 impl Engine {
@@ -320,11 +357,14 @@ impl Engine {
             pool: KvPool::new(),
             prefix,
             in_flight: None,
+            deferred: None,
+            grammars: Grammars::default(),
             tags: Vec::new(),
             next_id: 0,
             open: true,
             stats,
             last_read: None,
+            grammar_work: (0, Duration::ZERO),
         }
     }
 
@@ -353,6 +393,7 @@ impl Engine {
                 }
                 self.tags.clear();
                 self.in_flight = None;
+                self.deferred = None;
                 self.pool.clear();
             }
             // Idle: the pool's memory goes back, and the wait for the next
@@ -403,7 +444,7 @@ impl Engine {
             }
             match self.start(&job.request) {
                 Ok(parts) => {
-                    let (prompt, hashes, pages, filled, sampler) = parts;
+                    let (prompt, hashes, pages, filled, sampler, constraint) = parts;
                     let stops = StopMatcher::new(&job.request.stop);
                     self.active.push(Seq {
                         job,
@@ -414,6 +455,8 @@ impl Engine {
                         filled,
                         cached_prompt_tokens: filled,
                         sampler,
+                        constraint,
+                        error: None,
                         stops,
                         decoder: StreamDecoder::new(),
                         text: String::new(),
@@ -438,7 +481,14 @@ impl Engine {
     fn start(
         &mut self,
         request: &GenerateRequest,
-    ) -> Result<(Vec<u32>, Vec<u64>, Pages, usize, Sampler)> {
+    ) -> Result<(
+        Vec<u32>,
+        Vec<u64>,
+        Pages,
+        usize,
+        Sampler,
+        Option<Constraint>,
+    )> {
         if request.max_tokens == 0 {
             return Err(Error::InvalidRequest(
                 "max_tokens must be at least 1".into(),
@@ -449,6 +499,10 @@ impl Engine {
             return Err(Error::InvalidRequest("the prompt has no tokens".into()));
         }
         let sampler = Sampler::new(request.sampling.clone())?;
+        let constraint = match &request.grammar {
+            Some(lark) => Some(self.grammars.compile(&self.session.tokenizer, lark)?),
+            None => None,
+        };
         // The last prompt token is fed by the first decoding step, so only
         // blocks before it are cached or restored.
         let body = &prompt[..prompt.len() - 1];
@@ -464,7 +518,7 @@ impl Engine {
             }
             None => 0,
         };
-        Ok((prompt, hashes, pages, filled, sampler))
+        Ok((prompt, hashes, pages, filled, sampler, constraint))
     }
 
     /// One step: build and queue the next forward pass, then read the
@@ -486,6 +540,9 @@ impl Engine {
             if let Some(before) = self.last_read.replace(now) {
                 let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
                 stats.record(previous.tags.len(), previous.prompt_tokens, now - before);
+                let (masks, time) = std::mem::take(&mut self.grammar_work);
+                stats.masks += masks;
+                stats.grammar_time += time;
             }
             let ids: Vec<u32> = previous.tokens.as_slice::<u32>().to_vec();
             for (tag, id) in previous.tags.into_iter().zip(ids) {
@@ -493,6 +550,12 @@ impl Engine {
                     self.accept(at, id)?;
                 }
             }
+        }
+        // The grammars have taken those tokens: the waiting draws can be masked.
+        if let Some(step) = self.deferred.take() {
+            let step = self.sample(&step.logits, &step.decoding, step.prompt_tokens)?;
+            async_eval([&step.tokens])?;
+            self.in_flight = Some(step);
         }
         // That step is done: its new prefix blocks can be written.
         self.prefix.persist(computed)?;
@@ -620,9 +683,18 @@ impl Engine {
         let mut queued = None;
         if let Some(logits) = logits {
             let decoding: Vec<usize> = decoding.iter().map(|&(_, at, _)| at).collect();
-            let step = self.sample(&logits, &decoding, prompt_tokens)?;
-            to_eval.push(step.tokens.clone());
-            queued = Some(step);
+            if self.constrained(&decoding) {
+                to_eval.push(logits.clone());
+                self.deferred = Some(Deferred {
+                    logits,
+                    decoding,
+                    prompt_tokens,
+                });
+            } else {
+                let step = self.sample(&logits, &decoding, prompt_tokens)?;
+                to_eval.push(step.tokens.clone());
+                queued = Some(step);
+            }
         }
         // A step of prompt chunks alone yields no tokens: its writes are
         // what is evaluated.
@@ -656,28 +728,43 @@ impl Engine {
         prompt_tokens: usize,
     ) -> Result<InFlight> {
         // Greedy rows share three ops: the log-sum-exp of each row (as
-        // `Session::step` computes it for one) and the argmax.
-        let all_greedy = decoding
-            .iter()
-            .all(|&at| self.active[at].sampler.is_greedy());
-        let greedy = if all_greedy
-            || decoding
-                .iter()
-                .any(|&at| self.active[at].sampler.is_greedy())
-        {
+        // `Session::step` computes it for one) and the argmax. A row under
+        // a grammar is masked and drawn on its own.
+        let shared = |seq: &Seq| {
+            seq.sampler.is_greedy() && (seq.constraint.is_none() || seq.finished.is_some())
+        };
+        let all_greedy = decoding.iter().all(|&at| shared(&self.active[at]));
+        let greedy = if all_greedy || decoding.iter().any(|&at| shared(&self.active[at])) {
             let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
             Some(argmax_axis(&logprobs, -1, None)?)
         } else {
             None
         };
         let mut rows = Vec::new();
+        let width = logits.dim(-1) as usize;
         for (row, &at) in decoding.iter().enumerate() {
             let seq = &mut self.active[at];
             if !all_greedy {
+                let shared = shared(seq);
                 rows.push(match &greedy {
-                    Some(tokens) if seq.sampler.is_greedy() => tokens.at((.., row as i32))?,
+                    Some(tokens) if shared => tokens.at((.., row as i32))?,
                     _ => {
-                        let logits = logits.at((.., row as i32, ..))?;
+                        let mut logits = logits.at((.., row as i32, ..))?;
+                        let begun = Instant::now();
+                        let mask = seq.live_constraint().map(|c| c.mask(width));
+                        if mask.is_some() {
+                            self.grammar_work.0 += 1;
+                            self.grammar_work.1 += begun.elapsed();
+                        }
+                        match mask {
+                            Some(Ok(mask)) => {
+                                let never = Array::from_f32(f32::NEG_INFINITY);
+                                logits = select(&mask, &logits, &never)?;
+                            }
+                            // Its answer ends with the error; the row's draw is not read.
+                            Some(Err(e)) => seq.fail(e),
+                            None => {}
+                        }
                         // As `Session::step`: a log-sum-exp over the `(1, vocab)` row.
                         let logprobs = logits.subtract(logits.logsumexp(true)?)?;
                         seq.sampler.sample(&logprobs)?.as_dtype(Dtype::Uint32)?
@@ -725,9 +812,27 @@ impl Engine {
         }
         let cache = seq.alone.as_mut().expect("a cache of its own");
         let logits = self.session.model.logits(&input, cache)?;
+        if self.constrained(&[0]) {
+            async_eval([&logits])?;
+            self.deferred = Some(Deferred {
+                logits,
+                decoding: vec![0],
+                prompt_tokens: 0,
+            });
+            return Ok(None);
+        }
         let step = self.sample(&logits, &[0], 0)?;
         async_eval([&step.tokens])?;
         Ok(Some(step))
+    }
+
+    /// Whether a sequence of `decoding` (indices into `active`) draws
+    /// under a grammar.
+    fn constrained(&self, decoding: &[usize]) -> bool {
+        decoding.iter().any(|&at| {
+            let seq = &self.active[at];
+            seq.constraint.is_some() && seq.finished.is_none()
+        })
     }
 
     /// The `(1, n)` input tokens of the decoding sequences `decoding`, in
@@ -858,6 +963,20 @@ impl Engine {
             return Ok(());
         }
         seq.token_ids.push(id);
+        // A grammar that is complete ends the answer after this token.
+        let begun = Instant::now();
+        let taken = seq.constraint.as_mut().map(|c| c.take(id));
+        if taken.is_some() {
+            self.grammar_work.1 += begun.elapsed();
+        }
+        let complete = match taken {
+            Some(Err(e)) => {
+                seq.fail(e);
+                return Ok(());
+            }
+            Some(Ok(complete)) => complete,
+            None => false,
+        };
         let piece = seq.decoder.push(tokenizer, id)?;
         let (piece, stopped) = seq.stops.push(&piece);
         seq.text.push_str(&piece);
@@ -865,7 +984,7 @@ impl Engine {
             token: Some(id),
             text: piece,
         });
-        if stopped {
+        if stopped || complete {
             seq.finished = Some(FinishReason::Stop);
         } else if sent.is_err() || seq.job.cancel.load(Ordering::Relaxed) {
             seq.finished = Some(FinishReason::Cancelled);
@@ -887,7 +1006,10 @@ impl Engine {
             let mut seq = self.active.remove(at);
             self.tags.remove(at);
             self.pool.release(std::mem::take(&mut seq.pages));
-            let result = finish(&mut seq, reason, tokenizer);
+            let result = match seq.error.take() {
+                Some(e) => Err(e),
+                None => finish(&mut seq, reason, tokenizer),
+            };
             let _ = seq.job.events.send(Event::Done(result));
         }
     }

@@ -31,6 +31,7 @@ mod batch;
 mod cache;
 mod chat;
 mod config;
+mod constraint;
 mod disk;
 mod error;
 mod ffi;

@@ -26,7 +26,7 @@ struct NativeMlx;
 
 impl Plugin for NativeMlx {
     fn describe() -> Description {
-        hangar_sdk::describe!("native-mlx", formats: ["mlx"], aliases: {"safetensors" => "mlx"}, capabilities: ["tool_calls"])
+        hangar_sdk::describe!("native-mlx", formats: ["mlx"], aliases: {"safetensors" => "mlx"}, capabilities: ["tool_calls", "structured_output"])
             .with_concurrent_generates(BatchOptions::default().max_sequences as u32)
     }
 
@@ -128,6 +128,7 @@ impl Engine for Loaded {
         let mut generate = GenerateRequest::new(prompt, request.max_tokens.unwrap_or(512) as usize);
         generate.sampling = sampling;
         generate.stop = request.stop;
+        generate.grammar = request.grammar;
         let done = self
             .0
             .generate(generate, |event| {

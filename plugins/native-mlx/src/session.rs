@@ -51,6 +51,11 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// Keep going past end-of-sequence tokens (benchmarks, parity tests).
     pub ignore_eos: bool,
+    /// A grammar the answer must follow, in llguidance's Lark syntax (JSON
+    /// schemas inside as `%json { … }`): each token is drawn from those the
+    /// grammar allows next, and the answer ends where the grammar does.
+    /// Served by the [`Batcher`](crate::Batcher); a lone `Session` refuses it.
+    pub grammar: Option<String>,
 }
 
 impl GenerateRequest {
@@ -62,6 +67,7 @@ impl GenerateRequest {
             sampling: SamplingParams::greedy(),
             stop: Vec::new(),
             ignore_eos: false,
+            grammar: None,
         }
     }
 }
@@ -279,6 +285,11 @@ impl Session {
         if request.max_tokens == 0 {
             return Err(Error::InvalidRequest(
                 "max_tokens must be at least 1".into(),
+            ));
+        }
+        if request.grammar.is_some() {
+            return Err(Error::InvalidRequest(
+                "a grammar is served by the Batcher, not a lone Session".into(),
             ));
         }
         let prompt = self.prompt_tokens(&request.prompt)?;

@@ -69,6 +69,16 @@ impl Tokenizer {
         self.eos.iter().copied()
     }
 
+    /// The Hugging Face tokenizer itself (for the grammar engine's token table).
+    pub(crate) fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    /// The folder it was loaded from.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The id of a token string, if it is one token.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)

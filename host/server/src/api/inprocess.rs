@@ -55,6 +55,11 @@ impl TokenSink for ChannelSink {
     }
 }
 
+/// The field in which the host hands an in-process engine (in the host or
+/// in a `hangar worker`) the grammar of a constrained request (see
+/// `tools::enforce`); a client's own is removed at the edge.
+pub(crate) const GRAMMAR_FIELD: &str = "x_hangar_grammar";
+
 impl Served {
     /// Answers one OpenAI request.
     pub(crate) async fn answer(
@@ -227,6 +232,9 @@ impl Served {
             generate.stop = validate::stop(request.get("stop"))?;
             if let Some(Value::Array(tools)) = request.get("tools") {
                 generate.tools = tools.clone();
+            }
+            if let Some(Value::String(grammar)) = request.get(GRAMMAR_FIELD) {
+                generate.grammar = Some(grammar.clone());
             }
             generate
         })

@@ -176,11 +176,15 @@ async fn forward(
     if let Some(seed) = super::validate::seed(request.get("seed"))? {
         request.insert("seed".into(), Value::from(seed));
     }
+    let mut constraint = None;
     if route == Route::Chat {
-        *plan = super::tools::plan(&app, &model, &mut request).await?;
+        (*plan, constraint) = super::tools::plan(&app, &model, &mut request).await?;
     }
     gate_request(&app, &model, route, &mut request).await?;
     let (session, in_flight) = app.scheduler.admit(&model).await?;
+    if let Some(constraint) = &constraint {
+        super::tools::enforce(&app, &model, &session.plugin, constraint, &mut request)?;
+    }
     let (base_url, upstream_model, mapper) = match &session.backend {
         Backend::Process {
             base_url,

@@ -18,12 +18,13 @@
 
 use serde_json::{Map, Value};
 
+use super::inprocess::GRAMMAR_FIELD;
 use super::split::Plan;
 use super::{ApiError, App};
 use crate::settings::names_residency::TOOL_PARSER;
-use crate::toolcall::Format;
+use crate::toolcall::{lark, Forced, Format};
 use hangar_engine::models::Model;
-use hangar_engine::registry::{Engine, PluginEntry};
+use hangar_engine::registry::{Engine, EngineState, PluginEntry};
 use hangar_plugin_api::capability::{STRUCTURED_OUTPUT, TOOL_CALLS};
 
 /// Which tool the model may or must call.
@@ -50,12 +51,40 @@ pub(crate) struct Ask {
     pub parallel: bool,
     /// `response_format`'s type, when it asks for JSON.
     pub json: Option<String>,
+    /// The schema of that JSON (`{"type": "object"}` for `json_object`).
+    pub schema: Option<Value>,
 }
 
 impl Ask {
     /// Whether the model is shown tools and may call them.
     pub(crate) fn uses_tools(&self) -> bool {
         !self.tools.is_empty() && self.choice != Choice::None
+    }
+
+    /// What the answer is forced to be, if anything: a call (`required`,
+    /// a named function), or JSON (`response_format`), or JSON or a call
+    /// (JSON with tools the model may call).
+    pub(crate) fn forced(&self) -> Option<Forced> {
+        let tools: Vec<Value> = match &self.choice {
+            Choice::None => Vec::new(),
+            Choice::Auto if self.schema.is_none() => return None,
+            Choice::Auto | Choice::Required => self.tools.clone(),
+            Choice::Named(name) => self
+                .tools
+                .iter()
+                .filter(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(name))
+                .cloned()
+                .collect(),
+        };
+        let json = match self.choice {
+            Choice::Auto | Choice::None => self.schema.clone(),
+            Choice::Required | Choice::Named(_) => None,
+        };
+        (json.is_some() || !tools.is_empty()).then_some(Forced {
+            json,
+            tools,
+            parallel: self.parallel,
+        })
     }
 }
 
@@ -189,6 +218,20 @@ pub(crate) fn read(request: &Map<String, Value>) -> Result<Ask, ApiError> {
             )
         }
     };
+    let schema = match request.get("response_format") {
+        Some(Value::Object(format)) => match format.get("type").and_then(Value::as_str) {
+            Some("json_object") => Some(serde_json::json!({"type": "object"})),
+            // No schema: any JSON.
+            Some("json_schema") => Some(
+                match format.get("json_schema").and_then(|j| j.get("schema")) {
+                    Some(schema @ Value::Object(_)) => schema.clone(),
+                    _ => serde_json::json!({}),
+                },
+            ),
+            _ => None,
+        },
+        _ => None,
+    };
     let json = match request.get("response_format") {
         None | Some(Value::Null) => None,
         Some(Value::Object(format)) => {
@@ -210,6 +253,7 @@ pub(crate) fn read(request: &Map<String, Value>) -> Result<Ask, ApiError> {
         choice,
         parallel,
         json,
+        schema,
     })
 }
 
@@ -295,14 +339,27 @@ pub(crate) fn check_message(i: usize, message: &Map<String, Value>) -> Result<()
     Ok(())
 }
 
+/// A request whose answer is forced (JSON, a call), to be enforced by the
+/// engine that serves it.
+#[derive(Debug, Clone)]
+pub(super) struct Constraint {
+    forced: Forced,
+    format: Option<Format>,
+    field: &'static str,
+    what: String,
+}
+
 /// Refuses what the serving engine or the model cannot honour, shapes the
 /// request for the engine (`tool_choice: "none"` hides the tools), and
-/// returns how to read the answer (`None`: as it comes).
+/// returns how to read the answer (`None`: as it comes) and what the
+/// answer is forced to be.
 pub(super) async fn plan(
     app: &App,
     model: &Model,
     request: &mut Map<String, Value>,
-) -> Result<Option<Plan>, ApiError> {
+) -> Result<(Option<Plan>, Option<Constraint>), ApiError> {
+    // The engine's grammar comes from the host alone.
+    request.remove(GRAMMAR_FIELD);
     let ask = read(request)?;
     let traits = app.catalog.chat(&model.id);
     let serving = app.sessions.serving(&model.format).await;
@@ -353,8 +410,68 @@ pub(super) async fn plan(
         true => tool_format(app, model, serving.map(|(e, _)| e)),
         false => None,
     };
+    let constraint = ask.forced().map(|forced| {
+        let (field, what) = match (&forced.json, &ask.choice) {
+            (Some(_), _) => (
+                "response_format",
+                format!(
+                    "'response_format' {}",
+                    ask.json.as_deref().unwrap_or("json")
+                ),
+            ),
+            (None, Choice::Named(name)) => {
+                ("tool_choice", format!("'tool_choice' naming '{name}'"))
+            }
+            (None, _) => ("tool_choice", "'tool_choice' \"required\"".to_string()),
+        };
+        Constraint {
+            forced,
+            format,
+            field,
+            what,
+        }
+    });
     let plan = Plan::new(traits, format, &ask);
-    Ok(plan.is_active().then_some(plan))
+    Ok((plan.is_active().then_some(plan), constraint))
+}
+
+/// Puts the grammar of `constraint` in the request for an in-process
+/// engine (engines behind an endpoint read the request's own fields), or
+/// refuses the request: the engine that loaded the model may not be the one
+/// resolution picked (a fallback), and it must have `structured_output` too.
+pub(super) fn enforce(
+    app: &App,
+    model: &Model,
+    plugin: &str,
+    constraint: &Constraint,
+    request: &mut Map<String, Value>,
+) -> Result<(), ApiError> {
+    let registry = app.sessions.registry();
+    let entry = registry.plugin(plugin);
+    let serving = entry.and_then(|entry| match registry.engine(entry) {
+        EngineState::Ready(engine) => Some((entry, engine)),
+        _ => None,
+    });
+    need(
+        serving,
+        model,
+        STRUCTURED_OUTPUT,
+        constraint.field,
+        &constraint.what,
+    )?;
+    if entry.is_some_and(|e| e.manifest.in_process) {
+        let grammar = lark(&constraint.forced, constraint.format).map_err(|e| {
+            ApiError::bad_request(
+                format!(
+                    "{} cannot be enforced for model '{}': {e}",
+                    constraint.what, model.id
+                ),
+                Some(constraint.field),
+            )
+        })?;
+        request.insert(GRAMMAR_FIELD.into(), Value::String(grammar));
+    }
+    Ok(())
 }
 
 /// The markup model `model` writes tool calls in: the operator's

@@ -21,12 +21,14 @@
 //! HTTP API's answers, and plugins never run it (they pass raw text or
 //! engine-parsed calls; a plugin declares a format by name).
 
+mod grammar;
 mod parse;
 mod think;
 
 #[cfg(test)]
 mod tests;
 
+pub(crate) use grammar::{lark, Forced};
 pub(crate) use parse::Parser;
 pub(crate) use think::Thinking;
 

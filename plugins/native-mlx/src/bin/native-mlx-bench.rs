@@ -66,6 +66,13 @@ struct Args {
     /// With `--ids`: how many requests the batched run has in all.
     #[arg(long, default_value_t = 8, requires = "ids")]
     company: usize,
+    /// With `--concurrent`: each run is two rounds, one with every request
+    /// free and one with this many of them (every other one first) under
+    /// a JSON-schema grammar (a list of records that does not end within
+    /// `--gen-tokens`), then a table of both rounds' aggregate tokens/s,
+    /// their ratio per run and the grammar's host time per masked token.
+    #[arg(long, requires = "concurrent")]
+    masked: Option<usize>,
     /// The batching engine's token budget per step (`BatchOptions::step_tokens`).
     #[arg(long, default_value_t = BatchOptions::default().step_tokens)]
     step_tokens: usize,
@@ -209,41 +216,54 @@ fn batched(args: &Args, dir: &Path, n: usize) -> Result<()> {
             }
         })
         .collect();
+    // Free rounds, or free and masked rounds in turn (A B A B).
+    let masked = args.masked.unwrap_or(0).min(n);
+    let mut masked_requests = requests.clone();
+    let order: Vec<usize> = (0..n).step_by(2).chain((1..n).step_by(2)).collect();
+    for &i in order.iter().take(masked) {
+        masked_requests[i].grammar = Some(RECORDS_GRAMMAR.to_string());
+    }
+    let rounds: &[(&str, &Vec<GenerateRequest>)] = match args.masked {
+        Some(_) => &[(" free", &requests), (" masked", &masked_requests)],
+        None => &[("", &requests)],
+    };
+    let mut table: Vec<(usize, &str, f64, StepStats)> = Vec::new();
     for run in 0..=args.runs {
-        let before = batcher.step_stats();
-        let start = Instant::now();
-        let (tokens, mut ttfts): (Vec<usize>, Vec<Duration>) = std::thread::scope(|s| {
-            let handles: Vec<_> = requests
-                .iter()
-                .map(|r| {
-                    let batcher = &batcher;
-                    s.spawn(move || {
-                        let mut r = r.clone();
-                        // A new first token per run: a cold prompt every time.
-                        if let Prompt::Tokens(ids) = &mut r.prompt {
-                            ids[1] = (run as u32 * 17 + 3) % vocab;
-                        }
-                        batcher
-                            .generate(r, |_| ControlFlow::Continue(()))
-                            .map(|c| (c.usage.completion_tokens, c.timings.time_to_first_token))
+        for &(label, requests) in rounds {
+            let before = batcher.step_stats();
+            let start = Instant::now();
+            let (tokens, mut ttfts): (Vec<usize>, Vec<Duration>) = std::thread::scope(|s| {
+                let handles: Vec<_> = requests
+                    .iter()
+                    .map(|r| {
+                        let batcher = &batcher;
+                        s.spawn(move || {
+                            let mut r = r.clone();
+                            // A new first token per run: a cold prompt every time.
+                            if let Prompt::Tokens(ids) = &mut r.prompt {
+                                ids[1] = (run as u32 * 17 + 3) % vocab;
+                            }
+                            batcher
+                                .generate(r, |_| ControlFlow::Continue(()))
+                                .map(|c| (c.usage.completion_tokens, c.timings.time_to_first_token))
+                        })
                     })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .filter_map(|h| match h.join().expect("no panic") {
-                    Ok(done) => Some(done),
-                    Err(e) => {
-                        eprintln!("a request failed: {e}");
-                        None
-                    }
-                })
-                .unzip()
-        });
-        let wall = start.elapsed().as_secs_f64();
-        let tokens: usize = tokens.iter().sum();
-        println!(
-            "{} x{n} run {run}{}: {:.1} tok/s aggregate ({tokens} tokens in {wall:.2} s, \
+                    .collect();
+                handles
+                    .into_iter()
+                    .filter_map(|h| match h.join().expect("no panic") {
+                        Ok(done) => Some(done),
+                        Err(e) => {
+                            eprintln!("a request failed: {e}");
+                            None
+                        }
+                    })
+                    .unzip()
+            });
+            let wall = start.elapsed().as_secs_f64();
+            let tokens: usize = tokens.iter().sum();
+            println!(
+            "{} x{n} run {run}{label}{}: {:.1} tok/s aggregate ({tokens} tokens in {wall:.2} s, \
              ttft p50 {:.1} ms p99 {:.1} ms, peak batch {})",
             dir.display(),
             if run == 0 { " (warm-up)" } else { "" },
@@ -252,9 +272,79 @@ fn batched(args: &Args, dir: &Path, n: usize) -> Result<()> {
             percentile_ms(&mut ttfts, 99),
             batcher.peak_batch()
         );
-        println!("    steps: {}", steps(&before, &batcher.step_stats()));
+            let after = batcher.step_stats();
+            println!("    steps: {}", steps(&before, &after));
+            if run > 0 {
+                table.push((run, label, tokens as f64 / wall, delta(&before, &after)));
+            }
+        }
+    }
+    if args.masked.is_some() {
+        print_masked_table(dir, n, masked, &table);
     }
     Ok(())
+}
+
+/// What the masked rounds of `--masked` constrain: a list of records that
+/// a random-weight model cannot finish within the bench's tokens, so every
+/// masked request decodes as long as a free one.
+const RECORDS_GRAMMAR: &str = r#"start: %json {"type": "array", "minItems": 100000, "items": {"type": "object", "properties": {"id": {"type": "integer"}, "name": {"type": "string", "maxLength": 12}, "ok": {"type": "boolean"}}, "required": ["id", "name", "ok"], "additionalProperties": false}, "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}}"#;
+
+/// The step statistics between `before` and `after`.
+fn delta(before: &StepStats, after: &StepStats) -> StepStats {
+    StepStats {
+        masks: after.masks - before.masks,
+        grammar_time: after.grammar_time - before.grammar_time,
+        decode_steps: after.decode_steps - before.decode_steps,
+        decode_time: after.decode_time - before.decode_time,
+        ..StepStats::default()
+    }
+}
+
+/// `--masked`'s table: per run the free and masked rounds' aggregate
+/// tokens/s and their ratio, then medians with min-max.
+fn print_masked_table(
+    dir: &Path,
+    n: usize,
+    masked: usize,
+    table: &[(usize, &str, f64, StepStats)],
+) {
+    let of = |label: &str| -> Vec<&(usize, &str, f64, StepStats)> {
+        table.iter().filter(|r| r.1 == label).collect()
+    };
+    let (free, masked_rows) = (of(" free"), of(" masked"));
+    println!(
+        "\n{}: {n} streams, {masked} under a JSON-schema grammar",
+        dir.display()
+    );
+    println!("| run | free tok/s | masked tok/s | masked / free | decode step ms (masked) | grammar us per masked token |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    let mut ratios = Vec::new();
+    let mut costs = Vec::new();
+    for (f, m) in free.iter().zip(&masked_rows) {
+        let ratio = m.2 / f.2;
+        let stats = &m.3;
+        let cost = stats.grammar_time.as_secs_f64() * 1e6 / stats.masks.max(1) as f64;
+        let step = stats.decode_time.as_secs_f64() * 1e3 / stats.decode_steps.max(1) as f64;
+        ratios.push(ratio);
+        costs.push(cost);
+        println!(
+            "| {} | {:.1} | {:.1} | {ratio:.3} | {step:.2} | {cost:.0} |",
+            f.0, f.2, m.2
+        );
+    }
+    let median = |v: &mut Vec<f64>| -> (f64, f64, f64) {
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => (f64::NAN, f64::NAN, f64::NAN),
+            len => ((v[(len - 1) / 2] + v[len / 2]) / 2.0, v[0], v[len - 1]),
+        }
+    };
+    let (r, rmin, rmax) = median(&mut ratios);
+    let (c, cmin, cmax) = median(&mut costs);
+    println!(
+        "| median (min-max) | | | {r:.3} ({rmin:.3}-{rmax:.3}) | | {c:.0} ({cmin:.0}-{cmax:.0}) |"
+    );
 }
 
 /// Where the steps between `before` and `after` spent their time.

@@ -1,6 +1,7 @@
 //! Integration tests of the engine on random-weight models that the tests generate (one binary, shared fixtures), and on the real model of scripts/real-model.sh.
 
 mod batch;
+mod constrained;
 mod fixtures;
 mod greedy;
 mod parity;
