@@ -176,6 +176,8 @@ async fn forward(
     if let Some(seed) = super::validate::seed(request.get("seed"))? {
         request.insert("seed".into(), Value::from(seed));
     }
+    // An in-process engine's grammar comes from the host alone.
+    request.remove(super::inprocess::GRAMMAR_FIELD);
     let mut constraint = None;
     if route == Route::Chat {
         (*plan, constraint) = super::tools::plan(&app, &model, &mut request).await?;

@@ -358,8 +358,6 @@ pub(super) async fn plan(
     model: &Model,
     request: &mut Map<String, Value>,
 ) -> Result<(Option<Plan>, Option<Constraint>), ApiError> {
-    // The engine's grammar comes from the host alone.
-    request.remove(GRAMMAR_FIELD);
     let ask = read(request)?;
     let traits = app.catalog.chat(&model.id);
     let serving = app.sessions.serving(&model.format).await;

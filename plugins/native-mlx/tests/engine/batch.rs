@@ -5,7 +5,7 @@ use std::sync::{mpsc, Barrier};
 use std::time::Duration;
 
 use hangar_native_mlx::{
-    mlx_turn, BatchOptions, Batcher, Completion, FinishReason, GenerateRequest, Prompt,
+    mlx_turn, BatchOptions, Batcher, Completion, Error, FinishReason, GenerateRequest, Prompt,
     SamplingParams, Session,
 };
 
@@ -53,19 +53,33 @@ fn batcher(model: &str, prefix_cache_bytes: usize) -> Batcher {
 }
 
 fn run(b: &Batcher, r: &GenerateRequest) -> Completion {
+    try_run(b, r).unwrap()
+}
+
+/// Runs `r`, checking that the streamed pieces add up to the answer.
+pub fn try_run(b: &Batcher, r: &GenerateRequest) -> Result<Completion, Error> {
     let mut streamed = String::new();
-    let done = b
-        .generate(r.clone(), |e| {
-            streamed.push_str(e.text);
-            ControlFlow::Continue(())
-        })
-        .unwrap();
+    let done = b.generate(r.clone(), |e| {
+        streamed.push_str(e.text);
+        ControlFlow::Continue(())
+    })?;
     assert_eq!(streamed, done.text);
-    done
+    Ok(done)
 }
 
 /// Runs every request at once, from one thread each.
 fn run_together(b: &Batcher, requests: &[GenerateRequest]) -> Vec<Completion> {
+    try_run_together(b, requests)
+        .into_iter()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// [`try_run`] of every request at once, from one thread each.
+pub fn try_run_together(
+    b: &Batcher,
+    requests: &[GenerateRequest],
+) -> Vec<Result<Completion, Error>> {
     let start = Barrier::new(requests.len());
     std::thread::scope(|s| {
         let handles: Vec<_> = requests
@@ -74,7 +88,7 @@ fn run_together(b: &Batcher, requests: &[GenerateRequest]) -> Vec<Completion> {
                 let start = &start;
                 s.spawn(move || {
                     start.wait();
-                    run(b, r)
+                    try_run(b, r)
                 })
             })
             .collect();

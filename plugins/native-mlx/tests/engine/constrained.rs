@@ -1,7 +1,6 @@
 //! Constrained decoding: under a grammar a random-weight model still writes only what the grammar allows, and its company in a batch decodes as without it.
 
 use std::ops::ControlFlow;
-use std::sync::Barrier;
 
 use hangar_native_mlx::{
     BatchOptions, Batcher, Completion, Error, FinishReason, GenerateRequest, Prompt,
@@ -9,6 +8,7 @@ use hangar_native_mlx::{
 };
 use serde_json::Value;
 
+use crate::batch::{try_run as run, try_run_together as run_together};
 use crate::fixtures::fixtures;
 use crate::greedy::assert_same_greedy;
 
@@ -38,33 +38,6 @@ fn request(seed: u32, grammar: Option<String>) -> GenerateRequest {
 fn batcher() -> Batcher {
     let session = Session::load(&fixtures().model("llama")).unwrap();
     Batcher::start(session, BatchOptions::default())
-}
-
-fn run(b: &Batcher, r: &GenerateRequest) -> Result<Completion, Error> {
-    let mut streamed = String::new();
-    let done = b.generate(r.clone(), |e| {
-        streamed.push_str(e.text);
-        ControlFlow::Continue(())
-    })?;
-    assert_eq!(streamed, done.text);
-    Ok(done)
-}
-
-fn run_together(b: &Batcher, requests: &[GenerateRequest]) -> Vec<Result<Completion, Error>> {
-    let start = Barrier::new(requests.len());
-    std::thread::scope(|s| {
-        let handles: Vec<_> = requests
-            .iter()
-            .map(|r| {
-                let start = &start;
-                s.spawn(move || {
-                    start.wait();
-                    run(b, r)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
 }
 
 /// The answer parses as a trip of the schema, and ended where the JSON did.
