@@ -7,9 +7,10 @@
 //! HANGAR_BENCH_ROUNDS=9 cargo bench -p hangar --bench proxy
 //! ```
 //!
-//! For each engine (unpaced, paced at 10 ms per token, and `tools`: unpaced,
-//! its requests with tools, so that the host splits every answer into
-//! text and tool calls: the parse cost of issue 29) and each load
+//! For each engine (unpaced, paced at 10 ms per token, and `split`: unpaced,
+//! a model whose chat template marks reasoning, so that the host splits
+//! every streamed token of its answers, as it splits tool calls: the parse
+//! cost of issue 29) and each load
 //! (1 and 64 concurrent streams of 256 tokens), rounds alternate through
 //! Hangar (A) and direct (B), A B A B…, and the table gives the median and
 //! min–max over rounds of: the tokens/s ratio A/B, the time to first token
@@ -41,10 +42,9 @@ use axum::Router;
 use futures_util::StreamExt;
 
 const TOKENS: usize = 256;
-/// The `tools` model's chat template: Hermes markup, as Qwen's.
-const TOOLS_TEMPLATE: &str = "{%- if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\
-    For each call return <tool_call>{\"name\": <name>, \"arguments\": <args>}</tool_call>{%- endif %}\
-    {%- for m in messages %}{{ m.role }}: {{ m.content }}\n{%- endfor %}";
+/// The `split` model's chat template: it marks reasoning with `<think>`.
+const SPLIT_TEMPLATE: &str = "{%- for m in messages %}{{ m.role }}: {{ m.content }}\n{%- endfor %}\
+    {%- if add_generation_prompt %}assistant: {% if enable_thinking is false %}<think></think>{% else %}<think>\n{% endif %}{%- endif %}";
 const PACE_MS: u64 = 10;
 
 fn main() {
@@ -157,7 +157,7 @@ fn bench(rounds: usize) {
     let exe = std::env::current_exe().unwrap();
     let temp = tempfile::tempdir().unwrap();
     let root = temp.path();
-    for (name, pace) in [("unpaced", 0), ("paced", PACE_MS), ("tools", 0)] {
+    for (name, pace) in [("unpaced", 0), ("paced", PACE_MS), ("split", 0)] {
         let dir = root.join("models").join(name);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
@@ -168,12 +168,13 @@ fn bench(rounds: usize) {
         let mut weights = 2u64.to_le_bytes().to_vec();
         weights.extend_from_slice(b"{}");
         std::fs::write(dir.join("model.safetensors"), weights).unwrap();
-        if name == "tools" {
-            // A template that takes tools in Hermes markup: the host splits
-            // every answer to a request with tools (issue 29's parse cost).
+        if name == "split" {
+            // A template that marks reasoning: the host splits every answer
+            // of this model into reasoning and text (issue 29's parse cost:
+            // the splitter that reads tool calls, on every streamed token).
             std::fs::write(
                 dir.join("tokenizer_config.json"),
-                serde_json::json!({"chat_template": TOOLS_TEMPLATE}).to_string(),
+                serde_json::json!({"chat_template": SPLIT_TEMPLATE}).to_string(),
             )
             .unwrap();
         }
@@ -193,7 +194,7 @@ fn bench(rounds: usize) {
         format!(
             "id = \"alpha\"\nname = \"alpha\"\nversion = \"0.1.0\"\nplugin_api = \"^1.0\"\nkind = \"native\"\n\
              artifact = \"engine_alpha\"\nformats = [\"mlx\"]\n[aliases]\nsafetensors = \"mlx\"\n\
-             [capabilities]\nkv_cache_quantization = \">=1.0\"\npaged_attention = \">=1.0\"\ntool_calls = \">=1.0\"\n[probe]\nprogram = \"{}\"\nargs = [\"--version\"]\n\
+             [capabilities]\nkv_cache_quantization = \">=1.0\"\npaged_attention = \">=1.0\"\n[probe]\nprogram = \"{}\"\nargs = [\"--version\"]\n\
              [[platforms]]\nos = \"linux\"\narch = \"x86_64\"\naccelerators = [\"cpu\"]\n",
             engine.display()
         ),
@@ -241,7 +242,7 @@ fn bench(rounds: usize) {
     };
     let mut direct = Vec::new();
     let mut direct_urls = Vec::new();
-    for name in ["unpaced", "paced", "tools"] {
+    for name in ["unpaced", "paced", "split"] {
         let port = free_port();
         let child = Command::new(&exe)
             .args(["upstream", "--model"])
@@ -260,7 +261,7 @@ fn bench(rounds: usize) {
         .unwrap();
     runtime.block_on(async {
         let client = reqwest::Client::builder().pool_max_idle_per_host(128).build().unwrap();
-        for name in ["unpaced", "paced", "tools"] {
+        for name in ["unpaced", "paced", "split"] {
             let r = client.post(format!("{url}/api/models/{name}/load")).send().await.unwrap();
             assert!(r.status().is_success(), "loading {name}: {}", r.text().await.unwrap());
         }
@@ -281,7 +282,7 @@ fn bench(rounds: usize) {
         let idle_rss = rss_kib(pid);
         let mut table = Vec::new();
         let mut per_stream = Vec::new();
-        for (i, name) in ["unpaced", "paced", "tools"].iter().enumerate() {
+        for (i, name) in ["unpaced", "paced", "split"].iter().enumerate() {
             for streams in [1, 64] {
                 let (mut pairs, mut reference) = (Vec::new(), Vec::new());
                 for _ in 0..rounds {
@@ -303,7 +304,7 @@ fn bench(rounds: usize) {
                     let b = run(&client, &direct_urls[i], name, streams).await;
                     pairs.push((a, b, ticks));
                     // nginx relays the text engines (it splits nothing).
-                    if let Some((server, base)) = nginx.as_ref().filter(|_| *name != "tools") {
+                    if let Some((server, base)) = nginx.as_ref().filter(|_| *name != "split") {
                         let pid = server.0.id();
                         let before = cpu_ticks(pid);
                         let c = run(&client, &format!("{base}/{name}"), name, streams).await;
@@ -394,16 +395,13 @@ fn spread(values: &[f64], digits: usize) -> String {
 /// `base`, each read to its end.
 async fn run(client: &reqwest::Client, base: &str, model: &str, streams: usize) -> Round {
     let start = Instant::now();
-    let mut body = serde_json::json!({
+    let body = serde_json::json!({
         "model": model,
         "messages": [{"role": "user", "content": "Say many words."}],
         "stream": true,
         "max_tokens": TOKENS,
     });
-    if model == "tools" {
-        body["tools"] = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
-    }
+
     let tasks: Vec<_> = (0..streams)
         .map(|_| {
             let request = client

@@ -35,7 +35,7 @@ use mlx_rs::transforms::async_eval;
 use mlx_rs::{with_stream, Array, Dtype};
 
 use crate::cache::KvCache;
-use crate::constraint::{Constraint, Grammars};
+use crate::constraint::{Constraint, Grammars, Unpack};
 use crate::disk::DiskTier;
 use crate::error::{Error, Result};
 use crate::indexing::IndexOnStream;
@@ -325,6 +325,8 @@ struct Engine {
     /// The step built last, when its draws wait for `in_flight`'s tokens.
     deferred: Option<Deferred>,
     grammars: Grammars,
+    /// Expands masks for logits of the width it was made for.
+    unpack: Option<Unpack>,
     /// Identities of `active`, parallel to it.
     tags: Vec<usize>,
     next_id: usize,
@@ -359,6 +361,7 @@ impl Engine {
             in_flight: None,
             deferred: None,
             grammars: Grammars::default(),
+            unpack: None,
             tags: Vec::new(),
             next_id: 0,
             open: true,
@@ -727,9 +730,44 @@ impl Engine {
         decoding: &[usize],
         prompt_tokens: usize,
     ) -> Result<InFlight> {
+        // Rows under a grammar: their masks as bit words, expanded and
+        // applied on the device for all of them at once.
+        let width = logits.dim(-1) as usize;
+        if self.unpack.as_ref().is_none_or(|u| u.width() != width) {
+            self.unpack = Some(Unpack::new(width));
+        }
+        let unpack = self.unpack.as_ref().expect("made above");
+        let (mut masked, mut words) = (Vec::new(), Vec::new());
+        for (row, &at) in decoding.iter().enumerate() {
+            let seq = &mut self.active[at];
+            let Some(constraint) = seq.live_constraint() else {
+                continue;
+            };
+            let begun = Instant::now();
+            let allowed = constraint.allowed_words(unpack.words(), &mut words);
+            self.grammar_work.0 += 1;
+            self.grammar_work.1 += begun.elapsed();
+            match allowed {
+                Ok(()) => masked.push(row),
+                // Its answer ends with the error; the row's draw is not read.
+                Err(e) => seq.fail(e),
+            }
+        }
+        let masked_logits = match masked.is_empty() {
+            true => None,
+            false => {
+                let rows: Vec<i32> = masked.iter().map(|&r| r as i32).collect();
+                let rows = Array::from_slice(&rows, &[rows.len() as i32]);
+                let picked = take_axis(logits, &rows, 1)?;
+                let allowed = unpack.masks(&words, masked.len())?.expand_dims(0)?;
+                let never = Array::from_f32(f32::NEG_INFINITY);
+                let masked_logits = select(&allowed, &picked, &never)?;
+                let greedy = argmax_axis(&masked_logits, -1, None)?;
+                Some((masked_logits, greedy))
+            }
+        };
         // Greedy rows share three ops: the log-sum-exp of each row (as
-        // `Session::step` computes it for one) and the argmax. A row under
-        // a grammar is masked and drawn on its own.
+        // `Session::step` computes it for one) and the argmax.
         let shared = |seq: &Seq| {
             seq.sampler.is_greedy() && (seq.constraint.is_none() || seq.finished.is_some())
         };
@@ -741,30 +779,22 @@ impl Engine {
             None
         };
         let mut rows = Vec::new();
-        let width = logits.dim(-1) as usize;
         for (row, &at) in decoding.iter().enumerate() {
             let seq = &mut self.active[at];
             if !all_greedy {
-                let shared = shared(seq);
-                rows.push(match &greedy {
-                    Some(tokens) if shared => tokens.at((.., row as i32))?,
+                let under_grammar = masked.iter().position(|&r| r == row);
+                rows.push(match (&greedy, under_grammar, &masked_logits) {
+                    (_, Some(j), Some((_, tokens))) if seq.sampler.is_greedy() => {
+                        tokens.at((.., j as i32))?
+                    }
+                    (_, Some(j), Some((logits, _))) => {
+                        let logits = logits.at((.., j as i32, ..))?;
+                        let logprobs = logits.subtract(logits.logsumexp(true)?)?;
+                        seq.sampler.sample(&logprobs)?.as_dtype(Dtype::Uint32)?
+                    }
+                    (Some(tokens), _, _) if shared(seq) => tokens.at((.., row as i32))?,
                     _ => {
-                        let mut logits = logits.at((.., row as i32, ..))?;
-                        let begun = Instant::now();
-                        let mask = seq.live_constraint().map(|c| c.mask(width));
-                        if mask.is_some() {
-                            self.grammar_work.0 += 1;
-                            self.grammar_work.1 += begun.elapsed();
-                        }
-                        match mask {
-                            Some(Ok(mask)) => {
-                                let never = Array::from_f32(f32::NEG_INFINITY);
-                                logits = select(&mask, &logits, &never)?;
-                            }
-                            // Its answer ends with the error; the row's draw is not read.
-                            Some(Err(e)) => seq.fail(e),
-                            None => {}
-                        }
+                        let logits = logits.at((.., row as i32, ..))?;
                         // As `Session::step`: a log-sum-exp over the `(1, vocab)` row.
                         let logprobs = logits.subtract(logits.logsumexp(true)?)?;
                         seq.sampler.sample(&logprobs)?.as_dtype(Dtype::Uint32)?

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
+use mlx_rs::ops::indexing::take_axis;
 use mlx_rs::Array;
 
 use crate::error::{Error, Result};
@@ -49,7 +50,6 @@ impl Grammars {
             .map_err(|e| Error::InvalidRequest(format!("the request's grammar: {e}")))?;
         Ok(Constraint {
             matcher: Matcher::new(Ok(parser)),
-            allowed: Vec::new(),
         })
     }
 }
@@ -108,29 +108,25 @@ impl TokenizerEnv for Env {
 /// One request's grammar, where its answer stands.
 pub(crate) struct Constraint {
     matcher: Matcher,
-    /// The last mask, reused as a buffer.
-    allowed: Vec<bool>,
 }
 
 impl Constraint {
-    /// The tokens that may come next, as a `(1, width)` boolean array
-    /// (`width`: the model's logits, which may count more ids than the
-    /// tokenizer has; those are never allowed).
-    pub(crate) fn mask(&mut self, width: usize) -> Result<Array> {
+    /// Appends the tokens that may come next to `words`, as `n` bit words
+    /// (token `i` is bit `i % 32` of word `i / 32`, llguidance's own
+    /// layout, so nothing is converted on the host); ids the tokenizer does
+    /// not have are never allowed.
+    pub(crate) fn allowed_words(&mut self, n: usize, words: &mut Vec<u32>) -> Result<()> {
         let vob = self.matcher.compute_mask().map_err(grammar_error)?;
         if vob.is_zero() {
             return Err(Error::InvalidRequest(
                 "the request's grammar allows no token here: it cannot be completed".into(),
             ));
         }
-        self.allowed.clear();
-        self.allowed.resize(width, false);
-        vob.iter_set_entries(|id| {
-            if id < width {
-                self.allowed[id] = true;
-            }
-        });
-        Ok(Array::from_slice(&self.allowed, &[1, width as i32]))
+        let bits = vob.as_slice();
+        let taken = bits.len().min(n);
+        words.extend_from_slice(&bits[..taken]);
+        words.resize(words.len() + n - taken, 0);
+        Ok(())
     }
 
     /// Takes token `id` of the answer; `true` once the grammar is
@@ -138,6 +134,49 @@ impl Constraint {
     pub(crate) fn take(&mut self, id: u32) -> Result<bool> {
         self.matcher.consume_token(id).map_err(grammar_error)?;
         Ok(self.matcher.is_stopped())
+    }
+}
+
+/// Masks as bit words, expanded on the device: the 32-fold smaller upload
+/// of [`Constraint::allowed_words`], and no per-token loop on the host.
+pub(crate) struct Unpack {
+    width: usize,
+    /// Per token id of the logits: the word that holds it, and its bit's value.
+    word: Array,
+    bit: Array,
+}
+
+impl Unpack {
+    /// For logits `width` wide.
+    pub(crate) fn new(width: usize) -> Self {
+        let word: Vec<i32> = (0..width as i32).map(|i| i / 32).collect();
+        let bit: Vec<u32> = (0..width as u32).map(|i| 1 << (i % 32)).collect();
+        Self {
+            width,
+            word: Array::from_slice(&word, &[width as i32]),
+            bit: Array::from_slice(&bit, &[width as i32]),
+        }
+    }
+
+    pub(crate) fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Words per mask.
+    pub(crate) fn words(&self) -> usize {
+        self.width.div_ceil(32)
+    }
+
+    /// The `(rows, width)` boolean masks of `words` (`rows` masks of
+    /// [`Unpack::words`] words each).
+    pub(crate) fn masks(&self, words: &[u32], rows: usize) -> Result<Array> {
+        let words = Array::from_slice(words, &[rows as i32, self.words() as i32]);
+        let two = Array::from_slice(&[2u32], &[1]);
+        let one = Array::from_slice(&[1u32], &[1]);
+        Ok(take_axis(&words, &self.word, 1)?
+            .floor_divide(&self.bit)?
+            .remainder(&two)?
+            .eq(&one)?)
     }
 }
 
