@@ -32,7 +32,9 @@ pub mod platform;
 pub mod settings;
 pub mod wire;
 
-pub use manifest::{ContentCheck, Manifest, ManifestError, PluginKind, RecognitionRule};
+pub use manifest::{
+    ContentCheck, FlagSurfaceSpec, Manifest, ManifestError, PluginKind, RecognitionRule,
+};
 pub use platform::{Accelerator, Platform, PlatformSpec};
 
 /// The version of this contract, as the host and plugins were built with it.

@@ -146,6 +146,63 @@ pub struct Manifest {
     /// come first. Added in 1.x with a default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_parser: Option<String>,
+    /// How the engine's command-line surface is read, and which of its
+    /// options each capability needs, so that capabilities follow what the
+    /// binary accepts rather than a version table. Added in 1.3 with a
+    /// default: none read.
+    #[serde(default, skip_serializing_if = "FlagSurfaceSpec::is_empty")]
+    pub flag_surface: FlagSurfaceSpec,
+}
+
+/// `[flag_surface]`: after the version probe the host runs the probe's
+/// program with each of `args` in turn, until one exits 0, and hands that
+/// run to the plugin's `probe()` (`ProbeInput::surface`), which reports
+/// the options the engine accepts (`ProbeReport::flags`). Where it does, a
+/// capability listed in `capabilities` is on exactly when the engine
+/// accepts every one of its options, whatever its version says; the
+/// others, and every capability of an engine whose surface could not be
+/// read, stay gated on `[capabilities]`' version requirements.
+///
+/// ```toml
+/// [flag_surface]
+/// args = [["--dump-flag-surface"], ["--help"]]
+///
+/// [flag_surface.capabilities]
+/// kv_cache_quantization = ["--cache-type-k", "--cache-type-v"]
+/// ```
+///
+/// Added in 1.3; a manifest that uses it needs `plugin_api = "^1.3"`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct FlagSurfaceSpec {
+    /// Argument lists that make the probe's program print the options it
+    /// accepts, tried in order.
+    #[serde(default)]
+    pub args: Vec<Vec<String>>,
+    /// Capability id → the options (`--cache-type-k`, `-c`) it needs.
+    #[serde(default)]
+    pub capabilities: BTreeMap<String, Vec<String>>,
+}
+
+impl FlagSurfaceSpec {
+    /// Whether the manifest has no `[flag_surface]`.
+    pub fn is_empty(&self) -> bool {
+        self.args.is_empty() && self.capabilities.is_empty()
+    }
+
+    /// Whether `word` looks like a command-line option: `-x` or `--name`.
+    pub fn is_option(word: &str) -> bool {
+        let name = word
+            .strip_prefix("--")
+            .or_else(|| word.strip_prefix('-'))
+            .unwrap_or("");
+        !name.is_empty()
+            && !name.starts_with('-')
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+    }
 }
 
 /// One way a model of `format` looks on disk: a single file whose name
@@ -561,6 +618,7 @@ impl Manifest {
                 format!("'{bad}' is not a capability id (lowercase snake_case)"),
             );
         }
+        self.validate_flag_surface()?;
         if self.in_process && self.kind == PluginKind::Wasm {
             return invalid(
                 "in_process",
@@ -637,6 +695,48 @@ impl Manifest {
     /// The declared setting called `name`.
     pub fn setting(&self, name: &str) -> Option<&SettingSpec> {
         self.settings.iter().find(|s| s.name == name)
+    }
+
+    fn validate_flag_surface(&self) -> Result<(), ManifestError> {
+        let invalid = |reason: String| {
+            Err(ManifestError::Invalid {
+                field: "flag_surface",
+                reason,
+            })
+        };
+        let surface = &self.flag_surface;
+        if surface.is_empty() {
+            return Ok(());
+        }
+        if self.probe.program.is_none() {
+            return invalid("it reads the probe's program, and [probe] names none".into());
+        }
+        if surface.args.iter().any(Vec::is_empty) {
+            return invalid(
+                "an entry of args is empty; each is the argument list of one run".into(),
+            );
+        }
+        if surface.args.is_empty() {
+            return invalid(
+                "capabilities are listed but args is empty: nothing would read the surface".into(),
+            );
+        }
+        for (cap, options) in &surface.capabilities {
+            if !self.capabilities.contains_key(cap) {
+                return invalid(format!(
+                    "capability '{cap}' is not declared in [capabilities]"
+                ));
+            }
+            if options.is_empty() {
+                return invalid(format!("capability '{cap}' lists no options"));
+            }
+            if let Some(bad) = options.iter().find(|o| !FlagSurfaceSpec::is_option(o)) {
+                return invalid(format!(
+                    "capability '{cap}': '{bad}' is not an option (write -x or --name, no value)"
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn validate_settings(&self) -> Result<(), ManifestError> {

@@ -68,6 +68,12 @@ pub struct ProbeInput {
     /// The outcome of the probe program, absent when the manifest names none.
     #[serde(default)]
     pub run: Option<ProbeRun>,
+    /// The run that printed the engine's command-line surface: the first of
+    /// the manifest's `[flag_surface] args` that exited 0, else the last
+    /// one tried; absent when the manifest asks for none or the program did
+    /// not run. Its output is kept up to 1 MiB. Added in 1.3 with a default.
+    #[serde(default)]
+    pub surface: Option<ProbeRun>,
 }
 
 /// The outcome of running a probe program.
@@ -82,9 +88,9 @@ pub enum ProbeRun {
         program: String,
         /// Exit code (`None` when killed by a signal).
         code: Option<i32>,
-        /// Standard output, lossily decoded, at most 64 KiB.
+        /// Standard output, lossily decoded, at most 64 KiB (1 MiB for a surface run).
         stdout: String,
-        /// Standard error, lossily decoded, at most 64 KiB.
+        /// Standard error, lossily decoded, at most 64 KiB (1 MiB for a surface run).
         stderr: String,
     },
     /// The program was not found in the configured path, `PATH` or the
@@ -132,6 +138,13 @@ pub struct ProbeReport {
     /// Why the engine is unavailable or its version unknown; free text.
     #[serde(default)]
     pub detail: Option<String>,
+    /// The command-line options the engine accepts (`--ctx-size`, `-c`),
+    /// when the plugin read them from `ProbeInput::surface`; `None` when it
+    /// did not. The host gates the manifest's `[flag_surface.capabilities]`
+    /// on them, and the plugin's `plan_launch` sees them in
+    /// `LoadRequest::engine`. Added in 1.3 with a default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flags: Option<Vec<String>>,
 }
 
 /// The host asks a plugin how to serve one model.
@@ -566,12 +579,19 @@ impl ProbeInput {
         ProbeInput {
             settings: BTreeMap::new(),
             run,
+            surface: None,
         }
     }
 
     /// With the plugin's settings from the operator's config.
     pub fn with_settings(mut self, settings: BTreeMap<String, serde_json::Value>) -> Self {
         self.settings = settings;
+        self
+    }
+
+    /// With the run that printed the engine's command-line surface.
+    pub fn with_surface(mut self, surface: Option<ProbeRun>) -> Self {
+        self.surface = surface;
         self
     }
 }
@@ -658,6 +678,23 @@ impl ProbeReport {
     pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
         self.detail = Some(detail.into());
         self
+    }
+
+    /// With the command-line options the engine accepts.
+    pub fn with_flags(mut self, flags: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        let mut flags: Vec<String> = flags.into_iter().map(Into::into).collect();
+        flags.sort();
+        flags.dedup();
+        self.flags = Some(flags);
+        self
+    }
+
+    /// Whether the engine accepts `option`: `None` when its surface was not
+    /// read.
+    pub fn accepts(&self, option: &str) -> Option<bool> {
+        self.flags
+            .as_ref()
+            .map(|flags| flags.binary_search_by(|f| f.as_str().cmp(option)).is_ok())
     }
 }
 

@@ -125,6 +125,18 @@ CASES = {
         {"kv_cache_budget": "auto", "parallel": 2, "max_tokens": 32},
         ["-n", "32", "--kv-cache-budget", "auto", "--parallel", "2"],
     ),
+    # A development build: newer than the version table knows, and semver
+    # keeps a pre-release out of every `>=` range, so by its version every
+    # capability would be off. Its --dump-flag-surface says what it has:
+    # every capability with options of its own is on, --offline is passed,
+    # and off is spelt --no-prompt-cache, as this build parses.
+    "0.8.0-dev.3": (
+        ["apc", "distributed_pipeline", "kv_cache_budget", "kv_cache_quantization", "kv_cache_turbo",
+         "offline", "paged_attention", "prompt_cache", "reasoning_budget", "speculative",
+         "speculative_dflash", "speculative_mtp", "tensor_parallel", "zero_config_pipeline"],
+        {"prompt_cache": False, "kv_cache_budget": "none"},
+        ["--offline", "--no-prompt-cache", "--kv-cache-budget", "none"],
+    ),
     "nightly-20261130": (
         [],
         {"context_length": 1024},

@@ -269,6 +269,31 @@ def print_help():
     print("\n".join(lines))
 
 
+def dump_flag_surface() -> None:
+    """`mlxcel-server --dump-flag-surface`, from 0.7.0 in the stand-in.
+
+    SOURCE: src/cli/flag_surface.rs @ 0c21aed20beb (flag_surface_json,
+    schema_version 1) and src/bin/mlx_server.rs @ 01c20350f744: the token
+    is matched only as the first argument, before clap parses anything;
+    the document lists every clap argument (the built command's help and
+    version included), sorted by primary long name, pretty-printed. It is
+    part of the llama-server b10621 series (#1443), like --offline, so the
+    stand-in has it from the same (guessed) release."""
+    def entry(f: Flag) -> dict:
+        short = next((n[1:] for n in f.names if not n.startswith("--")), None)
+        return {"id": f.key.replace("-", "_"), "long": f.key,
+                "long_aliases": sorted(n[2:] for n in f.names if n.startswith("--") and n != f.long),
+                "short": short, "short_aliases": [], "env": f.env,
+                "defaults": [] if f.default is None else [f.default], "hidden": False,
+                "takes_value": f.value is not None, "heading": None}
+    args = [entry(f) for f in FLAGS if has(f.first)]
+    for key, short, help_ in (("help", "h", "Print help"), ("version", "V", "Print version")):
+        args.append({"id": key, "long": key, "long_aliases": [], "short": short, "short_aliases": [],
+                     "env": None, "defaults": [], "hidden": False, "takes_value": False, "heading": None})
+    args.sort(key=lambda a: a["long"])
+    print(json.dumps({"schema_version": 1, "binary": NAME, "args": args}, indent=2))
+
+
 def parse(argv: list[str]) -> dict:
     """Parse like clap: left to right; -h/-V act where they are met; the
     first error wins. Returns {key: value} for the flags that were given
@@ -512,6 +537,9 @@ def load(options: dict) -> dict:
 
 def main() -> None:
     argv = sys.argv[1:]
+    if argv[:1] == ["--dump-flag-surface"] and has((0, 7, 0)):
+        dump_flag_surface()
+        sys.exit(0)
     try:
         options = parse(argv)
     except UsageError as e:

@@ -176,6 +176,23 @@ def test_help_lists_the_flags_of_its_version():
     assert "--model" in odd and "--draft" not in odd and "--cache-type-k" not in odd
 
 
+def test_the_flag_surface_is_dumped_from_0_7_0_and_only_as_the_first_argument():
+    r = run("0.7.0", "--dump-flag-surface")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema_version"] == 1 and doc["binary"] == "mlxcel-server"
+    longs = [a["long"] for a in doc["args"]]
+    assert longs == sorted(longs)
+    by_long = {a["long"]: a for a in doc["args"]}
+    assert by_long["ctx-size"]["short"] == "c" and by_long["ctx-size"]["takes_value"]
+    assert by_long["model-draft"]["long_aliases"] == ["draft-model"]
+    assert not by_long["offline"]["takes_value"] and "help" in by_long and "version" in by_long
+    # Not the first argument, or an older build: clap's unknown argument.
+    for version, args in (("0.7.0", ("--port", "1", "--dump-flag-surface")), ("0.4.2", ("--dump-flag-surface",))):
+        r = run(version, *args)
+        assert r.returncode == 2 and "unexpected argument '--dump-flag-surface'" in r.stderr, r.stderr
+
+
 def test_a_failed_load_exits_1_after_recording_argv(tmp_path):
     argv_file = tmp_path / "argv.json"
     args = ["-m", str(tmp_path / "missing"), "--port", "0"]

@@ -2,16 +2,19 @@
 //! preferred engine for MLX models.
 //!
 //! The host runs `mlxcel-server --version` (clap prints
-//! `mlxcel-server 0.4.2`) and [`probe`] reads it. For each model
-//! [`plan_launch`] then plans
+//! `mlxcel-server 0.4.2`), then `mlxcel-server --dump-flag-surface` (or,
+//! on builds without it, `--help`), and [`probe`] reads both: the version,
+//! and the options the binary accepts ([`surface`]). Capabilities follow
+//! the options where the manifest names them (`[flag_surface]`), the
+//! version elsewhere. For each model [`plan_launch`] then plans
 //!
 //! ```text
 //! mlxcel-server --model DIR --alias MODEL_ID --host 127.0.0.1 --port P [flags]
 //! ```
 //!
-//! with one group of flags per setting, each only where the probed version
-//! has the capability behind it: an old binary never sees a flag it does
-//! not know (clap would refuse it and the load would fail). The host
+//! with one group of flags per setting, each only where the binary has
+//! the capability behind it: an old binary never sees a flag it does not
+//! know (clap would refuse it and the load would fail). The host
 //! already refuses such settings with 422 from the manifest's
 //! `[[settings]]`; the plan drops what still arrives (a value stored before
 //! a downgrade) with a note. Speculative decoding ([`drafter`]) and
@@ -24,6 +27,7 @@
 
 pub mod drafter;
 pub mod pipeline;
+pub mod surface;
 #[cfg(test)]
 mod tests;
 
@@ -107,11 +111,30 @@ export_plugin!(Mlxcel);
 /// version unknown, so every gated capability is off, and the detail
 /// (shown by `hangar plugins`) says why.
 pub fn probe(input: &ProbeInput) -> ProbeReport {
+    let report = probe_version(input);
+    if !report.available {
+        return report;
+    }
+    match input.surface.as_ref().map(surface::options) {
+        Some(Ok(options)) => report.with_flags(options),
+        Some(Err(why)) => {
+            let detail = match &report.detail {
+                Some(detail) => format!("{detail}; {why}, so capabilities follow its version"),
+                None => format!("{why}, so capabilities follow its version"),
+            };
+            report.with_detail(detail)
+        }
+        None => report,
+    }
+}
+
+/// The version part of [`probe`].
+fn probe_version(input: &ProbeInput) -> ProbeReport {
     let ambiguous = |program: &str, why: String| {
         ProbeReport::available(None)
             .with_program(program.to_string())
             .with_detail(format!(
-                "{why}; the version is unknown, so every gated capability is off"
+                "{why}; the version is unknown, so every capability gated on the version is off"
             ))
     };
     let unavailable = |program: Option<&str>, detail: String| {
@@ -599,7 +622,11 @@ pub fn plan_launch(request: &LoadRequest) -> Result<LaunchPlan, String> {
             .map_err(|e| format!("model '{model}': {e}"))?;
         let mut rendered = (flag.render)(value)
             .map_err(|reason| invalid(request, flag.setting, value, &reason))?;
-        if rendered == ["--no-prompt-cache"] && !at_least(request, (0, 4, 0)) {
+        let no_prompt_cache = request
+            .engine
+            .accepts("--no-prompt-cache")
+            .unwrap_or_else(|| at_least(request, (0, 4, 0)));
+        if rendered == ["--no-prompt-cache"] && !no_prompt_cache {
             rendered = vec!["--prompt-cache-enabled=false".into()];
         }
         args.extend(rendered);

@@ -1038,7 +1038,7 @@ fn an_unreadable_failing_or_hanging_probe_keeps_the_engine_with_capabilities_off
             version: None
             program: Some("/opt/bin/mlxcel-server")
             device: None
-            detail: version 'nightly-20261130' is not semver; the version is unknown, so every gated capability is off
+            detail: version 'nightly-20261130' is not semver; the version is unknown, so every capability gated on the version is off
         "#]],
     );
     check_probe(
@@ -1048,7 +1048,7 @@ fn an_unreadable_failing_or_hanging_probe_keeps_the_engine_with_capabilities_off
             version: None
             program: Some("/opt/bin/mlxcel-server")
             device: None
-            detail: could not read a version from `/opt/bin/mlxcel-server --version` ("hello"); the version is unknown, so every gated capability is off
+            detail: could not read a version from `/opt/bin/mlxcel-server --version` ("hello"); the version is unknown, so every capability gated on the version is off
         "#]],
     );
     check_probe(
@@ -1058,7 +1058,7 @@ fn an_unreadable_failing_or_hanging_probe_keeps_the_engine_with_capabilities_off
             version: None
             program: Some("/opt/bin/mlxcel-server")
             device: None
-            detail: `/opt/bin/mlxcel-server --version` failed (exit code 1): error: Metal device not found; the version is unknown, so every gated capability is off
+            detail: `/opt/bin/mlxcel-server --version` failed (exit code 1): error: Metal device not found; the version is unknown, so every capability gated on the version is off
         "#]],
     );
     check_probe(
@@ -1068,7 +1068,7 @@ fn an_unreadable_failing_or_hanging_probe_keeps_the_engine_with_capabilities_off
             version: None
             program: Some("/opt/bin/mlxcel-server")
             device: None
-            detail: `/opt/bin/mlxcel-server --version` did not answer within 5000 ms; the version is unknown, so every gated capability is off
+            detail: `/opt/bin/mlxcel-server --version` did not answer within 5000 ms; the version is unknown, so every capability gated on the version is off
         "#]],
     );
 }
@@ -1200,4 +1200,164 @@ fn a_build_missing_its_libraries_is_unavailable() {
             detail: `/opt/bin/mlxcel-server --version` exited 127, its libraries missing (mlxcel-server: error while loading shared libraries: libcublas.so.13: cannot open shared object file: No such file or directory). Download mlxcel-server from https://github.com/lablup/mlxcel/releases: the macOS arm64 (Metal) build, or mlxcel-server-linux-aarch64-cuda13 / mlxcel-server-linux-x86_64-cuda13 on Linux. A release is a zip: unpack it whole and keep the binary beside what it loads (mlx.metallib on macOS; on Linux the bin/ folder with ../include/cccl, ../include/cute and ../include/cutlass), then point Hangar at the unpacked binary with `[plugins.mlxcel] program = "/path/to/mlxcel-server"` in config.toml, or link it into PATH or ~/.local/bin
         "#]],
     );
+}
+
+/// What [`probe`] reads from a version run and a surface run: the version,
+/// the options (or the detail saying why there are none).
+fn check_surface(surface: ProbeRun, expected: Expect) {
+    let input = ProbeInput::new(exited(0, "mlxcel-server 0.7.0\n", "")).with_surface(Some(surface));
+    let report = probe(&input);
+    expected.assert_eq(&format!(
+        "version: {:?}\nflags: {:?}\ndetail: {}\n",
+        report.version,
+        report.flags,
+        report.detail.unwrap_or_default()
+    ));
+}
+
+#[test]
+fn the_flag_surface_is_read_from_the_dump_or_from_help() {
+    // The layout of src/cli/flag_surface.rs (schema 1), abridged.
+    let dump = json!({
+        "schema_version": 1,
+        "binary": "mlxcel-server",
+        "args": [
+            {"id": "apc_enabled", "long": "apc-enabled", "long_aliases": [], "short": null,
+             "short_aliases": [], "env": null, "defaults": ["true"], "hidden": false,
+             "takes_value": true, "heading": null},
+            {"id": "ctx_size", "long": "ctx-size", "long_aliases": [], "short": "c",
+             "short_aliases": [], "env": "LLAMA_ARG_CTX_SIZE", "defaults": [], "hidden": false,
+             "takes_value": true, "heading": null},
+            {"id": "model_draft", "long": "model-draft", "long_aliases": ["draft-model"],
+             "short": null, "short_aliases": [], "env": null, "defaults": [], "hidden": false,
+             "takes_value": true, "heading": null},
+            {"id": "n_gpu_layers", "long": "n-gpu-layers", "long_aliases": ["gpu-layers"],
+             "short": null, "short_aliases": ["N"], "env": null, "defaults": [], "hidden": true,
+             "takes_value": true, "heading": null}
+        ]
+    });
+    check_surface(
+        ProbeRun::exited(
+            BIN,
+            Some(0),
+            serde_json::to_string_pretty(&dump).unwrap(),
+            "",
+        ),
+        expect![[r#"
+            version: Some("0.7.0")
+            flags: Some(["--apc-enabled", "--ctx-size", "--draft-model", "--gpu-layers", "--model-draft", "--n-gpu-layers", "-N", "-c"])
+            detail: 
+        "#]],
+    );
+    // clap's help, as builds before the dump print it.
+    let help = "\
+Lablup mlxcel OpenAI-compatible server
+
+Usage: mlxcel-server [OPTIONS]
+
+Options:
+  -m, --model <MODEL>                 Model folder (MLX checkpoint) [env: LLAMA_ARG_MODEL=]
+  -c, --ctx-size <CTX_SIZE>           Context size, split across the --parallel slots
+      --model-draft <MODEL_DRAFT>     Draft model folder [aliases: --draft-model]
+      --apc-enabled[=<APC_ENABLED>]   Automatic prefix caching [default: true] [possible values: true, false]
+      --no-warmup                     Skip the warmup run
+  -h, --help                          Print help
+  -V, --version                       Print version
+";
+    check_surface(
+        ProbeRun::exited(BIN, Some(0), help, ""),
+        expect![[r#"
+            version: Some("0.7.0")
+            flags: Some(["--apc-enabled", "--ctx-size", "--draft-model", "--help", "--model", "--model-draft", "--no-warmup", "--version", "-V", "-c", "-h", "-m"])
+            detail: 
+        "#]],
+    );
+}
+
+#[test]
+fn a_surface_that_cannot_be_read_leaves_capabilities_on_the_version() {
+    check_surface(
+        ProbeRun::exited(
+            BIN,
+            Some(2),
+            "",
+            "error: unexpected argument '--help' found\n",
+        ),
+        expect![[r#"
+            version: Some("0.7.0")
+            flags: None
+            detail: neither `/opt/bin/mlxcel-server --dump-flag-surface` nor `/opt/bin/mlxcel-server --help` succeeded, so capabilities follow its version
+        "#]],
+    );
+    check_surface(
+        ProbeRun::exited(BIN, Some(0), r#"{"schema_version": 2, "args": []}"#, ""),
+        expect![[r#"
+            version: Some("0.7.0")
+            flags: None
+            detail: its --dump-flag-surface has schema_version 2, and this plugin reads 1, so capabilities follow its version
+        "#]],
+    );
+    check_surface(
+        ProbeRun::timed_out(BIN, 5000),
+        expect![[r#"
+            version: Some("0.7.0")
+            flags: None
+            detail: its command-line surface could not be read (the run did not finish), so capabilities follow its version
+        "#]],
+    );
+}
+
+#[test]
+fn the_prompt_cache_is_turned_off_in_the_spelling_the_binary_parses() {
+    let with = |flags: &'static [&'static str]| {
+        move |r: &mut LoadRequest| r.engine = r.engine.clone().with_flags(flags.iter().copied())
+    };
+    // 0.4.2 by its version, yet a build without --no-prompt-cache.
+    check_request(
+        Some("0.4.2"),
+        qwen35(),
+        json!({"prompt_cache": false}),
+        with(&[
+            "--prompt-cache-enabled",
+            "--model",
+            "--alias",
+            "--host",
+            "--port",
+        ]),
+        expect![[r#"
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --prompt-cache-enabled=false
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
+        "#]],
+    );
+    // 0.0.25 by its version, yet a build that has it.
+    check_request(
+        Some("0.0.25"),
+        qwen35(),
+        json!({"prompt_cache": false}),
+        with(&["--prompt-cache-enabled", "--no-prompt-cache"]),
+        expect![[r#"
+            /opt/bin/mlxcel-server --model $ROOT/target --alias m --host 127.0.0.1 --port 9000 --no-prompt-cache
+            ready: GET /health -> 200, failed [503], warmup None, within 300000 ms; upstream model Some("m")
+        "#]],
+    );
+}
+
+#[test]
+fn every_option_a_capability_needs_is_one_the_stand_in_has() {
+    // The manifest's [flag_surface.capabilities] name options of
+    // mlxcel-server; the stand-in (tests/stand-ins/mlxcel_server.py) is
+    // rebuilt from its source, so each must be one of its flags.
+    let stand_in = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/stand-ins/mlxcel_server.py"),
+    )
+    .unwrap();
+    let manifest = manifest().unwrap();
+    for (capability, options) in &manifest.flag_surface.capabilities {
+        for option in options {
+            assert!(
+                stand_in.contains(&format!("\"{option}\"")),
+                "{capability}: {option} is not a flag of the stand-in"
+            );
+        }
+    }
 }

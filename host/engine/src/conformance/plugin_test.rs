@@ -286,18 +286,12 @@ impl PluginTest {
                 manifest.id
             ));
         }
-        let configured = self
-            .settings
-            .get("program")
-            .and_then(Value::as_str)
-            .map(str::to_string);
         let settings = self.settings.clone();
         let plugin = self.plugin()?;
-        let limit = manifest.probe.timeout() + self.limits.call;
+        let runs = 1 + manifest.flag_surface.args.len() as u32;
+        let limit = manifest.probe.timeout() * runs + self.limits.call;
         let (run, report) = bounded("probe()", limit, move || {
-            let input =
-                ProbeInput::new(registry::probe::run(&manifest.probe, configured.as_deref()))
-                    .with_settings(settings);
+            let input = registry::probe::input(&manifest, &settings);
             let report = plugin.probe(&input);
             (input.run, report)
         })?;
@@ -352,11 +346,7 @@ impl PluginTest {
             .max_by_key(Accelerator::rank)
             .or_else(|| manifest.platforms.first()?.accelerators.first().cloned())
             .map_or_else(|| "cpu".into(), |a| a.to_string());
-        let version = engine
-            .version
-            .as_deref()
-            .and_then(hangar_plugin_api::read_engine_version);
-        let capabilities = registry::gate(&manifest.id, &manifest.capabilities, version.as_ref())
+        let capabilities = registry::gate_engine(manifest, &engine)
             .into_iter()
             .filter(|(_, state)| state.is_on())
             .map(|(id, _)| id)

@@ -16,12 +16,12 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use hangar_plugin_api::manifest::MANIFEST_FILE;
-use hangar_plugin_api::wire::{ProbeInput, ProbeReport};
+use hangar_plugin_api::wire::ProbeReport;
 use hangar_plugin_api::{Accelerator, Manifest, Platform};
 use semver::Version;
 use serde::Serialize;
 
-pub use capabilities::{gate, CapabilityState};
+pub use capabilities::{gate, gate_engine, CapabilityState};
 
 use crate::config::Config;
 use crate::loader::LoadedPlugin;
@@ -470,9 +470,7 @@ fn load_and_probe(entry: &PluginEntry, config: &Config) -> EngineState {
     if let Some(reason) = programs::refused_interpreters(manifest, &settings) {
         return EngineState::Unavailable { plugin, reason };
     }
-    let configured = settings.get("program").and_then(|v| v.as_str());
-    let input =
-        ProbeInput::new(probe::run(&manifest.probe, configured)).with_settings(settings.clone());
+    let input = probe::input(manifest, &settings);
     let report = match plugin.probe(&input) {
         Ok(report) => report,
         Err(reason) => return EngineState::Broken(reason),
@@ -488,7 +486,7 @@ fn load_and_probe(entry: &PluginEntry, config: &Config) -> EngineState {
         .version
         .as_deref()
         .and_then(hangar_plugin_api::read_engine_version);
-    let capabilities = gate(&manifest.id, &manifest.capabilities, version.as_ref());
+    let capabilities = gate_engine(manifest, &report);
     EngineState::Ready(Engine {
         plugin,
         report,
