@@ -34,6 +34,7 @@ mod manage;
 mod messages;
 mod openai;
 mod openapi;
+mod pieces;
 mod schema;
 mod settings;
 mod split;
