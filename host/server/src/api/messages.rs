@@ -76,28 +76,8 @@ pub(super) async fn messages(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let ask = body.map_err(ApiError::from).and_then(|b| translate(&b));
-    let (request, ask) = match ask {
-        Ok((request, ask)) => (Ok(request), Some(ask)),
-        Err(e) => (Err(e), None),
-    };
-    let answer = super::openai::proxy(app, ROUTE, "/v1/chat/completions", request).await;
-    match (answer, ask) {
-        (Ok(response), Some(ask)) => {
-            // The model the answer comes from, for a client that stalls.
-            let of = response
-                .extensions()
-                .get::<super::stall::AnswerOf>()
-                .cloned();
-            let mut translated = answer_with(response, ask).await;
-            if let Some(of) = of {
-                translated.extensions_mut().insert(of);
-            }
-            translated
-        }
-        (Err(e), _) => error_response(&e),
-        (Ok(response), None) => response, // unreachable: no request, no answer
-    }
+    let translated = body.map_err(ApiError::from).and_then(|b| translate(&b));
+    pieces::through_proxy(app, ROUTE, translated, answer_with, error_response).await
 }
 
 /// What the translation keeps for the answer.

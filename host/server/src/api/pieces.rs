@@ -9,15 +9,17 @@
 //! `messages.rs` for why): text that could begin one is held back.
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::http::header;
 use axum::response::Response;
 use futures_util::StreamExt;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::sse::{self, SseFramer};
-use super::ApiError;
+use super::{ApiError, App};
 
 /// Why generation stopped (named in Anthropic's words by `as_str`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -313,6 +315,44 @@ impl<E: Events> Stream<E> {
             }
         }
         (!out.is_empty()).then(|| Bytes::from(out))
+    }
+}
+
+/// Sends a route's `translated` chat request through
+/// [`super::openai::proxy`] (which counts it under `route`) and makes the
+/// route's answer of the engine's with `answer`, given what the
+/// translation kept; a refusal, the translation's or the proxy's, is
+/// written by `refusal` in the route's error shape.
+pub(super) async fn through_proxy<A, F>(
+    app: Arc<App>,
+    route: &'static str,
+    translated: Result<(Map<String, Value>, A), ApiError>,
+    answer: impl FnOnce(Response, A) -> F,
+    refusal: fn(&ApiError) -> Response,
+) -> Response
+where
+    F: Future<Output = Response>,
+{
+    let (request, ask) = match translated {
+        Ok((request, ask)) => (Ok(request), Some(ask)),
+        Err(e) => (Err(e), None),
+    };
+    let proxied = super::openai::proxy(app, route, "/v1/chat/completions", request).await;
+    match (proxied, ask) {
+        (Ok(response), Some(ask)) => {
+            // The model the answer comes from, for a client that stalls.
+            let of = response
+                .extensions()
+                .get::<super::stall::AnswerOf>()
+                .cloned();
+            let mut translated = answer(response, ask).await;
+            if let Some(of) = of {
+                translated.extensions_mut().insert(of);
+            }
+            translated
+        }
+        (Err(e), _) => refusal(&e),
+        (Ok(response), None) => response, // unreachable: no request, no answer
     }
 }
 

@@ -78,30 +78,15 @@ pub(super) async fn create(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let ask = body
+    let translated = body
         .map_err(ApiError::from)
         .and_then(|b| translate(&b, &app.responses));
-    let (request, ask) = match ask {
-        Ok((request, ask)) => (Ok(request), Some(ask)),
-        Err(e) => (Err(e), None),
-    };
-    let answer = super::openai::proxy(app.clone(), ROUTE, "/v1/chat/completions", request).await;
-    match (answer, ask) {
-        (Ok(response), Some(ask)) => {
-            // The model the answer comes from, for a client that stalls.
-            let of = response
-                .extensions()
-                .get::<super::stall::AnswerOf>()
-                .cloned();
-            let mut translated = answer_with(response, ask, app.responses.clone()).await;
-            if let Some(of) = of {
-                translated.extensions_mut().insert(of);
-            }
-            translated
-        }
-        (Err(e), _) => e.into_response(),
-        (Ok(response), None) => response, // unreachable: no request, no answer
-    }
+    let store = app.responses.clone();
+    let answer = |response, ask| answer_with(response, ask, store);
+    pieces::through_proxy(app, ROUTE, translated, answer, |e| {
+        e.clone().into_response()
+    })
+    .await
 }
 
 /// `GET /v1/responses/{id}`: a stored response.
