@@ -562,10 +562,6 @@ fn content(name: &str, value: Option<&Value>) -> Result<String, ApiError> {
         let at = format!("{name}.content[{j}]");
         match (part.get("type").and_then(Value::as_str), part.get("text")) {
             (Some("input_text" | "output_text"), Some(Value::String(text))) => texts.push(text.as_str()),
-            (Some("refusal"), _) => match part.get("refusal") {
-                Some(Value::String(text)) => texts.push(text.as_str()),
-                other => return bad("input", format!("'{at}.refusal' must be a string, not {}", other.unwrap_or(&Value::Null))),
-            },
             (Some("input_text" | "output_text"), other) => {
                 return bad("input", format!("'{at}.text' must be a string, not {}", other.unwrap_or(&Value::Null)))
             }
@@ -729,6 +725,25 @@ fn text_format(value: Option<&Value>) -> Result<Option<Value>, ApiError> {
         Some(Value::Object(format)) => format,
         Some(other) => return bad("text", format!("'text.format' must be an object such as {{\"type\": \"json_object\"}}, not {other}")),
     };
+    // The optional fields are checked whatever the type, as the document's
+    // schema has them.
+    let optional: [(&str, &str, fn(&Value) -> bool); 4] = [
+        ("name", "a string", Value::is_string),
+        ("schema", "a JSON Schema object", Value::is_object),
+        ("strict", "true or false", Value::is_boolean),
+        ("description", "a string", Value::is_string),
+    ];
+    for (key, what, ok) in optional {
+        match format.get(key) {
+            Some(v) if !v.is_null() && !ok(v) => {
+                return bad(
+                    "text",
+                    format!("'text.format.{key}' must be {what}, not {v}"),
+                )
+            }
+            _ => {}
+        }
+    }
     match format.get("type").and_then(Value::as_str) {
         Some("text") => Ok(None),
         Some("json_object") => Ok(Some(json!({ "type": "json_object" }))),
@@ -758,21 +773,9 @@ fn text_format(value: Option<&Value>) -> Result<Option<Value>, ApiError> {
                     )
                 }
             };
-            for (key, ok) in [
-                ("strict", Value::is_boolean as fn(&Value) -> bool),
-                ("description", Value::is_string),
-            ] {
-                match format.get(key) {
-                    None | Some(Value::Null) => {}
-                    Some(v) if ok(v) => {
-                        schema.insert(key.into(), v.clone());
-                    }
-                    Some(other) => {
-                        return bad(
-                            "text",
-                            format!("'text.format.{key}' is not valid here: {other}"),
-                        )
-                    }
+            for key in ["strict", "description"] {
+                if let Some(v) = format.get(key).filter(|v| !v.is_null()) {
+                    schema.insert(key.into(), v.clone());
                 }
             }
             Ok(Some(
@@ -809,6 +812,17 @@ fn effort(value: Option<&Value>) -> Result<Option<String>, ApiError> {
             "reasoning",
             format!("'reasoning.{key}' is not supported by this host (it serves: effort, summary)"),
         );
+    }
+    for key in ["summary", "generate_summary"] {
+        match reasoning.get(key) {
+            None | Some(Value::Null) | Some(Value::String(_)) => {}
+            Some(other) => {
+                return bad(
+                    "reasoning",
+                    format!("'reasoning.{key}' must be a string such as \"auto\", not {other}"),
+                )
+            }
+        }
     }
     let efforts = crate::settings::REASONING_EFFORTS;
     match reasoning.get("effort") {
