@@ -727,8 +727,8 @@ fn text_format(value: Option<&Value>) -> Result<Option<Value>, ApiError> {
     };
     // The optional fields are checked whatever the type, as the document's
     // schema has them.
-    let optional: [(&str, &str, fn(&Value) -> bool); 4] = [
-        ("name", "a string", Value::is_string),
+    let optional = [
+        ("name", "a string", Value::is_string as fn(&Value) -> bool),
         ("schema", "a JSON Schema object", Value::is_object),
         ("strict", "true or false", Value::is_boolean),
         ("description", "a string", Value::is_string),
