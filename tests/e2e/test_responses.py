@@ -18,7 +18,7 @@ import json
 import openai
 import pytest
 
-from conftest import http
+from conftest import Server, http
 from test_tools import CALL, echo, oa  # noqa: F401 (echo is the fixture)
 
 TOOL = {
@@ -195,3 +195,23 @@ def test_a_clients_mistake_is_a_400_naming_the_field(echo):
     with pytest.raises(openai.NotFoundError) as e:
         c.responses.create(model="no-such-model", input="hi")
     assert e.value.body["param"] == "model", e.value.body
+
+
+def test_responses_need_the_api_key(env):
+    srv = Server("hangar --api-key (responses)", env["base_args"] + ["--api-key", "secret"], env["proc_env"])
+    try:
+        for method, path, body in (("POST", "/v1/responses", {"model": "tiny-llama", "input": "hi"}),
+                                   ("GET", "/v1/responses/resp_x", None),
+                                   ("DELETE", "/v1/responses/resp_x", None)):
+            status, answer = http(srv.url + path, method, body)
+            assert status == 401 and answer["error"]["type"] == "authentication_error", (path, answer)
+        key = {"Authorization": "Bearer secret"}
+        # Past the key check, a request without input is the client's
+        # mistake (400): no model needs loading to tell.
+        status, answer = http(srv.url + "/v1/responses", "POST", {"model": "tiny-llama"}, key)
+        assert status == 400 and answer["error"]["param"] == "input", answer
+        status, answer = http(srv.url + "/v1/responses/resp_x", "GET", None, key)
+        assert status == 404 and "'resp_x' not found" in answer["error"]["message"], answer
+    finally:
+        problems = srv.stop()
+    assert not problems, problems

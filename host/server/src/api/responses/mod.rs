@@ -479,8 +479,18 @@ fn turn(name: &str, item: &Value, chat: &mut Vec<Value>) -> Result<(), ApiError>
             ),
         ),
     };
-    match item.get("type").and_then(Value::as_str) {
-        None | Some("message") if item.contains_key("role") || item.get("type").is_some() => {
+    let kind = match item.get("type") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(kind)) => Some(kind.as_str()),
+        Some(other) => {
+            return bad(
+                "input",
+                format!("'{name}.type' must be a string such as \"message\", not {other}"),
+            )
+        }
+    };
+    match kind {
+        None | Some("message") if kind.is_some() || item.contains_key("role") => {
             let role = match item.get("role").and_then(Value::as_str) {
                 Some(r @ ("user" | "assistant" | "system")) => r,
                 Some("developer") => "system",

@@ -132,6 +132,9 @@ fn every_field_is_checked_by_name() {
         (with("input", json!([])), expect![[r#"400 Some("input"): 'input' is required: a string, or a non-empty list of items ({"role": "user", "content": "..."}, function_call_output, ...)"#]]),
         (with("input", json!([{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}])),
          expect![[r#"400 Some("input"): 'input[0].content[0]' is an 'input_image' part; this host serves text parts only ({"type": "input_text", "text": "..."})"#]]),
+        // Found by schemathesis: a type that is not a string was read as none.
+        (with("input", json!([{"type": -58800, "role": "user", "content": ""}])),
+         expect![[r#"400 Some("input"): 'input[0].type' must be a string such as "message", not -58800"#]]),
         (with("input", json!([{"role": "tool", "content": "x"}])),
          expect![[r#"400 Some("input"): 'input[0].role' must be "user", "assistant", "system" or "developer", not "tool""#]]),
         (with("input", json!([{"type": "function_call", "name": "f", "arguments": "{}"}])),
