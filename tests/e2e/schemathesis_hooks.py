@@ -14,7 +14,7 @@ import os
 
 import schemathesis
 
-GENERATING = {"/v1/chat/completions", "/v1/completions", "/v1/messages"}
+GENERATING = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"}
 MAX_TOKENS = 4
 
 
@@ -25,7 +25,7 @@ def before_call(ctx, case, **kwargs):
     model = os.environ.get("HANGAR_FUZZ_MODEL")
     if model and isinstance(case.body.get("model"), str) and case.body["model"]:
         case.body["model"] = model
-    for field in ("max_tokens", "max_completion_tokens"):
+    for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = case.body.get(field)
         if type(value) is int and value > MAX_TOKENS:
             case.body[field] = MAX_TOKENS

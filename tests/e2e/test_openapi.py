@@ -26,10 +26,13 @@ def test_the_document_covers_the_routes(server):
     status, doc = http(server.url + "/openapi.json")
     assert status == 200 and doc["openapi"] == "3.1.0", doc
     assert set(doc["components"]["securitySchemes"]) == {"bearer", "x-api-key"}, doc["components"]
-    for path in ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/health",
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses",
+                 "/v1/responses/{id}", "/v1/models", "/health",
                  "/api/models/{id}/settings/schema", "/metrics", "/openapi.json"):
         assert path in doc["paths"], (path, sorted(doc["paths"]))
     assert "MessagesRequest" in doc["components"]["schemas"]
+    assert "ResponsesRequest" in doc["components"]["schemas"]
+    assert set(doc["paths"]["/v1/responses/{id}"]) == {"get", "delete"}, doc["paths"]["/v1/responses/{id}"]
 
 
 def test_schemathesis_finds_no_5xx_and_no_mismatch(env, tmp_path):

@@ -97,6 +97,10 @@ pub(crate) fn run(
             // one back for the engine's delayed ACK.
             .tcp_nodelay(true)
             .build()?;
+        let responses = Arc::new(crate::api::responses::Store::new(
+            state_dir.join("responses"),
+            crate::api::responses::store::LIMIT,
+        ));
         let sessions = Sessions::new(
             Arc::new(registry),
             Arc::new(settings),
@@ -115,6 +119,7 @@ pub(crate) fn run(
             sessions: sessions.clone(),
             catalog,
             api_key: args.api_key,
+            responses,
         });
         let discovery = app.discovery();
         for bad in &discovery.rejected {

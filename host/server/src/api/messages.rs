@@ -32,19 +32,17 @@
 //! `{"type": "error", "error": {"type", "message"}}`, with the status the
 //! OpenAI routes would give.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 
-use super::sse::{self, SseFramer};
+use super::pieces::{self, Piece, Step, Translator};
 use super::{validate, ApiError, App};
 
 /// The route, as the metrics label it.
@@ -78,28 +76,8 @@ pub(super) async fn messages(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let ask = body.map_err(ApiError::from).and_then(|b| translate(&b));
-    let (request, ask) = match ask {
-        Ok((request, ask)) => (Ok(request), Some(ask)),
-        Err(e) => (Err(e), None),
-    };
-    let answer = super::openai::proxy(app, ROUTE, "/v1/chat/completions", request).await;
-    match (answer, ask) {
-        (Ok(response), Some(ask)) => {
-            // The model the answer comes from, for a client that stalls.
-            let of = response
-                .extensions()
-                .get::<super::stall::AnswerOf>()
-                .cloned();
-            let mut translated = answer_with(response, ask).await;
-            if let Some(of) = of {
-                translated.extensions_mut().insert(of);
-            }
-            translated
-        }
-        (Err(e), _) => error_response(&e),
-        (Ok(response), None) => response, // unreachable: no request, no answer
-    }
+    let translated = body.map_err(ApiError::from).and_then(|b| translate(&b));
+    pieces::through_proxy(app, ROUTE, translated, answer_with, error_response).await
 }
 
 /// What the translation keeps for the answer.
@@ -532,316 +510,19 @@ fn text_of(value: &Value, name: &str) -> Result<String, ApiError> {
     Ok(texts.join("\n"))
 }
 
-/// Why generation stopped, in Anthropic's words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum StopReason {
-    EndTurn,
-    MaxTokens,
-    StopSequence,
-    ToolUse,
-}
-
-impl StopReason {
-    fn as_str(self) -> &'static str {
-        match self {
-            StopReason::EndTurn => "end_turn",
-            StopReason::MaxTokens => "max_tokens",
-            StopReason::StopSequence => "stop_sequence",
-            StopReason::ToolUse => "tool_use",
-        }
-    }
-}
-
-/// One answer's translation from OpenAI chunks: the text to pass on (held
-/// back while it could be the start of a stop sequence), the reasoning
-/// and tool calls, why it stopped, and its usage.
-#[derive(Debug, Default)]
-pub(super) struct Translator {
-    stops: Vec<String>,
-    /// Text received but not yet passed on.
-    held: String,
-    stop_reason: Option<StopReason>,
-    stop_sequence: Option<String>,
-    input_tokens: Option<u64>,
-    output_tokens: Option<u64>,
-    /// Text events received, the token count when the engine sends none.
-    events: u64,
-    /// Tool calls begun.
-    calls: usize,
-    /// Whether the answer is complete (`[DONE]`, or a stop sequence).
-    done: bool,
-}
-
-/// A piece of the answer, in the order it came.
-#[derive(Debug, PartialEq)]
-enum Piece {
-    Text(String),
-    Thinking(String),
-    /// A tool call begins.
-    ToolUse {
-        id: String,
-        name: String,
-    },
-    /// The next fragment of the open tool call's input (JSON text).
-    Input(String),
-}
-
-/// What one OpenAI event meant.
-enum Step {
-    /// Pieces to pass on (possibly none).
-    Pieces(Vec<Piece>),
-    /// The engine's error, to end the answer with.
-    Error(ApiError),
-}
-
-impl Translator {
-    fn new(stops: Vec<String>) -> Translator {
-        Translator {
-            stops,
-            ..Translator::default()
-        }
-    }
-
-    /// Takes one server-sent event of the engine's stream.
-    fn event(&mut self, event: &[u8]) -> Step {
-        if sse::is_done(event) {
-            self.done = true;
-            return Step::Pieces(self.flush());
-        }
-        let data: Vec<&[u8]> = event
-            .split(|&b| b == b'\n')
-            .filter_map(|line| line.trim_ascii().strip_prefix(b"data:"))
-            .collect();
-        let data = data.concat();
-        if data.trim_ascii().is_empty() {
-            return Step::Pieces(vec![]); // a comment or keep-alive
-        }
-        match serde_json::from_slice::<Value>(&data) {
-            Ok(chunk) => self.chunk(&chunk),
-            Err(e) => Step::Error(ApiError::engine(format!(
-                "the engine sent an event that is not JSON ({e}): {}",
-                String::from_utf8_lossy(&data)
-                    .chars()
-                    .take(200)
-                    .collect::<String>()
-            ))),
-        }
-    }
-
-    /// The held text, passed on (the answer ended, or a tool call began).
-    fn flush(&mut self) -> Vec<Piece> {
-        let held = std::mem::take(&mut self.held);
-        match held.is_empty() {
-            true => vec![],
-            false => vec![Piece::Text(held)],
-        }
-    }
-
-    /// Takes one OpenAI chunk (or a whole `chat.completion`).
-    fn chunk(&mut self, chunk: &Value) -> Step {
-        if let Some(error) = chunk.get("error") {
-            let message = error
-                .get("message")
-                .and_then(Value::as_str)
-                .map_or_else(|| error.to_string(), str::to_string);
-            return Step::Error(ApiError::engine(message));
-        }
-        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
-            self.input_tokens = usage.get("prompt_tokens").and_then(Value::as_u64);
-            self.output_tokens = usage.get("completion_tokens").and_then(Value::as_u64);
-        }
-        let Some(choice) = chunk.get("choices").and_then(|c| c.get(0)) else {
-            return Step::Pieces(vec![]);
-        };
-        let mut pieces = Vec::new();
-        // A stream's delta, or a whole answer's message.
-        let Some(delta) = ["delta", "message"].iter().find_map(|k| choice.get(*k)) else {
-            return Step::Pieces(pieces);
-        };
-        if let Some(thinking) = delta.get("reasoning_content").and_then(Value::as_str) {
-            if !thinking.is_empty() {
-                pieces.push(Piece::Thinking(thinking.to_string()));
-            }
-        }
-        match delta.get("content").and_then(Value::as_str) {
-            Some(text) if !text.is_empty() && !self.done => {
-                self.events += 1;
-                let passed = self.pass(text);
-                if !passed.is_empty() {
-                    pieces.push(Piece::Text(passed));
-                }
-            }
-            _ => {}
-        }
-        for call in delta
-            .get("tool_calls")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let function = call.get("function");
-            let name = function.and_then(|f| f.get("name")).and_then(Value::as_str);
-            if let Some(name) = name {
-                pieces.extend(self.flush());
-                let id = match call.get("id").and_then(Value::as_str) {
-                    Some(id) => id.to_string(),
-                    None => format!("toolu_{}", super::inprocess::unique()),
-                };
-                self.calls += 1;
-                pieces.push(Piece::ToolUse {
-                    id,
-                    name: name.to_string(),
-                });
-            }
-            match function.and_then(|f| f.get("arguments")) {
-                Some(Value::String(args)) if !args.is_empty() => {
-                    pieces.push(Piece::Input(args.clone()))
-                }
-                // Some engines send a whole call's arguments as an object.
-                Some(args @ Value::Object(_)) => pieces.push(Piece::Input(args.to_string())),
-                _ => {}
-            }
-        }
-        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
-            if self.stop_reason != Some(StopReason::StopSequence) {
-                self.stop_reason = Some(match reason {
-                    "length" => StopReason::MaxTokens,
-                    _ if self.calls > 0 => StopReason::ToolUse,
-                    _ => StopReason::EndTurn,
-                });
-            }
-        }
-        Step::Pieces(pieces)
-    }
-    /// Adds `text` and returns what can be passed on: all of it but a tail
-    /// that could begin a stop sequence, or what comes before a stop
-    /// sequence (which ends the answer).
-    fn pass(&mut self, text: &str) -> String {
-        self.held.push_str(text);
-        let hit = self
-            .stops
-            .iter()
-            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s)))
-            .min_by_key(|(at, _)| *at);
-        if let Some((at, stop)) = hit {
-            self.stop_sequence = Some(stop.clone());
-            self.stop_reason = Some(StopReason::StopSequence);
-            self.done = true;
-            let mut out = std::mem::take(&mut self.held);
-            out.truncate(at);
-            return out;
-        }
-        // The longest tail of `held` that is a proper prefix of a stop
-        // sequence stays; every earlier match would have been found above.
-        let keep = self
-            .held
-            .char_indices()
-            .map(|(i, _)| i)
-            .find(|&i| {
-                let tail = &self.held[i..];
-                self.stops.iter().any(|s| s.starts_with(tail))
-            })
-            .unwrap_or(self.held.len());
-        let rest = self.held.split_off(keep);
-        std::mem::replace(&mut self.held, rest)
-    }
-
-    fn stop_reason(&self) -> &'static str {
-        self.stop_reason.unwrap_or(StopReason::EndTurn).as_str()
-    }
-
-    fn usage(&self) -> Value {
-        json!({
-            "input_tokens": self.input_tokens.unwrap_or(0),
-            "output_tokens": match self.stop_reason {
-                // Cut by the host: the engine's count of the whole
-                // generation never came.
-                Some(StopReason::StopSequence) => self.events,
-                _ => self.output_tokens.unwrap_or(self.events),
-            },
-        })
-    }
-}
-
 /// The answer to the client from the engine's `response` (which the proxy
 /// gave in OpenAI's shapes).
 async fn answer_with(response: Response, ask: Ask) -> Response {
-    let status = response.status();
-    let is_sse = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
     let mut translator = Translator::new(ask.stops.clone());
     let id = format!("msg_{}", super::inprocess::unique());
-    if !status.is_success() || !is_sse {
-        // An engine error passed on, or an engine that answered whole.
-        let bytes = match axum::body::to_bytes(response.into_body(), usize::MAX).await {
-            Ok(b) => b,
-            Err(e) => return error_response(&ApiError::engine(format!("the answer broke: {e}"))),
-        };
-        let value = serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null);
-        if !status.is_success() {
-            let message = value
-                .pointer("/error/message")
-                .and_then(Value::as_str)
-                .map_or_else(
-                    || String::from_utf8_lossy(&bytes).into_owned(),
-                    str::to_string,
-                );
-            let mut e = ApiError::engine(message);
-            e.status = status;
-            return error_response(&e);
-        }
-        let mut blocks = Blocks::default();
-        match translator.chunk(&value) {
-            Step::Pieces(pieces) => blocks.extend(pieces),
-            Step::Error(e) => return error_response(&e),
-        }
-        blocks.extend(translator.flush());
-        return whole(&id, &ask, &translator, blocks);
+    if ask.stream && pieces::streams(&response) {
+        return pieces::stream(response, Events::new(id, ask.model, translator));
     }
-    let body = response.into_body().into_data_stream();
-    if !ask.stream {
-        let mut blocks = Blocks::default();
-        let mut body = body;
-        let mut framer = SseFramer::default();
-        let mut ends = Vec::new();
-        while let Some(chunk) = body.next().await {
-            let chunk = match chunk {
-                Ok(c) => c,
-                Err(e) => {
-                    return error_response(&ApiError::engine(format!("the stream broke: {e}")))
-                }
-            };
-            let run = framer.push(chunk, &mut ends);
-            let mut start = 0;
-            for &end in &ends {
-                match translator.event(&run[start..end]) {
-                    Step::Pieces(pieces) => blocks.extend(pieces),
-                    Step::Error(e) => return error_response(&e),
-                }
-                start = end;
-                if translator.done {
-                    return whole(&id, &ask, &translator, blocks);
-                }
-            }
-        }
-        blocks.extend(translator.flush());
-        return whole(&id, &ask, &translator, blocks);
+    let mut blocks = Blocks::default();
+    match pieces::gather(response, &mut translator, |p| blocks.extend(p)).await {
+        Ok(()) => whole(&id, &ask, &translator, blocks),
+        Err(e) => error_response(&e),
     }
-    let state = Stream {
-        body: Box::pin(body),
-        framer: SseFramer::default(),
-        ends: Vec::new(),
-        events: Events::new(id, ask.model, translator),
-        finished: false,
-    };
-    let stream = futures_util::stream::unfold(state, |mut s| async move {
-        let next = s.next().await?;
-        Some((Ok::<_, Infallible>(next), s))
-    });
-    super::sse::response(stream)
 }
 
 /// A whole message's content blocks, gathered from the pieces.
@@ -988,18 +669,18 @@ impl Events {
     }
 
     /// The events one engine event makes; `true` once the message is over.
-    fn event(&mut self, event: &[u8], out: &mut String) -> bool {
+    fn event_of(&mut self, event: &[u8], out: &mut String) -> bool {
         self.start(out);
         match self.translator.event(event) {
             Step::Pieces(pieces) => {
                 self.pieces(pieces, out);
                 if self.translator.done {
-                    self.end(out);
+                    self.finish(out);
                 }
                 self.translator.done
             }
             Step::Error(e) => {
-                Events::error(&e, out);
+                Events::fail(&e, out);
                 true
             }
         }
@@ -1069,7 +750,7 @@ impl Events {
     }
 
     /// The closing events: the last block's stop, why and how much, the end.
-    fn end(&mut self, out: &mut String) {
+    fn finish(&mut self, out: &mut String) {
         self.start(out);
         let held = self.translator.flush();
         self.pieces(held, out);
@@ -1089,54 +770,22 @@ impl Events {
         Events::write(out, "message_stop", json!({ "type": "message_stop" }));
     }
 
-    fn error(e: &ApiError, out: &mut String) {
+    fn fail(e: &ApiError, out: &mut String) {
         Events::write(out, "error", error_body(e));
     }
 }
 
-/// One streamed answer, from the proxy's OpenAI events to the client.
-struct Stream {
-    body: std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<Bytes, axum::Error>> + Send>>,
-    framer: SseFramer,
-    ends: Vec<usize>,
-    events: Events,
-    finished: bool,
-}
+impl pieces::Events for Events {
+    fn event(&mut self, event: &[u8], out: &mut String) -> bool {
+        self.event_of(event, out)
+    }
 
-impl Stream {
-    /// The next events for the client; `None` once the message is over
-    /// (dropping the engine's stream, which stops it after a stop sequence).
-    async fn next(&mut self) -> Option<Bytes> {
-        let mut out = String::new();
-        while !self.finished && out.is_empty() {
-            match self.body.next().await {
-                Some(Ok(chunk)) => {
-                    let run = self.framer.push(chunk, &mut self.ends);
-                    let mut start = 0;
-                    for &end in &self.ends {
-                        if self.events.event(&run[start..end], &mut out) {
-                            self.finished = true;
-                            break;
-                        }
-                        start = end;
-                    }
-                }
-                Some(Err(e)) => {
-                    Events::error(
-                        &ApiError::engine(format!("the stream broke: {e}")),
-                        &mut out,
-                    );
-                    self.finished = true;
-                }
-                // The proxy ends a failed stream with an error event; one
-                // that ends without `[DONE]` still gets its closing events.
-                None => {
-                    self.events.end(&mut out);
-                    self.finished = true;
-                }
-            }
-        }
-        (!out.is_empty()).then(|| Bytes::from(out))
+    fn end(&mut self, out: &mut String) {
+        self.finish(out);
+    }
+
+    fn error(&mut self, e: &ApiError, out: &mut String) {
+        Events::fail(e, out);
     }
 }
 
@@ -1203,7 +852,7 @@ mod tests {
         let mut events = Events::new("msg_1".into(), "m".into(), translator);
         let mut out = String::new();
         for chunk in chunks {
-            if events.event(format!("data: {chunk}\n\n").as_bytes(), &mut out) {
+            if events.event_of(format!("data: {chunk}\n\n").as_bytes(), &mut out) {
                 break;
             }
         }

@@ -6,6 +6,7 @@
 //! | `GET /health` | `healthy` (200) or `loading` (503 until every pinned model is ready), with the sessions |
 //! | `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` | OpenAI-compatible |
 //! | `POST /v1/messages` | Anthropic's Messages API, translated to the engine's chat API |
+//! | `POST /v1/responses`, `GET/DELETE /v1/responses/{id}` | OpenAI's Responses API, translated to the engine's chat API; stored responses |
 //! | `GET /api/plugins` | every plugin, as `hangar plugins --json` |
 //! | `GET /api/resolve?model=ID_OR_FORMAT` | the resolution trace |
 //! | `GET /api/models` | discovered models, their state, and folders that are not models |
@@ -34,6 +35,8 @@ mod manage;
 mod messages;
 mod openai;
 mod openapi;
+mod pieces;
+pub(crate) mod responses;
 mod schema;
 mod settings;
 mod split;
@@ -69,6 +72,8 @@ pub(crate) struct App {
     pub catalog: Arc<Catalog>,
     /// The key clients must send, if any.
     pub api_key: Option<String>,
+    /// The stored responses of `/v1/responses`.
+    pub responses: Arc<responses::Store>,
 }
 
 impl App {
@@ -131,6 +136,11 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(messages::messages))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::remove),
+        )
         .route("/api/plugins", get(manage::plugins))
         .route("/api/resolve", get(manage::resolve))
         .route("/api/models", get(manage::models))

@@ -12,7 +12,7 @@ use utoipa::OpenApi;
 #[openapi(
     info(
         title = "Hangar",
-        description = "A host for local LLM inference engines: OpenAI- and Anthropic-compatible routes for \
+        description = "A host for local LLM inference engines: OpenAI- (chat, completions, responses) and Anthropic-compatible routes for \
 clients, management routes for operators. When the host was started with an API key, every route but \
 /health, /openapi.json and the /admin page's files needs `Authorization: Bearer KEY` (or `x-api-key: KEY`)."
     ),
@@ -23,6 +23,9 @@ clients, management routes for operators. When the host was started with an API 
         super::openai::chat_completions,
         super::openai::completions,
         super::messages::messages,
+        super::responses::create,
+        super::responses::retrieve,
+        super::responses::remove,
         super::manage::plugins,
         super::manage::resolve,
         super::manage::models,

@@ -565,6 +565,301 @@ pub(super) struct MessageUsage {
 }
 
 // ---------------------------------------------------------------------------
+// the Responses route
+
+/// `POST /v1/responses`. Fields not listed are refused.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ResponsesRequest {
+    #[schema(min_length = 1)]
+    model: String,
+    /// A string (one user message), or a non-empty list of items.
+    input: ResponsesInput,
+    /// The system message; not carried over by `previous_response_id`.
+    instructions: Option<String>,
+    /// Function tools; refused (400) where the engine lacks the
+    /// `tool_calls` capability or the model's template does not render
+    /// tools.
+    tools: Option<Vec<FunctionTool>>,
+    tool_choice: Option<ResponsesToolChoice>,
+    parallel_tool_calls: Option<bool>,
+    #[schema(minimum = 1, maximum = 4294967295_u64)]
+    max_output_tokens: Option<u64>,
+    #[schema(minimum = 0.0, maximum = 2.0)]
+    temperature: Option<f64>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    top_p: Option<f64>,
+    stream: Option<bool>,
+    /// Whether the response is stored for `GET /v1/responses/{id}` and
+    /// `previous_response_id` (default true).
+    store: Option<bool>,
+    /// A stored response whose conversation this request continues.
+    previous_response_id: Option<String>,
+    text: Option<TextConfig>,
+    reasoning: Option<ReasoningConfig>,
+    metadata: Option<BTreeMap<String, String>>,
+    user: Option<String>,
+    truncation: Option<Truncation>,
+    /// Accepted and ignored.
+    include: Option<Vec<String>>,
+    /// Only false: background responses are not served (true is a 400).
+    background: Option<bool>,
+    /// Accepted and ignored.
+    prompt_cache_key: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum ResponsesInput {
+    Text(String),
+    /// Not empty.
+    Items(Vec<InputItem>),
+}
+
+/// An input item: a message, an assistant's function call, a function's
+/// output, or earlier reasoning (dropped).
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum InputItem {
+    Message(InputMessage),
+    FunctionCall(FunctionCallItem),
+    FunctionCallOutput(FunctionCallOutputItem),
+    Reasoning(ReasoningItem),
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct InputMessage {
+    #[serde(rename = "type")]
+    kind: Option<MessageType>,
+    role: InputRole,
+    /// A string or a list of text parts.
+    content: InputContent,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum MessageType {
+    Message,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum InputRole {
+    User,
+    Assistant,
+    System,
+    Developer,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum InputContent {
+    Text(String),
+    Parts(Vec<TextPart>),
+}
+
+/// Text; images and files are not served.
+#[derive(Serialize, ToSchema)]
+pub(super) struct TextPart {
+    #[serde(rename = "type")]
+    kind: TextPartType,
+    text: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum TextPartType {
+    InputText,
+    OutputText,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct FunctionCallItem {
+    #[serde(rename = "type")]
+    kind: FunctionCallType,
+    call_id: String,
+    name: String,
+    /// JSON text.
+    arguments: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum FunctionCallType {
+    FunctionCall,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct FunctionCallOutputItem {
+    #[serde(rename = "type")]
+    kind: FunctionCallOutputType,
+    call_id: String,
+    output: InputContent,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum FunctionCallOutputType {
+    FunctionCallOutput,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct ReasoningItem {
+    #[serde(rename = "type")]
+    kind: ReasoningType,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum ReasoningType {
+    Reasoning,
+}
+
+/// A function tool, in the Responses API's flat shape.
+#[derive(Serialize, ToSchema)]
+pub(super) struct FunctionTool {
+    #[serde(rename = "type")]
+    kind: FunctionType,
+    #[schema(min_length = 1)]
+    name: String,
+    description: Option<String>,
+    /// A JSON Schema of the arguments.
+    parameters: Option<BTreeMap<String, Value>>,
+    strict: Option<bool>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum ResponsesToolChoice {
+    Mode(ToolChoiceMode),
+    Function(NamedResponsesFunction),
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct NamedResponsesFunction {
+    #[serde(rename = "type")]
+    kind: FunctionType,
+    #[schema(min_length = 1)]
+    name: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TextConfig {
+    format: Option<TextFormat>,
+    verbosity: Option<Verbosity>,
+}
+
+/// `text`, `json_object`, or `json_schema` with `name` and `schema` (the
+/// structured ones need the engine's `structured_output` capability).
+#[derive(Serialize, ToSchema)]
+pub(super) struct TextFormat {
+    #[serde(rename = "type")]
+    kind: TextFormatType,
+    name: Option<String>,
+    schema: Option<BTreeMap<String, Value>>,
+    strict: Option<bool>,
+    description: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum TextFormatType {
+    Text,
+    JsonObject,
+    JsonSchema,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum Verbosity {
+    Low,
+    Medium,
+    High,
+}
+
+/// `effort` as chat's `reasoning_effort` (gated by the engine's
+/// capability); `summary` is ignored.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ReasoningConfig {
+    effort: Option<Effort>,
+    summary: Option<String>,
+    generate_summary: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum Effort {
+    Low,
+    Medium,
+    High,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum Truncation {
+    Auto,
+    Disabled,
+}
+
+/// A response (a stream is `text/event-stream` of `response.created`,
+/// `response.in_progress`, `response.output_item.added`,
+/// `response.content_part.added`, `response.output_text.delta`, ...,
+/// `response.output_item.done`, and `response.completed`,
+/// `response.incomplete` or `response.failed`).
+#[derive(Serialize, ToSchema)]
+pub(super) struct ResponseObject {
+    /// `resp_...`.
+    id: String,
+    /// Always `response`.
+    object: String,
+    created_at: u64,
+    /// `completed`, `incomplete` (`incomplete_details` says why), `failed`
+    /// or `in_progress`.
+    status: String,
+    model: String,
+    /// Reasoning, message and function_call items, as the model wrote them.
+    output: Vec<BTreeMap<String, Value>>,
+    usage: Option<ResponseUsage>,
+    incomplete_details: Option<BTreeMap<String, Value>>,
+    error: Option<BTreeMap<String, Value>>,
+    instructions: Option<String>,
+    previous_response_id: Option<String>,
+    tools: Vec<BTreeMap<String, Value>>,
+    tool_choice: Value,
+    parallel_tool_calls: bool,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    max_output_tokens: Option<u64>,
+    store: bool,
+    text: BTreeMap<String, Value>,
+    reasoning: BTreeMap<String, Value>,
+    metadata: BTreeMap<String, String>,
+    truncation: String,
+    user: Option<String>,
+    background: bool,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct ResponseUsage {
+    input_tokens: u64,
+    input_tokens_details: BTreeMap<String, u64>,
+    output_tokens: u64,
+    output_tokens_details: BTreeMap<String, u64>,
+    total_tokens: u64,
+}
+
+/// `DELETE /v1/responses/{id}`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct DeletedResponse {
+    id: String,
+    /// Always `response`.
+    object: String,
+    deleted: bool,
+}
+
+// ---------------------------------------------------------------------------
 // management
 
 /// `GET /health`; with the API key (or none set) also what is loading, the

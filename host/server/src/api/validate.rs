@@ -137,6 +137,25 @@ pub(crate) fn count(value: Option<&Value>, name: &'static str) -> Result<Option<
     Ok(value.as_u64().and_then(|n| u32::try_from(n).ok()))
 }
 
+/// A token count under a route's own name for it (`max_output_tokens`):
+/// a whole number from 1, or `None` when absent.
+pub(crate) fn tokens(value: Option<&Value>, name: &'static str) -> Result<Option<u32>, ApiError> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    apply(name, COUNT_TOKENS, value)?;
+    Ok(value.as_u64().and_then(|n| u32::try_from(n).ok()))
+}
+
+/// `true` or `false`, or `None` when absent.
+pub(crate) fn flag(value: Option<&Value>, name: &'static str) -> Result<Option<bool>, ApiError> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    apply(name, Rule::Bool, value)?;
+    Ok(value.as_bool())
+}
+
 /// A bounded number (`temperature`, `top_p`, `min_p`), or `None`.
 pub(crate) fn number(value: Option<&Value>, name: &'static str) -> Result<Option<f64>, ApiError> {
     let Some(value) = value.filter(|v| !v.is_null()) else {
