@@ -562,19 +562,19 @@ pub(super) struct Translator {
     held: String,
     stop_reason: Option<StopReason>,
     stop_sequence: Option<String>,
-    input_tokens: Option<u64>,
-    output_tokens: Option<u64>,
+    pub(super) input_tokens: Option<u64>,
+    pub(super) output_tokens: Option<u64>,
     /// Text events received, the token count when the engine sends none.
     events: u64,
     /// Tool calls begun.
     calls: usize,
     /// Whether the answer is complete (`[DONE]`, or a stop sequence).
-    done: bool,
+    pub(super) done: bool,
 }
 
 /// A piece of the answer, in the order it came.
 #[derive(Debug, PartialEq)]
-enum Piece {
+pub(super) enum Piece {
     Text(String),
     Thinking(String),
     /// A tool call begins.
@@ -587,7 +587,7 @@ enum Piece {
 }
 
 /// What one OpenAI event meant.
-enum Step {
+pub(super) enum Step {
     /// Pieces to pass on (possibly none).
     Pieces(Vec<Piece>),
     /// The engine's error, to end the answer with.
@@ -595,7 +595,7 @@ enum Step {
 }
 
 impl Translator {
-    fn new(stops: Vec<String>) -> Translator {
+    pub(super) fn new(stops: Vec<String>) -> Translator {
         Translator {
             stops,
             ..Translator::default()
@@ -603,7 +603,7 @@ impl Translator {
     }
 
     /// Takes one server-sent event of the engine's stream.
-    fn event(&mut self, event: &[u8]) -> Step {
+    pub(super) fn event(&mut self, event: &[u8]) -> Step {
         if sse::is_done(event) {
             self.done = true;
             return Step::Pieces(self.flush());
@@ -629,7 +629,7 @@ impl Translator {
     }
 
     /// The held text, passed on (the answer ended, or a tool call began).
-    fn flush(&mut self) -> Vec<Piece> {
+    pub(super) fn flush(&mut self) -> Vec<Piece> {
         let held = std::mem::take(&mut self.held);
         match held.is_empty() {
             true => vec![],
@@ -637,8 +637,9 @@ impl Translator {
         }
     }
 
-    /// Takes one OpenAI chunk (or a whole `chat.completion`).
-    fn chunk(&mut self, chunk: &Value) -> Step {
+    /// Takes one OpenAI chunk (or a whole `chat.completion`, or a
+    /// completion's, whose text is the choice's `text`).
+    pub(super) fn chunk(&mut self, chunk: &Value) -> Step {
         if let Some(error) = chunk.get("error") {
             let message = error
                 .get("message")
@@ -654,16 +655,19 @@ impl Translator {
             return Step::Pieces(vec![]);
         };
         let mut pieces = Vec::new();
-        // A stream's delta, or a whole answer's message.
-        let Some(delta) = ["delta", "message"].iter().find_map(|k| choice.get(*k)) else {
-            return Step::Pieces(pieces);
-        };
+        // A stream's delta, a whole answer's message, or a completion's
+        // choice.
+        let delta = ["delta", "message"]
+            .iter()
+            .find_map(|k| choice.get(*k))
+            .unwrap_or(choice);
         if let Some(thinking) = delta.get("reasoning_content").and_then(Value::as_str) {
             if !thinking.is_empty() {
                 pieces.push(Piece::Thinking(thinking.to_string()));
             }
         }
-        match delta.get("content").and_then(Value::as_str) {
+        let text = delta.get("content").or_else(|| delta.get("text"));
+        match text.and_then(Value::as_str) {
             Some(text) if !text.is_empty() && !self.done => {
                 self.events += 1;
                 let passed = self.pass(text);
@@ -746,7 +750,7 @@ impl Translator {
         std::mem::replace(&mut self.held, rest)
     }
 
-    fn stop_reason(&self) -> &'static str {
+    pub(super) fn stop_reason(&self) -> &'static str {
         self.stop_reason.unwrap_or(StopReason::EndTurn).as_str()
     }
 
