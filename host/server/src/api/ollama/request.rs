@@ -58,6 +58,8 @@ const CHAT_FIELDS: &[&str] = &[
     "stream",
     "keep_alive",
     "think",
+    "logprobs",
+    "top_logprobs",
 ];
 
 /// The fields of `/api/generate` this host serves.
@@ -75,7 +77,16 @@ const GENERATE_FIELDS: &[&str] = &[
     "stream",
     "keep_alive",
     "think",
+    "logprobs",
+    "top_logprobs",
+    "width",
+    "height",
+    "steps",
 ];
+
+/// Fields Ollama defines that this host takes only when unset (`false`,
+/// `0`): log probabilities, and image generation's sizes.
+const UNSERVED: &[&str] = &["logprobs", "top_logprobs", "width", "height", "steps"];
 
 /// Ollama's `options` Hangar maps, and the OpenAI field each becomes.
 const OPTIONS: &[(&str, &str)] = &[
@@ -137,6 +148,13 @@ fn object(body: &[u8], fields: &[&str]) -> Result<Map<String, Value>, ApiError> 
                 "'{name}' is not supported by this host (it serves: {})",
                 fields.join(", ")
             ),
+            None,
+        ));
+    }
+    let set = |v: &Value| !(v.is_null() || v == &json!(false) || v == &json!(0));
+    if let Some(name) = UNSERVED.iter().find(|n| request.get(**n).is_some_and(set)) {
+        return Err(ApiError::bad_request(
+            format!("'{name}' is not supported by this host: it serves text generation without log probabilities"),
             None,
         ));
     }
@@ -202,37 +220,32 @@ pub(super) fn chat(body: &[u8]) -> Result<Ask, ApiError> {
     let keep_alive = keep_alive(request.get("keep_alive"))?;
     let stream = flag(&request, "stream", true)?;
     let think = think(&request)?;
-    let turns =
-        match request.get("messages") {
-            None | Some(Value::Null) => &vec![],
-            Some(Value::Array(turns)) => turns,
-            Some(other) => return Err(bad(
+    let turns = match request.get("messages") {
+        None | Some(Value::Null) => &vec![],
+        Some(Value::Array(turns)) => turns,
+        Some(other) => {
+            return Err(bad(
                 format!(
                     "'messages' must be a list of {{\"role\", \"content\"}} messages, not {other}"
                 ),
                 "messages",
-            )),
-        };
-    let mut openai = Map::new();
-    let openai = match turns.is_empty() {
-        // No messages: Ollama loads the model (or unloads it).
-        true => None,
-        false => {
-            openai.insert("messages".into(), Value::Array(messages(turns)?));
-            if let Some(tools) = tools(request.get("tools"))? {
-                openai.insert("tools".into(), tools);
-            }
-            common(&request, &mut openai)?;
-            Some(openai)
+            ))
         }
     };
+    let mut openai = Map::new();
+    openai.insert("messages".into(), Value::Array(messages(turns)?));
+    if let Some(tools) = tools(request.get("tools"))? {
+        openai.insert("tools".into(), tools);
+    }
+    common(&request, &mut openai)?;
     Ok(Ask {
         kind: Kind::Chat,
         name,
         stream,
         think,
         keep_alive,
-        openai,
+        // No messages: Ollama loads the model (or unloads it).
+        openai: (!turns.is_empty()).then_some(openai),
         path: "/v1/chat/completions",
     })
 }
@@ -682,7 +695,7 @@ mod tests {
             (Kind::Chat, json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "format": "yaml"}), expect![[r#"400 Some("format"): 'format' must be "json" or a JSON schema object, not "yaml""#]]),
             (Kind::Chat, json!({"model": "m", "messages": [], "keep_alive": "5 minutes"}), expect![[r#"400 Some("keep_alive"): 'keep_alive' must be a duration such as "5m", "1h30m" or "300ms", a number of seconds, 0 (unload after this answer) or negative (keep loaded), not "5 minutes""#]]),
             (Kind::Chat, json!({"model": "m", "messages": [], "stream": "yes"}), expect![[r#"400 Some("stream"): 'stream' must be true or false, not "yes""#]]),
-            (Kind::Chat, json!({"model": "m", "messages": [], "truncate": true}), expect!["400 None: 'truncate' is not supported by this host (it serves: model, messages, tools, format, options, stream, keep_alive, think)"]),
+            (Kind::Chat, json!({"model": "m", "messages": [], "truncate": true}), expect!["400 None: 'truncate' is not supported by this host (it serves: model, messages, tools, format, options, stream, keep_alive, think, logprobs, top_logprobs)"]),
             (Kind::Generate, json!({"model": "m", "prompt": "a", "suffix": "b"}), expect![[r#"400 Some("suffix"): 'suffix' (fill in the middle) is not supported by this host; send the text before the gap as 'prompt'"#]]),
             (Kind::Generate, json!({"model": "m", "prompt": "a", "images": ["aGk="]}), expect![[r#"400 Some("images"): 'images': this host serves no vision models yet; send text only"#]]),
             (Kind::Generate, json!({"model": "m", "prompt": "a", "raw": true, "format": "json"}), expect![[r#"400 Some("format"): 'format' needs "raw": false (structured output goes through the model's chat template)"#]]),
