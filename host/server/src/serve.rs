@@ -133,7 +133,7 @@ pub(crate) fn run(
             "hangar: serving {} model(s) on http://{addr} (try: curl http://{addr}/v1/models)",
             discovery.models.len()
         );
-        let ollama = match args.ollama_port {
+        let ollama = match args.ollama_port.or(settings.get().serving.ollama_port) {
             Some(port) => {
                 let listener = tokio::net::TcpListener::bind((args.host, port))
                     .await

@@ -675,7 +675,7 @@ pub(super) struct OllamaChatRequest {
 #[derive(Serialize, ToSchema)]
 pub(super) struct OllamaMessage {
     role: OllamaRole,
-    content: String,
+    content: Option<String>,
     /// An assistant's calls: `{"function": {"name", "arguments": {...}}}`.
     tool_calls: Option<Vec<BTreeMap<String, Value>>>,
     /// The tool a `tool` message answers.
@@ -700,10 +700,13 @@ pub(super) enum OllamaFormat {
     Schema(BTreeMap<String, Value>),
 }
 
+/// `"json"`, or `""` for none.
 #[derive(Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
 pub(super) enum OllamaJson {
+    #[serde(rename = "json")]
     Json,
+    #[serde(rename = "")]
+    None,
 }
 
 /// A duration (`"5m"`, `"1h30m"`, `"0"`, `"-1"`) or seconds: 0 unloads the

@@ -140,7 +140,7 @@ pub(super) async fn answer(
 
 /// Whole lines as the answer: NDJSON, or the last line alone (an error
 /// line as an error).
-fn send(stream: bool, lines: Vec<Value>) -> Response {
+fn send(stream: bool, mut lines: Vec<Value>) -> Response {
     if stream {
         let mut out = String::new();
         for line in &lines {
@@ -154,7 +154,7 @@ fn send(stream: bool, lines: Vec<Value>) -> Response {
         .find_map(|l| l.get("error").and_then(Value::as_str))
     {
         Some(error) => Refusal(ApiError::engine(error)).into_response(),
-        None => Json(lines.into_iter().last().unwrap_or(Value::Null)).into_response(),
+        None => Json(lines.pop().unwrap_or(Value::Null)).into_response(),
     }
 }
 
@@ -352,5 +352,138 @@ impl Pump {
         if let Some((app, model)) = self.after.take() {
             app.scheduler.unload(&model);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use expect_test::{expect, Expect};
+
+    use super::*;
+
+    /// The client's answer to an engine stream of `events` (the proxy's
+    /// SSE `data:` payloads), times masked.
+    fn check(kind: Kind, stream: bool, events: &[&str], expect: Expect) {
+        let body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        let response = ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response();
+        let ask = Ask {
+            kind,
+            name: "m".into(),
+            stream,
+            think: true,
+            keep_alive: None,
+            openai: None,
+            path: "/v1/chat/completions",
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (status, text) = runtime.block_on(async {
+            let answer = answer(response, ask, None).await;
+            let status = answer.status();
+            let bytes = axum::body::to_bytes(answer.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            (status, String::from_utf8(bytes.to_vec()).unwrap())
+        });
+        let mut lines = vec![status.as_u16().to_string()];
+        for line in text.lines() {
+            let mut value: Value = serde_json::from_str(line).unwrap();
+            for key in [
+                "created_at",
+                "total_duration",
+                "prompt_eval_duration",
+                "eval_duration",
+            ] {
+                if let Some(v) = value.get_mut(key) {
+                    *v = json!("T");
+                }
+            }
+            lines.push(value.to_string());
+        }
+        expect.assert_eq(&lines.join("\n"));
+    }
+
+    fn delta(delta: Value) -> String {
+        json!({"choices": [{"index": 0, "delta": delta, "finish_reason": null}]}).to_string()
+    }
+
+    const USAGE: &str = r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}"#;
+    const LENGTH: &str = r#"{"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}"#;
+
+    #[test]
+    fn a_stream_becomes_ndjson_lines_then_done() {
+        let events = [
+            &delta(json!({"reasoning_content": "hm"})),
+            &delta(json!({"content": "Hel"})),
+            &delta(json!({"content": "lo"})),
+            LENGTH,
+            USAGE,
+            "[DONE]",
+        ];
+        check(
+            Kind::Chat,
+            true,
+            &events,
+            expect![[r#"
+                200
+                {"created_at":"T","done":false,"message":{"content":"","role":"assistant","thinking":"hm"},"model":"m"}
+                {"created_at":"T","done":false,"message":{"content":"Hel","role":"assistant"},"model":"m"}
+                {"created_at":"T","done":false,"message":{"content":"lo","role":"assistant"},"model":"m"}
+                {"created_at":"T","done":true,"done_reason":"length","eval_count":2,"eval_duration":"T","load_duration":0,"message":{"content":"","role":"assistant"},"model":"m","prompt_eval_count":5,"prompt_eval_duration":"T","total_duration":"T"}"#]],
+        );
+        check(
+            Kind::Generate,
+            false,
+            &events,
+            expect![[r#"
+                200
+                {"created_at":"T","done":true,"done_reason":"length","eval_count":2,"eval_duration":"T","load_duration":0,"model":"m","prompt_eval_count":5,"prompt_eval_duration":"T","response":"Hello","thinking":"hm","total_duration":"T"}"#]],
+        );
+    }
+
+    #[test]
+    fn tool_calls_come_whole() {
+        let events = [
+            &delta(
+                json!({"tool_calls": [{"index": 0, "id": "c", "type": "function", "function": {"name": "add", "arguments": "{\"a\":"}}]}),
+            ),
+            &delta(json!({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]})),
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+            "[DONE]",
+        ];
+        check(
+            Kind::Chat,
+            false,
+            &events,
+            expect![[r#"
+                200
+                {"created_at":"T","done":true,"done_reason":"stop","eval_count":0,"eval_duration":"T","load_duration":0,"message":{"content":"","role":"assistant","tool_calls":[{"function":{"arguments":{"a":1},"name":"add"}}]},"model":"m","prompt_eval_count":0,"prompt_eval_duration":"T","total_duration":"T"}"#]],
+        );
+    }
+
+    #[test]
+    fn an_engine_error_ends_the_stream_with_an_error_line() {
+        let events = [
+            &delta(json!({"content": "a"})),
+            r#"{"error":{"message":"engine 'mlx-lm' exited","type":"engine_error"}}"#,
+        ];
+        check(
+            Kind::Generate,
+            true,
+            &events,
+            expect![[r#"
+                200
+                {"created_at":"T","done":false,"model":"m","response":"a"}
+                {"error":"engine 'mlx-lm' exited"}"#]],
+        );
+        check(
+            Kind::Generate,
+            false,
+            &events,
+            expect![[r#"
+                502
+                {"error":"engine 'mlx-lm' exited"}"#]],
+        );
     }
 }

@@ -220,8 +220,8 @@ pub(super) fn chat(body: &[u8]) -> Result<Ask, ApiError> {
     let keep_alive = keep_alive(request.get("keep_alive"))?;
     let stream = flag(&request, "stream", true)?;
     let think = think(&request)?;
-    let turns = match request.get("messages") {
-        None | Some(Value::Null) => &vec![],
+    let turns: &[Value] = match request.get("messages") {
+        None | Some(Value::Null) => &[],
         Some(Value::Array(turns)) => turns,
         Some(other) => {
             return Err(bad(
@@ -284,7 +284,10 @@ fn messages(turns: &[Value]) -> Result<Vec<Value>, ApiError> {
         };
         for (key, value) in turn {
             match (key.as_str(), value) {
-                ("role" | "content" | "tool_calls" | "tool_name", _) | (_, Value::Null) => {}
+                ("role" | "content" | "tool_calls", _) | ("tool_name", Value::String(_)) | (_, Value::Null) => {}
+                ("tool_name", other) => {
+                    return fail(format!("'messages[{i}].tool_name' must be a string, not {other}"))
+                }
                 ("images", Value::Array(images)) if images.is_empty() => {}
                 ("images", _) => {
                     return fail(format!(
@@ -501,6 +504,10 @@ pub(super) fn options(value: Option<&Value>) -> Result<Map<String, Value>, ApiEr
                 validate::count(Some(value), field).map(|n| n.map(Value::from))
             }
             "seed" => validate::seed(Some(value)).map(|n| n.map(Value::from)),
+            "stop" if !value.is_array() => Err(ApiError::bad_request(
+                format!("'stop' must be a list of strings, not {value}"),
+                Some("stop"),
+            )),
             "stop" => validate::stop(Some(value)).map(|s| Some(json!(s))),
             _ => validate::number(Some(value), field).map(|n| n.map(Value::from)),
         };
@@ -699,6 +706,8 @@ mod tests {
             (Kind::Generate, json!({"model": "m", "prompt": "a", "suffix": "b"}), expect![[r#"400 Some("suffix"): 'suffix' (fill in the middle) is not supported by this host; send the text before the gap as 'prompt'"#]]),
             (Kind::Generate, json!({"model": "m", "prompt": "a", "images": ["aGk="]}), expect![[r#"400 Some("images"): 'images': this host serves no vision models yet; send text only"#]]),
             (Kind::Generate, json!({"model": "m", "prompt": "a", "raw": true, "format": "json"}), expect![[r#"400 Some("format"): 'format' needs "raw": false (structured output goes through the model's chat template)"#]]),
+            (Kind::Chat, json!({"model": "m", "messages": [], "options": {"stop": "x"}}), expect![[r#"400 Some("options"): 'options.stop' must be a list of strings, not "x""#]]),
+            (Kind::Chat, json!({"model": "m", "messages": [{"role": "tool", "content": "1", "tool_name": 5}]}), expect![[r#"400 Some("messages"): 'messages[0].tool_name' must be a string, not 5"#]]),
             (Kind::Generate, json!({"model": "m", "prompt": 5}), expect![[r#"400 Some("prompt"): 'prompt' must be a string, not 5"#]]),
         ];
         for (kind, request, expect) in cases {
