@@ -289,9 +289,12 @@ impl Reply {
     }
 }
 
+/// The proxy's answer body, as it arrives.
+type Events = Pin<Box<dyn futures_util::Stream<Item = Result<Bytes, axum::Error>> + Send>>;
+
 /// One answer from the proxy's events to Ollama's lines.
 struct Pump {
-    body: Option<Pin<Box<dyn futures_util::Stream<Item = Result<Bytes, axum::Error>> + Send>>>,
+    body: Option<Events>,
     framer: SseFramer,
     ends: Vec<usize>,
     reply: Reply,

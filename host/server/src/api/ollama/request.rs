@@ -559,7 +559,7 @@ pub(crate) fn keep_alive(value: Option<&Value>) -> Result<Option<KeepAlive>, Api
     match seconds {
         Some(s) if !s.is_finite() => {}
         Some(s) if s < 0.0 => return Ok(Some(KeepAlive::Forever)),
-        Some(s) if s == 0.0 => return Ok(Some(KeepAlive::Unload)),
+        Some(0.0) => return Ok(Some(KeepAlive::Unload)),
         Some(s) => return Ok(Some(KeepAlive::For(Duration::from_secs_f64(s.min(1e12))))),
         None => {}
     }
