@@ -38,7 +38,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
@@ -114,18 +114,7 @@ pub(super) struct Ask {
 /// Validates an Anthropic request and translates it to an OpenAI chat
 /// request (always streamed, with usage).
 pub(super) fn translate(body: &[u8]) -> Result<(Map<String, Value>, Ask), ApiError> {
-    let request: Map<String, Value> = serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!("the request body is not a JSON object: {e}"), None)
-    })?;
-    if let Some(name) = request.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(
-            format!(
-                "'{name}' is not supported by this host (it serves: {})",
-                FIELDS.join(", ")
-            ),
-            None,
-        ));
-    }
+    let request = validate::object_of(body, FIELDS)?;
     let model = match request.get("model") {
         Some(Value::String(m)) if !m.is_empty() => m.clone(),
         _ => {
@@ -771,11 +760,7 @@ impl Translator {
 /// gave in OpenAI's shapes).
 async fn answer_with(response: Response, ask: Ask) -> Response {
     let status = response.status();
-    let is_sse = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let is_sse = sse::is_stream(response.headers());
     let mut translator = Translator::new(ask.stops.clone());
     let id = format!("msg_{}", super::inprocess::unique());
     if !status.is_success() || !is_sse {

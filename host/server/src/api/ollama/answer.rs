@@ -64,11 +64,7 @@ pub(super) async fn answer(
     after: Option<(Arc<App>, String)>,
 ) -> Response {
     let status = response.status();
-    let is_sse = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let is_sse = super::super::sse::is_stream(response.headers());
     let reply = Reply::new(&ask);
     if !status.is_success() || !is_sse {
         // An engine error passed on, or an engine that answered whole.

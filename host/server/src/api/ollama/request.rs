@@ -137,20 +137,10 @@ fn bad(message: String, field: &'static str) -> ApiError {
     ApiError::bad_request(message, Some(field))
 }
 
-/// The body as a JSON object with only `fields`.
+/// The body as a JSON object with only `fields`, none of them set to
+/// what this host does not serve.
 fn object(body: &[u8], fields: &[&str]) -> Result<Map<String, Value>, ApiError> {
-    let request: Map<String, Value> = serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!("the request body is not a JSON object: {e}"), None)
-    })?;
-    if let Some(name) = request.keys().find(|k| !fields.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(
-            format!(
-                "'{name}' is not supported by this host (it serves: {})",
-                fields.join(", ")
-            ),
-            None,
-        ));
-    }
+    let request = validate::object_of(body, fields)?;
     let set = |v: &Value| !(v.is_null() || v == &json!(false) || v == &json!(0));
     if let Some(name) = UNSERVED.iter().find(|n| request.get(**n).is_some_and(set)) {
         return Err(ApiError::bad_request(
