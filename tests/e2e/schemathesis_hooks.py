@@ -14,7 +14,11 @@ import os
 
 import schemathesis
 
-GENERATING = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"}
+GENERATING = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses",
+              "/ollama/api/chat", "/ollama/api/generate"}
+# Ollama's routes: the count is `options.num_predict`, and no count at all
+# means no limit.
+OLLAMA = {"/ollama/api/chat", "/ollama/api/generate"}
 MAX_TOKENS = 4
 
 
@@ -25,6 +29,17 @@ def before_call(ctx, case, **kwargs):
     model = os.environ.get("HANGAR_FUZZ_MODEL")
     if model and isinstance(case.body.get("model"), str) and case.body["model"]:
         case.body["model"] = model
+    if case.operation.path in OLLAMA:
+        options = case.body.get("options")
+        if options is None:
+            case.body["options"] = options = {}
+        if isinstance(options, dict):
+            count = options.get("num_predict")
+            if count is None or (type(count) is int and (count > MAX_TOKENS or count in (-1, -2))):
+                options["num_predict"] = MAX_TOKENS
+        # keep_alive 0 would unload the model after every answer.
+        if case.body.get("keep_alive") in (0, "0", 0.0):
+            case.body.pop("keep_alive")
     for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = case.body.get(field)
         if type(value) is int and value > MAX_TOKENS:

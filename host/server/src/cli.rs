@@ -110,6 +110,10 @@ pub struct ServeArgs {
     /// Port to bind (0 picks a free one).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
+    /// Also answer Ollama's API at the root of this port (11434 is the one
+    /// Ollama's clients default to); on --port it is under /ollama.
+    #[arg(long)]
+    pub ollama_port: Option<u16>,
     /// The key clients must send as `Authorization: Bearer KEY`.
     #[arg(long, env = "HANGAR_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -189,6 +193,7 @@ impl From<ServeArgs> for crate::serve::Options {
             model_dirs: args.model_dirs,
             host: args.host,
             port: args.port,
+            ollama_port: args.ollama_port,
             api_key: args.api_key,
             state_dir: args.state_dir,
             limits: crate::scheduler::machine::Limits {

@@ -33,6 +33,10 @@ pub(crate) struct Options {
     pub host: std::net::IpAddr,
     /// The port to bind (0 picks a free one).
     pub port: u16,
+    /// A second port, on the same address, whose root is Ollama's API
+    /// (`/api/chat`; on `port` it is under `/ollama`), for the clients
+    /// that only know Ollama's default, 11434.
+    pub ollama_port: Option<u16>,
     /// The key clients must send, if any.
     pub api_key: Option<String>,
     /// Where sessions keep their work folders (default: the data dir's
@@ -134,6 +138,19 @@ pub(crate) fn run(
             "hangar: serving {} model(s) on http://{addr} (try: curl http://{addr}/v1/models)",
             discovery.models.len()
         );
+        let ollama = match args.ollama_port.or(settings.get().serving.ollama_port) {
+            Some(port) => {
+                let listener = tokio::net::TcpListener::bind((args.host, port))
+                    .await
+                    .with_context(|| {
+                        format!("cannot bind {}:{port} for --ollama-port", args.host)
+                    })?;
+                let at = listener.local_addr()?;
+                eprintln!("hangar: Ollama's API on http://{at} (try: curl http://{at}/api/tags)");
+                Some(listener)
+            }
+            None => None,
+        };
         // The first signal stops accepting, stops every engine and gives
         // open connections a drain period; a second exits at once (the
         // keepers then take every engine down with the host).
@@ -159,8 +176,28 @@ pub(crate) fn run(
                 sessions.shutdown().await;
             }
         };
+        let ollama = async {
+            if let Some(listener) = ollama {
+                let router = crate::api::ollama::root_router(app.clone());
+                crate::api::listen::serve(
+                    listener,
+                    router,
+                    stop.clone(),
+                    SHUTDOWN_DRAIN,
+                    settings.clone(),
+                )
+                .await;
+            }
+        };
         tokio::join!(
-            crate::api::listen::serve(listener, router(app), stop, SHUTDOWN_DRAIN, settings),
+            crate::api::listen::serve(
+                listener,
+                router(app.clone()),
+                stop.clone(),
+                SHUTDOWN_DRAIN,
+                settings.clone()
+            ),
+            ollama,
             stopping
         );
         sessions.shutdown().await;

@@ -92,18 +92,7 @@ pub(super) struct Ask {
 /// Validates an Anthropic request and translates it to an OpenAI chat
 /// request (always streamed, with usage).
 pub(super) fn translate(body: &[u8]) -> Result<(Map<String, Value>, Ask), ApiError> {
-    let request: Map<String, Value> = serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!("the request body is not a JSON object: {e}"), None)
-    })?;
-    if let Some(name) = request.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(
-            format!(
-                "'{name}' is not supported by this host (it serves: {})",
-                FIELDS.join(", ")
-            ),
-            None,
-        ));
-    }
+    let request = validate::object_of(body, FIELDS)?;
     let model = match request.get("model") {
         Some(Value::String(m)) if !m.is_empty() => m.clone(),
         _ => {

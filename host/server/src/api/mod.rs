@@ -7,6 +7,7 @@
 //! | `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` | OpenAI-compatible |
 //! | `POST /v1/messages` | Anthropic's Messages API, translated to the engine's chat API |
 //! | `POST /v1/responses`, `GET/DELETE /v1/responses/{id}` | OpenAI's Responses API, translated to the engine's chat API; stored responses |
+//! | `/ollama/api/*` (`chat`, `generate`, `tags`, `show`, `ps`, `version`, …) | Ollama's API, translated likewise; also at the root of `--ollama-port` |
 //! | `GET /api/plugins` | every plugin, as `hangar plugins --json` |
 //! | `GET /api/resolve?model=ID_OR_FORMAT` | the resolution trace |
 //! | `GET /api/models` | discovered models, their state, and folders that are not models |
@@ -33,6 +34,7 @@ pub(crate) mod listen;
 mod live;
 mod manage;
 mod messages;
+pub(crate) mod ollama;
 mod openai;
 mod openapi;
 mod pieces;
@@ -50,7 +52,7 @@ use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
@@ -162,6 +164,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/api/events/stream", get(live::events))
         .route("/api/sessions/{id}/logs/stream", get(live::logs))
         .route("/metrics", get(manage::metrics))
+        .nest(ollama::PREFIX, ollama::routes())
         .layer(middleware::from_fn_with_state(app.clone(), authorize))
         .route("/health", get(manage::health))
         .route("/admin", get(admin::page))
@@ -196,6 +199,10 @@ async fn authorize(
         // Anthropic's clients read errors in Anthropic's shape.
         if request.uri().path() == "/v1/messages" {
             return Ok(messages::error_response(&ApiError::unauthorized()));
+        }
+        // And Ollama's in Ollama's.
+        if request.uri().path().starts_with(ollama::PREFIX) {
+            return Ok(ollama::Refusal(ApiError::unauthorized()).into_response());
         }
         return Err(ApiError::unauthorized());
     }

@@ -245,11 +245,7 @@ async fn forward(
         Err(e) => return Err(failure(&session, &format!("the engine did not answer: {e}")).await),
     };
     let status = response.status();
-    let is_sse = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let is_sse = sse::is_stream(response.headers());
     if status.is_success() && stream && is_sse {
         return Ok(sse(
             app.sessions.clone(),

@@ -13,7 +13,7 @@ use utoipa::OpenApi;
     info(
         title = "Hangar",
         description = "A host for local LLM inference engines: OpenAI- (chat, completions, responses) and Anthropic-compatible routes for \
-clients, management routes for operators. When the host was started with an API key, every route but \
+clients, Ollama's API under /ollama, management routes for operators. When the host was started with an API key, every route but \
 /health, /openapi.json and the /admin page's files needs `Authorization: Bearer KEY` (or `x-api-key: KEY`)."
     ),
     paths(
@@ -26,6 +26,20 @@ clients, management routes for operators. When the host was started with an API 
         super::responses::create,
         super::responses::retrieve,
         super::responses::remove,
+        super::ollama::tags,
+        super::ollama::show,
+        super::ollama::chat,
+        super::ollama::generate,
+        super::ollama::ps,
+        super::ollama::version,
+        super::ollama::embed,
+        super::ollama::embeddings,
+        super::ollama::pull,
+        super::ollama::push,
+        super::ollama::create,
+        super::ollama::copy,
+        super::ollama::remove,
+        super::ollama::blobs,
         super::manage::plugins,
         super::manage::resolve,
         super::manage::models,
@@ -111,13 +125,27 @@ pub(super) async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
 mod tests {
     use super::*;
 
-    /// The `(METHOD, path)` pairs the router in `mod.rs` serves.
+    /// The `(METHOD, path)` pairs the router in `mod.rs` serves, with
+    /// Ollama's nested under their prefix.
     fn router_routes() -> Vec<(String, String)> {
         let source = include_str!("mod.rs");
         let body = &source[source.find("pub(crate) fn router").expect("the router")..];
+        let mut routes = routes_in(body, "");
+        let source = include_str!("ollama/mod.rs");
+        let body = &source[source
+            .find("pub(super) fn routes")
+            .expect("Ollama's routes")..];
+        let body = &body[..body.find("\n}\n").expect("the end of Ollama's routes")];
+        routes.extend(routes_in(body, super::super::ollama::PREFIX));
+        routes.sort();
+        routes
+    }
+
+    /// The `(METHOD, prefix + path)` pairs of the `.route(` calls in `body`.
+    fn routes_in(body: &str, prefix: &str) -> Vec<(String, String)> {
         let mut routes = Vec::new();
         for part in body.split(".route(").skip(1) {
-            let path = part.split('"').nth(1).expect("a route path").to_string();
+            let path = format!("{prefix}{}", part.split('"').nth(1).expect("a route path"));
             // The handlers of this route: up to the next builder call.
             let handlers = part.split("\n        .").next().unwrap_or(part);
             for method in ["get", "post", "put", "delete", "patch"] {

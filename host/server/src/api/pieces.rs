@@ -51,8 +51,8 @@ pub(super) struct Translator {
     held: String,
     stop_reason: Option<StopReason>,
     pub(super) stop_sequence: Option<String>,
-    input_tokens: Option<u64>,
-    output_tokens: Option<u64>,
+    pub(super) input_tokens: Option<u64>,
+    pub(super) output_tokens: Option<u64>,
     /// Text events received, the token count when the engine sends none.
     events: u64,
     /// Tool calls begun.
@@ -126,7 +126,8 @@ impl Translator {
         }
     }
 
-    /// Takes one OpenAI chunk (or a whole `chat.completion`).
+    /// Takes one OpenAI chunk (or a whole `chat.completion`, or a
+    /// completion's, whose text is the choice's `text`).
     pub(super) fn chunk(&mut self, chunk: &Value) -> Step {
         if let Some(error) = chunk.get("error") {
             let message = error
@@ -143,16 +144,19 @@ impl Translator {
             return Step::Pieces(vec![]);
         };
         let mut pieces = Vec::new();
-        // A stream's delta, or a whole answer's message.
-        let Some(delta) = ["delta", "message"].iter().find_map(|k| choice.get(*k)) else {
-            return Step::Pieces(pieces);
-        };
+        // A stream's delta, a whole answer's message, or a completion's
+        // choice.
+        let delta = ["delta", "message"]
+            .iter()
+            .find_map(|k| choice.get(*k))
+            .unwrap_or(choice);
         if let Some(thinking) = delta.get("reasoning_content").and_then(Value::as_str) {
             if !thinking.is_empty() {
                 pieces.push(Piece::Thinking(thinking.to_string()));
             }
         }
-        match delta.get("content").and_then(Value::as_str) {
+        let text = delta.get("content").or_else(|| delta.get("text"));
+        match text.and_then(Value::as_str) {
             Some(text) if !text.is_empty() && !self.done => {
                 self.events += 1;
                 let passed = self.pass(text);

@@ -938,3 +938,204 @@ pub(super) struct Events {
 pub(super) struct Plugins {
     plugins: Vec<Value>,
 }
+
+// ---------------------------------------------------------------------------
+// Ollama's API (`/ollama/api/*`)
+
+/// An error, in Ollama's shape.
+#[derive(Serialize, ToSchema)]
+pub(super) struct OllamaError {
+    /// What happened and what to do.
+    error: String,
+}
+
+/// `POST /api/chat`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct OllamaChatRequest {
+    #[schema(min_length = 1)]
+    model: String,
+    /// Empty or absent: the model is loaded (with `keep_alive` 0, unloaded).
+    messages: Option<Vec<OllamaMessage>>,
+    /// OpenAI-style function tools.
+    tools: Option<Vec<BTreeMap<String, Value>>>,
+    format: Option<OllamaFormat>,
+    options: Option<OllamaOptions>,
+    /// Default true.
+    stream: Option<bool>,
+    keep_alive: Option<OllamaKeepAlive>,
+    /// Whether the model's reasoning is passed on (`message.thinking`).
+    think: Option<bool>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct OllamaMessage {
+    role: OllamaRole,
+    content: Option<String>,
+    /// An assistant's calls: `{"function": {"name", "arguments": {...}}}`.
+    tool_calls: Option<Vec<BTreeMap<String, Value>>>,
+    /// The tool a `tool` message answers.
+    tool_name: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum OllamaRole {
+    System,
+    User,
+    Assistant,
+    Tool,
+}
+
+/// `"json"`, or a JSON schema the answer follows; needs the engine's
+/// `structured_output` capability.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum OllamaFormat {
+    Json(OllamaJson),
+    Schema(BTreeMap<String, Value>),
+}
+
+/// `"json"`, or `""` for none.
+#[derive(Serialize, ToSchema)]
+pub(super) enum OllamaJson {
+    #[serde(rename = "json")]
+    Json,
+    #[serde(rename = "")]
+    None,
+}
+
+/// A duration (`"5m"`, `"1h30m"`, `"0"`, `"-1"`) or seconds: 0 unloads the
+/// model after the answer, negative keeps it loaded.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum OllamaKeepAlive {
+    Text(String),
+    Seconds(f64),
+}
+
+/// The options Hangar maps; Ollama's others (`num_ctx`, `repeat_penalty`,
+/// …) are taken and ignored, keys Ollama does not define are refused.
+#[derive(Serialize, ToSchema)]
+pub(super) struct OllamaOptions {
+    #[schema(minimum = 0.0, maximum = 2.0)]
+    temperature: Option<f64>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    top_p: Option<f64>,
+    #[schema(minimum = 0, maximum = 4294967295_u64)]
+    top_k: Option<u64>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    min_p: Option<f64>,
+    seed: Option<i64>,
+    /// The most tokens to generate; -1 or -2: no limit.
+    #[schema(minimum = -2, maximum = 4294967295_u64)]
+    num_predict: Option<i64>,
+    stop: Option<Vec<String>>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
+    presence_penalty: Option<f64>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
+    frequency_penalty: Option<f64>,
+}
+
+/// `POST /api/generate`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct OllamaGenerateRequest {
+    #[schema(min_length = 1)]
+    model: String,
+    /// Empty or absent: the model is loaded (with `keep_alive` 0, unloaded).
+    prompt: Option<String>,
+    system: Option<String>,
+    /// The prompt as written, completed without the chat template.
+    raw: Option<bool>,
+    format: Option<OllamaFormat>,
+    options: Option<OllamaOptions>,
+    /// Default true.
+    stream: Option<bool>,
+    keep_alive: Option<OllamaKeepAlive>,
+    think: Option<bool>,
+}
+
+/// One line of `/api/chat` (the last has `done: true` and the counts).
+#[derive(Serialize, ToSchema)]
+pub(super) struct OllamaChatLine {
+    model: String,
+    created_at: String,
+    message: Option<BTreeMap<String, Value>>,
+    done: bool,
+    /// `stop`, `length`; `load` or `unload` without messages.
+    done_reason: Option<String>,
+    total_duration: Option<u64>,
+    load_duration: Option<u64>,
+    prompt_eval_count: Option<u64>,
+    prompt_eval_duration: Option<u64>,
+    eval_count: Option<u64>,
+    eval_duration: Option<u64>,
+}
+
+/// One line of `/api/generate` (the last has `done: true` and the counts).
+#[derive(Serialize, ToSchema)]
+pub(super) struct OllamaGenerateLine {
+    model: String,
+    created_at: String,
+    response: String,
+    thinking: Option<String>,
+    done: bool,
+    done_reason: Option<String>,
+    total_duration: Option<u64>,
+    load_duration: Option<u64>,
+    prompt_eval_count: Option<u64>,
+    prompt_eval_duration: Option<u64>,
+    eval_count: Option<u64>,
+    eval_duration: Option<u64>,
+}
+
+/// `POST /api/show`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct OllamaShowRequest {
+    #[schema(min_length = 1)]
+    model: String,
+    verbose: Option<bool>,
+}
+
+/// `/api/show`'s answer.
+#[derive(Serialize, ToSchema)]
+pub(super) struct OllamaShow {
+    modelfile: String,
+    parameters: String,
+    template: String,
+    details: BTreeMap<String, Value>,
+    model_info: BTreeMap<String, Value>,
+    /// `completion`, and `tools` where the engine parses tool calls.
+    capabilities: Vec<String>,
+    modified_at: String,
+}
+
+/// `/api/tags`' and `/api/ps`' model.
+#[derive(Serialize, ToSchema)]
+pub(super) struct OllamaModel {
+    name: String,
+    model: String,
+    modified_at: String,
+    size: u64,
+    /// Names the model's path and size (not its content).
+    digest: String,
+    details: BTreeMap<String, Value>,
+    /// `/api/ps`: when the model is unloaded if idle.
+    expires_at: Option<String>,
+    size_vram: Option<u64>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct OllamaTags {
+    models: Vec<OllamaModel>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct OllamaPs {
+    models: Vec<OllamaModel>,
+}
+
+/// Hangar's own version.
+#[derive(Serialize, ToSchema)]
+pub(super) struct OllamaVersion {
+    version: String,
+}

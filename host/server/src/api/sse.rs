@@ -83,6 +83,14 @@ pub(super) fn response(
         .expect("a valid response")
 }
 
+/// Whether an answer with these headers is an event stream.
+pub(super) fn is_stream(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
 /// Whether `event` is the stream's `data: [DONE]` marker.
 pub(super) fn is_done(event: &[u8]) -> bool {
     memmem::find(event, b"[DONE]").is_some()

@@ -126,6 +126,25 @@ pub(crate) fn top_k_within_vocabulary(
     }
 }
 
+/// A request body as a JSON object holding only `fields`; any other is
+/// refused by name (the translated routes, which know every field they
+/// serve).
+pub(crate) fn object_of(body: &[u8], fields: &[&str]) -> Result<Map<String, Value>, ApiError> {
+    let request: Map<String, Value> = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!("the request body is not a JSON object: {e}"), None)
+    })?;
+    if let Some(name) = request.keys().find(|k| !fields.contains(&k.as_str())) {
+        return Err(ApiError::bad_request(
+            format!(
+                "'{name}' is not supported by this host (it serves: {})",
+                fields.join(", ")
+            ),
+            None,
+        ));
+    }
+    Ok(request)
+}
+
 /// A token count (`max_tokens`, `top_k`), or `None` when absent.
 pub(crate) fn count(value: Option<&Value>, name: &'static str) -> Result<Option<u32>, ApiError> {
     let Some(value) = value.filter(|v| !v.is_null()) else {

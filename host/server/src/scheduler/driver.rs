@@ -49,6 +49,9 @@ struct Inner {
     estimates: HashMap<(String, Option<u64>), u64>,
     /// Pinned models at start, and how their load went.
     pinned: Vec<(String, Result<bool, String>)>,
+    /// Idle unload times a client asked for (Ollama's `keep_alive`), by
+    /// model: `None` keeps the model loaded. They win over `ttl_seconds`.
+    keep_alive: HashMap<String, Option<Millis>>,
     decisions: Vec<Decision>,
 }
 
@@ -170,6 +173,7 @@ impl Driver {
                 models: HashMap::new(),
                 estimates: HashMap::new(),
                 pinned: Vec::new(),
+                keep_alive: HashMap::new(),
                 decisions: Vec::new(),
             }),
             origin: Instant::now(),
@@ -208,7 +212,10 @@ impl Driver {
         inner.models.insert(model.id.clone(), model.clone());
         Policy {
             pin: residency.pin,
-            ttl: residency.ttl_seconds.map(|s| s.saturating_mul(1000)),
+            ttl: match inner.keep_alive.get(&model.id) {
+                Some(asked) => *asked,
+                None => residency.ttl_seconds.map(|s| s.saturating_mul(1000)),
+            },
             // An engine that serves N at once gets N: the rest wait in the
             // scheduler's queue, under its timeout, not inside the engine.
             max_concurrent: residency
@@ -455,6 +462,30 @@ impl Driver {
                 _ => Unloaded::Stopped,
             },
             None => Unloaded::NotLoaded,
+        }
+    }
+
+    /// Sets how long `model` stays loaded once idle, for its next requests
+    /// on: `Some(None)` keeps it loaded, `Some(Some(ms))` unloads it after
+    /// `ms` idle, `None` goes back to its settings' `ttl_seconds`. A client's
+    /// `keep_alive` (Ollama's API) is one; it counts from the next request.
+    pub(crate) fn keep_alive(&self, model: &str, ttl: Option<Option<Millis>>) {
+        let mut inner = self.inner.lock().expect("scheduler lock");
+        match ttl {
+            Some(ttl) => inner.keep_alive.insert(model.to_string(), ttl),
+            None => inner.keep_alive.remove(model),
+        };
+    }
+
+    /// How long until `model` is unloaded for being idle (ms): from now
+    /// when it is idle, its whole TTL while it serves; `None` when it stays.
+    pub(crate) fn expires_in(&self, model: &str) -> Option<Millis> {
+        let inner = self.inner.lock().expect("scheduler lock");
+        let m = inner.machine.model(model)?;
+        let ttl = m.policy.ttl.filter(|_| !m.policy.pin)?;
+        match m.in_flight == 0 && m.queued == 0 {
+            true => Some((m.last_used + ttl).saturating_sub(self.now())),
+            false => Some(ttl),
         }
     }
 

@@ -50,6 +50,10 @@ pub(crate) struct ServingSettings {
     /// sent (its socket full), or send none of a request body it started,
     /// before its connection is cut and its slot freed, in milliseconds.
     pub client_stall_timeout_ms: u64,
+    /// A second port whose root is Ollama's API, as `hangar serve
+    /// --ollama-port` (which wins); read when the host starts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ollama_port: Option<u16>,
 }
 
 impl Default for ServingSettings {
@@ -62,6 +66,7 @@ impl Default for ServingSettings {
             health_poll_ms: 2_000,
             check_timeout_ms: 5_000,
             client_stall_timeout_ms: 30_000,
+            ollama_port: None,
         }
     }
 }
