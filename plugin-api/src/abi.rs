@@ -96,6 +96,25 @@ mod objects {
             request: RStr<'_>,
             sink: TokenSink_TO<'_, RMut<'_, ()>>,
         ) -> RResult<RString, RString>;
+
+        /// Embeds one [`crate::wire::EmbedRequest`] (JSON); returns a
+        /// [`crate::wire::EmbedOutcome`] (JSON). Blocks the calling thread.
+        /// Added in 1.4: an engine built before it (or one that computes no
+        /// embeddings) answers with this default's error, and the host asks
+        /// only engines whose description has the `embeddings` capability.
+        fn embed(&self, request: RStr<'_>) -> RResult<RString, RString> {
+            let _ = request;
+            RResult::RErr(RString::from("this engine computes no embeddings"))
+        }
+
+        /// Scores one [`crate::wire::RerankRequest`] (JSON); returns a
+        /// [`crate::wire::RerankOutcome`] (JSON). Blocks the calling thread.
+        /// Added in 1.4, like [`InProcessEngine::embed`], for engines with
+        /// the `rerank` capability.
+        fn rerank(&self, request: RStr<'_>) -> RResult<RString, RString> {
+            let _ = request;
+            RResult::RErr(RString::from("this engine reranks nothing"))
+        }
     }
 }
 

@@ -47,6 +47,17 @@ pub const TOOL_CALLS: &str = "tool_calls";
 /// unconstrained. Added in 1.x.
 pub const STRUCTURED_OUTPUT: &str = "structured_output";
 
+/// Embeddings: the engine computes vectors for embedding models
+/// (`/v1/embeddings`, Ollama's `/api/embed`). An in-process engine answers
+/// [`crate::wire::EmbedRequest`]s; an engine process serves OpenAI's
+/// `/v1/embeddings`. Added in 1.4.
+pub const EMBEDDINGS: &str = "embeddings";
+/// Reranking: the engine scores documents against a query with a
+/// cross-encoder (`/v1/rerank`). An in-process engine answers
+/// [`crate::wire::RerankRequest`]s; an engine process serves the
+/// Jina/Cohere `/v1/rerank` shape. Added in 1.4.
+pub const RERANK: &str = "rerank";
+
 /// Every capability id Hangar knows.
 pub const KNOWN: &[&str] = &[
     KV_CACHE_QUANTIZATION,
@@ -64,6 +75,8 @@ pub const KNOWN: &[&str] = &[
     SPECULATIVE_DFLASH,
     TOOL_CALLS,
     STRUCTURED_OUTPUT,
+    EMBEDDINGS,
+    RERANK,
 ];
 
 /// Whether `id` is a well-formed capability id: lowercase ASCII letters,

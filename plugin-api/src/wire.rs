@@ -513,6 +513,90 @@ pub struct GenerateOutcome {
     pub cached_tokens: u32,
 }
 
+/// One embeddings request for an in-process engine (added in 1.4): the
+/// inputs of OpenAI's `/v1/embeddings`, Ollama's `/api/embed` and the like,
+/// in order. The host sends it only to an engine whose description has the
+/// `embeddings` capability and only for a model the catalog lists as an
+/// embedding model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct EmbedRequest {
+    /// The inputs, each embedded on its own (batched as the engine likes).
+    pub inputs: Vec<EmbedInput>,
+}
+
+/// One input to embed or to score.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum EmbedInput {
+    /// Text, tokenised by the engine with the model's tokenizer (special
+    /// tokens added as the model's tokenizer adds them).
+    Text(String),
+    /// Token ids, used as they are.
+    Tokens(Vec<u32>),
+}
+
+/// What an engine answers to an [`EmbedRequest`]: one vector per input, in
+/// order, pooled and normalised as the model's own configuration says.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct EmbedOutcome {
+    /// The vectors, one per input.
+    pub embeddings: Vec<Vec<f32>>,
+    /// Tokens read, over every input.
+    pub prompt_tokens: u32,
+    /// The pooling the engine did: `cls`, `mean`, `last` (or another id).
+    #[serde(default)]
+    pub pooling: String,
+    /// Whether the vectors are L2-normalised.
+    #[serde(default)]
+    pub normalized: bool,
+    /// Set instead of the vectors when an input cannot be embedded as sent
+    /// (longer than the model reads, empty): the client's mistake, which
+    /// the host answers with a 400 naming the input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<InputRefusal>,
+}
+
+/// An input the engine refuses, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct InputRefusal {
+    /// The input's index in the request (for a rerank, in `documents`).
+    pub input: u32,
+    /// What is wrong, for the client (`input 3 has 700 tokens; the model
+    /// reads at most 512`).
+    pub message: String,
+}
+
+/// One rerank request for an in-process engine (added in 1.4): score each
+/// document against the query with a cross-encoder. The host sends it only
+/// to an engine with the `rerank` capability, for a model the catalog
+/// lists as a reranker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RerankRequest {
+    /// The query.
+    pub query: String,
+    /// The documents, scored in this order.
+    pub documents: Vec<String>,
+}
+
+/// What an engine answers to a [`RerankRequest`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RerankOutcome {
+    /// One relevance score per document, in the request's order (the
+    /// model's raw score; the host sorts).
+    pub scores: Vec<f32>,
+    /// Tokens read, over every (query, document) pair.
+    pub prompt_tokens: u32,
+    /// Set instead of the scores when a document cannot be scored as sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<InputRefusal>,
+}
+
 // Constructors and builders. Every message type is `#[non_exhaustive]`, so
 // that a 1.x minor release can add a field (or a variant) without breaking
 // a plugin's source: plugins build messages with these functions and match
@@ -1099,5 +1183,97 @@ impl GenerateOutcome {
     pub fn with_cached_tokens(mut self, n: u32) -> Self {
         self.cached_tokens = n;
         self
+    }
+}
+
+impl EmbedRequest {
+    /// Embed `inputs`.
+    pub fn new(inputs: Vec<EmbedInput>) -> Self {
+        EmbedRequest { inputs }
+    }
+}
+
+impl EmbedInput {
+    /// Text to tokenise.
+    pub fn text(text: impl Into<String>) -> Self {
+        EmbedInput::Text(text.into())
+    }
+
+    /// Token ids.
+    pub fn tokens(tokens: Vec<u32>) -> Self {
+        EmbedInput::Tokens(tokens)
+    }
+}
+
+impl EmbedOutcome {
+    /// `embeddings` (one per input) after reading `prompt_tokens`, pooled
+    /// by `pooling`, `normalized` or not.
+    pub fn new(
+        embeddings: Vec<Vec<f32>>,
+        prompt_tokens: u32,
+        pooling: impl Into<String>,
+        normalized: bool,
+    ) -> Self {
+        EmbedOutcome {
+            embeddings,
+            prompt_tokens,
+            pooling: pooling.into(),
+            normalized,
+            refused: None,
+        }
+    }
+
+    /// The answer for a request whose input `input` cannot be embedded.
+    pub fn refused(input: u32, message: impl Into<String>) -> Self {
+        EmbedOutcome {
+            embeddings: Vec::new(),
+            prompt_tokens: 0,
+            pooling: String::new(),
+            normalized: false,
+            refused: Some(InputRefusal::new(input, message)),
+        }
+    }
+}
+
+impl InputRefusal {
+    /// Input `input` is refused because of `message`.
+    pub fn new(input: u32, message: impl Into<String>) -> Self {
+        InputRefusal {
+            input,
+            message: message.into(),
+        }
+    }
+}
+
+impl RerankRequest {
+    /// Score `documents` against `query`.
+    pub fn new<S: Into<String>>(
+        query: impl Into<String>,
+        documents: impl IntoIterator<Item = S>,
+    ) -> Self {
+        RerankRequest {
+            query: query.into(),
+            documents: documents.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+impl RerankOutcome {
+    /// One score per document, after reading `prompt_tokens`.
+    pub fn new(scores: Vec<f32>, prompt_tokens: u32) -> Self {
+        RerankOutcome {
+            scores,
+            prompt_tokens,
+            refused: None,
+        }
+    }
+
+    /// The answer for a request whose document `document` cannot be scored.
+    pub fn refused(document: u32, message: impl Into<String>) -> Self {
+        RerankOutcome {
+            scores: Vec::new(),
+            prompt_tokens: 0,
+            refused: Some(InputRefusal::new(document, message)),
+        }
     }
 }

@@ -49,8 +49,8 @@ use std::ops::ControlFlow;
 use serde_json::Value;
 
 use wire::{
-    Description, GenerateOutcome, GenerateRequest, LaunchPlan, LoadRequest, ProbeInput,
-    ProbeReport, ProbeRun,
+    Description, EmbedOutcome, EmbedRequest, GenerateOutcome, GenerateRequest, LaunchPlan,
+    LoadRequest, ProbeInput, ProbeReport, ProbeRun, RerankOutcome, RerankRequest,
 };
 
 /// An engine plugin. Every function runs behind a panic guard: a panic
@@ -111,6 +111,22 @@ pub trait Engine: Send + Sync + 'static {
         request: GenerateRequest,
         emit: &mut dyn FnMut(&str, u32) -> ControlFlow<()>,
     ) -> Result<GenerateOutcome, String>;
+
+    /// Embeds one request's inputs (plugin-api 1.4). The default refuses:
+    /// an engine that computes embeddings overrides it and declares the
+    /// `embeddings` capability in its description.
+    fn embed(&self, request: EmbedRequest) -> Result<EmbedOutcome, String> {
+        let _ = request;
+        Err("this engine computes no embeddings".into())
+    }
+
+    /// Scores documents against a query (plugin-api 1.4). The default
+    /// refuses: an engine that reranks overrides it and declares the
+    /// `rerank` capability.
+    fn rerank(&self, request: RerankRequest) -> Result<RerankOutcome, String> {
+        let _ = request;
+        Err("this engine reranks nothing".into())
+    }
 }
 
 /// A [`Description`] for the plugin's package: id and version from the

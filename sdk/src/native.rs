@@ -84,6 +84,14 @@ pub mod __private {
                 })
             })
         }
+
+        fn embed(&self, request: RStr<'_>) -> RResult<RString, RString> {
+            guarded("embed", || self.0.embed(decode(request)?))
+        }
+
+        fn rerank(&self, request: RStr<'_>) -> RResult<RString, RString> {
+            guarded("rerank", || self.0.rerank(decode(request)?))
+        }
     }
 
     fn panic_message() -> String {
