@@ -195,6 +195,12 @@ pub struct LoadRequest {
     /// on disk, say). Added in 1.1: `None` from older hosts.
     #[serde(default)]
     pub cache_dir: Option<String>,
+    /// What the model does, as the host's catalog reads its files: `chat`,
+    /// `embedding` (an engine process serves `/v1/embeddings` for it) or
+    /// `rerank` (`/v1/rerank`). Added in 1.4: `None` from older hosts,
+    /// which load chat models only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_kind: Option<String>,
 }
 
 /// One model spread over several machines by the engine's own distributed
@@ -808,6 +814,7 @@ impl LoadRequest {
             work_dir: String::new(),
             cluster: None,
             cache_dir: None,
+            model_kind: None,
         }
     }
 
@@ -878,6 +885,12 @@ impl LoadRequest {
     /// With the plugin's cache folder.
     pub fn with_cache_dir(mut self, cache_dir: impl Into<String>) -> Self {
         self.cache_dir = Some(cache_dir.into());
+        self
+    }
+
+    /// With what the model does (`chat`, `embedding`, `rerank`).
+    pub fn with_model_kind(mut self, kind: impl Into<String>) -> Self {
+        self.model_kind = Some(kind.into());
         self
     }
 }

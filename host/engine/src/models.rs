@@ -37,6 +37,9 @@ use std::time::SystemTime;
 use hangar_plugin_api::manifest::{name_matches, ContentCheck, RecognitionRule};
 use serde::{Deserialize, Serialize};
 
+mod kind;
+pub use kind::ModelKind;
+
 /// The largest header a safetensors file may declare; the reference
 /// implementation refuses anything bigger, so a bigger one means the file
 /// is not safetensors at all.
@@ -139,6 +142,8 @@ pub struct Model {
     pub files: Vec<String>,
     /// The rule that recognised it: `toy: *.toy (toy-plugin)`.
     pub rule: String,
+    /// What it does (chat, embeddings, reranking), from its own files.
+    pub kind: ModelKind,
 }
 
 /// Which layout a [`Model`] was found in.
@@ -462,6 +467,7 @@ struct Found {
 impl Found {
     fn into_model(self, id: String, path: &Path, source: ModelSource) -> Model {
         Model {
+            kind: ModelKind::of(path, &self.files),
             id,
             path: path.to_path_buf(),
             format: self.format,
@@ -803,25 +809,68 @@ const MAX_GGUF_METADATA: u64 = 256 << 20;
 
 /// The `tokenizer.chat_template` of a GGUF file (format v2 and v3).
 fn gguf_chat_template(path: &Path) -> Option<String> {
-    let file = open_regular(path).ok()?;
+    gguf_metadata(path, |key| key == b"tokenizer.chat_template")
+        .into_iter()
+        .find_map(|(_, value)| match value {
+            GgufValue::Text(t) => Some(t),
+            GgufValue::Number(_) => None,
+        })
+}
+
+/// A string or unsigned integer value of GGUF metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum GgufValue {
+    Text(String),
+    Number(u64),
+}
+
+/// The string and unsigned integer values of a GGUF file's metadata whose
+/// keys `wanted` picks, in file order, walking the metadata (capped)
+/// without reading its tensors. A file that is not GGUF v2 or v3 has none;
+/// one that breaks off gives what came before.
+fn gguf_metadata(path: &Path, wanted: impl Fn(&[u8]) -> bool) -> Vec<(String, GgufValue)> {
+    let mut found = Vec::new();
+    let Ok(file) = open_regular(path) else {
+        return found;
+    };
     let mut r = std::io::BufReader::new(file.take(MAX_GGUF_METADATA));
-    let mut magic = [0u8; 4];
-    r.read_exact(&mut magic).ok()?;
-    let version = read_u32(&mut r)?;
-    if &magic != b"GGUF" || version < 2 {
-        return None;
-    }
-    let _tensors = read_u64(&mut r)?;
-    let entries = read_u64(&mut r)?;
-    for _ in 0..entries.min(1 << 20) {
-        let key = read_gguf_string(&mut r, 1 << 16)?;
-        let kind = read_u32(&mut r)?;
-        if key == b"tokenizer.chat_template" && kind == GGUF_STRING {
-            return String::from_utf8(read_gguf_string(&mut r, MAX_CONFIG_BYTES)?).ok();
+    let _ = (|| {
+        let mut magic = [0u8; 4];
+        r.read_exact(&mut magic).ok()?;
+        let version = read_u32(&mut r)?;
+        if &magic != b"GGUF" || version < 2 {
+            return None;
         }
-        skip_gguf_value(&mut r, kind, 0)?;
-    }
-    None
+        let _tensors = read_u64(&mut r)?;
+        let entries = read_u64(&mut r)?;
+        for _ in 0..entries.min(1 << 20) {
+            let key = read_gguf_string(&mut r, 1 << 16)?;
+            let kind = read_u32(&mut r)?;
+            if !wanted(&key) {
+                skip_gguf_value(&mut r, kind, 0)?;
+                continue;
+            }
+            let value = match kind {
+                GGUF_STRING => GgufValue::Text(
+                    String::from_utf8(read_gguf_string(&mut r, MAX_CONFIG_BYTES)?).ok()?,
+                ),
+                // uint8, uint16, uint32, uint64.
+                0 | 2 | 4 | 10 => {
+                    let width = gguf_width(kind)? as usize;
+                    let mut b = [0u8; 8];
+                    r.read_exact(&mut b[..width]).ok()?;
+                    GgufValue::Number(u64::from_le_bytes(b))
+                }
+                _ => {
+                    skip_gguf_value(&mut r, kind, 0)?;
+                    continue;
+                }
+            };
+            found.push((String::from_utf8_lossy(&key).into_owned(), value));
+        }
+        Some(())
+    })();
+    found
 }
 
 const GGUF_STRING: u32 = 8;

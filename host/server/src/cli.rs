@@ -289,10 +289,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Resolve { model } => {
             let recognized = recognized(&model, &registry)?;
+            let need = recognized.as_ref().and_then(|m| m.kind.capability());
             let format = recognized.as_ref().map_or(model, |m| m.format.clone());
             let settings =
                 SettingsStore::open(config::settings_path(cli.global.config.as_deref()))?;
-            let resolution = registry.resolve(&format, &settings.get().default_engines);
+            let resolution =
+                registry.resolve_needing(&format, need, &settings.get().default_engines);
             let answer = ResolveAnswer {
                 model: recognized,
                 resolution,

@@ -22,9 +22,10 @@ pub(crate) struct Resolved {
 #[derive(Default)]
 struct Cached {
     generation: u64,
-    /// Format → the index in the registry of the plugin that serves it, or
-    /// `None` when no plugin can (loading then says why).
-    serving: HashMap<String, Option<usize>>,
+    /// (Format, the capability the model's kind needs) → the index in the
+    /// registry of the plugin that serves it, or `None` when no plugin can
+    /// (loading then says why).
+    serving: HashMap<(String, Option<&'static str>), Option<usize>>,
 }
 
 impl Resolved {
@@ -36,6 +37,7 @@ impl Resolved {
         registry: &'r Arc<Registry>,
         settings: &Arc<SettingsStore>,
         format: &str,
+        need: Option<&'static str>,
     ) -> Option<(&'r PluginEntry, &'r Engine)> {
         let generation = settings.generation();
         let hit = {
@@ -44,7 +46,7 @@ impl Resolved {
                 cached.generation = generation;
                 cached.serving.clear();
             }
-            cached.serving.get(format).copied()
+            cached.serving.get(&(format.to_string(), need)).copied()
         };
         let index = match hit {
             Some(index) => index,
@@ -52,7 +54,7 @@ impl Resolved {
                 let (reg, defaults) = (registry.clone(), settings.get().default_engines);
                 let wanted = format.to_string();
                 let index = tokio::task::spawn_blocking(move || {
-                    let (entry, _) = reg.serving(&wanted, &defaults).ok()?;
+                    let (entry, _) = reg.serving_except(&wanted, need, &defaults, &[]).ok()?;
                     reg.plugins().iter().position(|p| std::ptr::eq(p, entry))
                 })
                 .await
@@ -61,7 +63,7 @@ impl Resolved {
                 let mut cached = self.cache.lock().expect("resolved lock");
                 // A settings write while resolving makes this one stale.
                 if cached.generation == generation {
-                    cached.serving.insert(format.to_string(), index);
+                    cached.serving.insert((format.to_string(), need), index);
                 }
                 index
             }

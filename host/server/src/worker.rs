@@ -62,6 +62,8 @@ pub(crate) fn run(plugin_dir: &Path, request: &Path) -> anyhow::Result<ExitCode>
             .route("/v1/models", get(models))
             .route("/v1/chat/completions", post(chat))
             .route("/v1/completions", post(completion))
+            .route("/v1/embeddings", post(embeddings))
+            .route("/v1/rerank", post(rerank))
             .with_state(served);
         axum::serve(crate::serve::no_delay(listener), router)
             .with_graceful_shutdown(crate::supervisor::signal::wait_for_signal())
@@ -92,6 +94,20 @@ async fn completion(
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<axum::response::Response, ApiError> {
     served.answer(Route::Completion, &parse(&body?)?).await
+}
+
+async fn embeddings(
+    State(served): State<Arc<Served>>,
+    body: Result<axum::body::Bytes, BytesRejection>,
+) -> Result<axum::response::Response, ApiError> {
+    crate::api::worker_embeddings(&served, &body?).await
+}
+
+async fn rerank(
+    State(served): State<Arc<Served>>,
+    body: Result<axum::body::Bytes, BytesRejection>,
+) -> Result<axum::response::Response, ApiError> {
+    crate::api::worker_rerank(&served, &body?).await
 }
 
 fn parse(body: &[u8]) -> Result<Map<String, Value>, ApiError> {

@@ -22,7 +22,7 @@ pub struct LlamaServer;
 
 impl Plugin for LlamaServer {
     fn describe() -> Description {
-        hangar_sdk::describe!("llama-server", formats: ["gguf"], capabilities: ["tool_calls", "structured_output"])
+        hangar_sdk::describe!("llama-server", formats: ["gguf"], capabilities: ["tool_calls", "structured_output", "embeddings"])
     }
 
     /// `llama-server --version` prints `version: 4589 (1d1e6a90)` for a
@@ -59,6 +59,13 @@ impl Plugin for LlamaServer {
         if let Some(projector) = projector_file(&request) {
             args.extend(["--mmproj".into(), projector]);
         }
+        // An embedding model (the host read its pooling type or encoder
+        // architecture from the GGUF) is served for /v1/embeddings alone,
+        // pooled and normalised as the GGUF says; its warm-up embeds.
+        let embedder = request.model_kind.as_deref() == Some("embedding");
+        if embedder {
+            args.push("--embeddings".into());
+        }
         if let Some(tokens) = setting("context_length") {
             args.extend(["--ctx-size".into(), tokens.to_string()]);
         }
@@ -85,14 +92,23 @@ impl Plugin for LlamaServer {
             .with_readiness(
                 // 503 while the model loads, 200 once it serves.
                 Readiness::new("/health")
-                    .with_warmup(WarmupRequest::new(
-                        "/v1/completions",
-                        hangar_sdk::serde_json::json!({
-                            "model": request.model_id,
-                            "prompt": "Hello",
-                            "max_tokens": 1,
-                        }),
-                    ))
+                    .with_warmup(match embedder {
+                        true => WarmupRequest::new(
+                            "/v1/embeddings",
+                            hangar_sdk::serde_json::json!({
+                                "model": request.model_id,
+                                "input": "Hello",
+                            }),
+                        ),
+                        false => WarmupRequest::new(
+                            "/v1/completions",
+                            hangar_sdk::serde_json::json!({
+                                "model": request.model_id,
+                                "prompt": "Hello",
+                                "max_tokens": 1,
+                            }),
+                        ),
+                    })
                     .with_busy_statuses(vec![503]),
             )
             .with_start_timeout_ms(300_000)
@@ -241,6 +257,24 @@ mod tests {
             "--model /m/tiny.gguf --host 127.0.0.1 --port 8123 --alias tiny --jinja --n-gpu-layers 999"
         );
         assert_eq!(plan.upstream_model.as_deref(), Some("tiny"));
+    }
+
+    #[test]
+    fn an_embedding_model_is_served_for_embeddings_and_warmed_up_by_one() {
+        let plan = LlamaServer::plan_launch(
+            request("/m/bge.gguf", &["bge.gguf"], "cpu").with_model_kind("embedding"),
+        )
+        .unwrap();
+        assert_eq!(
+            plan.args.join(" "),
+            "--model /m/bge.gguf --host 127.0.0.1 --port 8123 --alias tiny --jinja --embeddings --n-gpu-layers 0"
+        );
+        let warmup = plan.readiness.warmup.unwrap();
+        assert_eq!(warmup.path, "/v1/embeddings");
+        // A chat model (or an older host, which says nothing) is not.
+        let chat = LlamaServer::plan_launch(request("/m/t.gguf", &["t.gguf"], "cpu")).unwrap();
+        assert!(!chat.args.iter().any(|a| a == "--embeddings"));
+        assert_eq!(chat.readiness.warmup.unwrap().path, "/v1/completions");
     }
 
     #[test]

@@ -248,19 +248,23 @@ impl Registry {
         format: &str,
         default_engines: &BTreeMap<String, String>,
     ) -> Result<(&PluginEntry, &Engine), String> {
-        self.serving_except(format, default_engines, &[])
+        self.serving_except(format, None, default_engines, &[])
     }
 
     /// [`Registry::serving`], passing over the plugins in `skip` (engines
     /// that already failed to load the model): the next compatible engine
     /// in resolution order, for fallback.
+    ///
+    /// `capability` is what the model's kind needs of its engine
+    /// ([`crate::models::ModelKind::capability`]).
     pub fn serving_except(
         &self,
         format: &str,
+        capability: Option<&str>,
         default_engines: &BTreeMap<String, String>,
         skip: &[String],
     ) -> Result<(&PluginEntry, &Engine), String> {
-        let resolution = self.resolve(format, default_engines);
+        let resolution = self.resolve_needing(format, capability, default_engines);
         let next = resolution.trace.iter().find(|t| {
             matches!(
                 t.verdict,

@@ -94,6 +94,14 @@ pub enum Rejection<'r> {
     Broken(&'r str),
     /// Its engine is not available here (from the probe).
     Unavailable(&'r str),
+    /// Its engine lacks the capability the model's kind needs
+    /// (`embeddings` for an embedding model, `rerank` for a reranker).
+    Lacks {
+        /// The capability.
+        capability: &'r str,
+        /// Why it is off, when the manifest gates it on a version.
+        off: Option<&'r str>,
+    },
 }
 
 impl fmt::Display for Rejection<'_> {
@@ -130,6 +138,13 @@ impl fmt::Display for Rejection<'_> {
             }
             Rejection::Broken(reason) => write!(f, "plugin is broken: {reason}"),
             Rejection::Unavailable(reason) => write!(f, "engine unavailable: {reason}"),
+            Rejection::Lacks { capability, off } => match off {
+                Some(why) => write!(f, "the model needs '{capability}', which is off: {why}"),
+                None => write!(
+                    f,
+                    "the model needs '{capability}', which this engine does not have"
+                ),
+            },
         }
     }
 }
@@ -147,6 +162,18 @@ impl Registry {
     pub fn resolve<'r>(
         &'r self,
         format: &'r str,
+        default_engines: &BTreeMap<String, String>,
+    ) -> Resolution<'r> {
+        self.resolve_needing(format, None, default_engines)
+    }
+
+    /// [`Registry::resolve`] for a model whose kind needs `capability`
+    /// (`embeddings`, `rerank`): engines without it on are rejected, saying
+    /// so.
+    pub fn resolve_needing<'r>(
+        &'r self,
+        format: &'r str,
+        capability: Option<&'r str>,
         default_engines: &BTreeMap<String, String>,
     ) -> Resolution<'r> {
         let requested = format.to_ascii_lowercase();
@@ -188,10 +215,13 @@ impl Registry {
                 match self.engine(entry) {
                     EngineState::Broken(reason) => Rejection::Broken(reason),
                     EngineState::Unavailable { reason, .. } => Rejection::Unavailable(reason),
-                    EngineState::Ready(engine) => {
-                        eligible.push((entry, engine.version.as_ref()));
-                        continue;
-                    }
+                    EngineState::Ready(engine) => match lacks(engine, capability) {
+                        Some(rejection) => rejection,
+                        None => {
+                            eligible.push((entry, engine.version.as_ref()));
+                            continue;
+                        }
+                    },
                 }
             };
             rejected.push(TraceEntry {
@@ -255,5 +285,21 @@ impl Registry {
             reason,
             trace,
         }
+    }
+}
+
+/// Why `engine` cannot serve a model that needs `capability`, if it cannot.
+fn lacks<'r>(engine: &'r super::Engine, capability: Option<&'r str>) -> Option<Rejection<'r>> {
+    let capability = capability?;
+    match engine.capabilities.get(capability) {
+        Some(super::CapabilityState::On) => None,
+        Some(super::CapabilityState::Off { reason }) => Some(Rejection::Lacks {
+            capability,
+            off: Some(reason),
+        }),
+        None => Some(Rejection::Lacks {
+            capability,
+            off: None,
+        }),
     }
 }

@@ -340,7 +340,7 @@ fn now() -> u64 {
 }
 
 /// A unique id suffix (seconds and a counter, in hex) for answers' ids.
-pub(super) fn unique() -> String {
+pub(crate) fn unique() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     format!(

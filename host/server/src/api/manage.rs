@@ -107,6 +107,7 @@ pub(super) async fn resolve(
     let Query(q) = query?;
     let discovery = app.discovery();
     let model = discovery.find(&q.model).cloned();
+    let need = model.as_ref().and_then(|m| m.kind.capability());
     let format = match &model {
         Some(m) => m.format.clone(),
         None => {
@@ -127,7 +128,8 @@ pub(super) async fn resolve(
     let registry = app.sessions.registry().clone();
     let defaults = app.sessions.settings().get().default_engines;
     let resolution = tokio::task::spawn_blocking(move || {
-        serde_json::to_value(registry.resolve(&format, &defaults)).expect("resolutions serialize")
+        serde_json::to_value(registry.resolve_needing(&format, need, &defaults))
+            .expect("resolutions serialize")
     })
     .await
     .expect("resolution does not panic");
@@ -186,7 +188,7 @@ async fn models_view(app: &App, discovery: &Discovery) -> Json<Value> {
 /// reasoning.
 async fn chat_view(app: &App, model: &hangar_engine::models::Model) -> Value {
     let chat = app.catalog.chat(&model.id);
-    let entry = app.sessions.serving(&model.format).await.map(|(e, _)| e);
+    let entry = app.sessions.serving(model).await.map(|(e, _)| e);
     let parser = super::tools::tool_format(app, model, entry);
     json!({
         "template": chat.known,

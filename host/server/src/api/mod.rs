@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `GET /health` | `healthy` (200) or `loading` (503 until every pinned model is ready), with the sessions |
 //! | `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` | OpenAI-compatible |
+//! | `POST /v1/embeddings`, `POST /v1/rerank` | OpenAI's embeddings; the Jina/Cohere rerank shape (vLLM's, LocalAI's); for models of those kinds |
 //! | `POST /v1/messages` | Anthropic's Messages API, translated to the engine's chat API |
 //! | `POST /v1/responses`, `GET/DELETE /v1/responses/{id}` | OpenAI's Responses API, translated to the engine's chat API; stored responses |
 //! | `/ollama/api/*` (`chat`, `generate`, `tags`, `show`, `ps`, `version`, …) | Ollama's API, translated likewise; also at the root of `--ollama-port` |
@@ -28,8 +29,10 @@
 //! ports.
 
 mod admin;
+mod embeddings;
 mod error;
 pub(crate) mod inprocess;
+pub(crate) use embeddings::{worker_embeddings, worker_rerank};
 pub(crate) mod listen;
 mod live;
 mod manage;
@@ -137,6 +140,8 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/models", get(openai::models))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/rerank", post(embeddings::rerank))
         .route("/v1/messages", post(messages::messages))
         .route("/v1/responses", post(responses::create))
         .route(

@@ -133,6 +133,7 @@ pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
                 "created": 0,
                 "owned_by": "hangar",
                 "format": m.format,
+                "kind": m.kind,
             })
         })
         .collect();
@@ -167,6 +168,7 @@ async fn forward(
         .unwrap_or(false);
     let model = app.find_model(&model_id)?;
     label.clone_from(&model.id);
+    super::embeddings::expect_kind(&model, hangar_engine::models::ModelKind::Chat, path)?;
     // Hook (validation): every known field is checked before an engine sees it.
     super::validate::check(route, &request)?;
     super::validate::top_k_within_vocabulary(&model, &request)?;
@@ -349,7 +351,7 @@ async fn gate_request(
     request: &mut Map<String, Value>,
 ) -> Result<(), ApiError> {
     // Without an engine, loading reports the missing one with the whole story.
-    let Some((entry, engine)) = app.sessions.serving(&model.format).await else {
+    let Some((entry, engine)) = app.sessions.serving(model).await else {
         return Ok(());
     };
     let mut refused = crate::settings::refused_request_fields(entry, engine, request);

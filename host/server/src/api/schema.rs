@@ -87,6 +87,117 @@ pub(super) struct ModelEntry {
     owned_by: String,
     /// The model's format (`mlx`, `gguf`, ...).
     format: String,
+    /// What it serves: `chat` (chat and completions), `embedding`
+    /// (`/v1/embeddings`) or `rerank` (`/v1/rerank`).
+    kind: ModelKindName,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum ModelKindName {
+    Chat,
+    Embedding,
+    Rerank,
+}
+
+/// `POST /v1/embeddings`.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct EmbeddingRequest {
+    /// An embedding model (`kind: embedding` in `GET /v1/models`).
+    #[schema(min_length = 1)]
+    model: String,
+    input: EmbeddingInput,
+    encoding_format: Option<EncodingFormat>,
+    /// Fewer dimensions than the model computes, where its config declares
+    /// matryoshka dimensions.
+    #[schema(minimum = 1, maximum = 4294967295_u64)]
+    dimensions: Option<u64>,
+    user: Option<String>,
+}
+
+/// A string, a list of strings, a list of token ids or a list of lists of
+/// token ids (at most 2048 inputs; no empty one).
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum EmbeddingInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum EncodingFormat {
+    Float,
+    /// Little-endian float32s, base64-encoded.
+    Base64,
+}
+
+/// The answer of `POST /v1/embeddings`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct EmbeddingList {
+    object: String,
+    data: Vec<EmbeddingItem>,
+    model: String,
+    usage: EmbeddingUsage,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct EmbeddingItem {
+    object: String,
+    index: u32,
+    /// Numbers, or a base64 string with `encoding_format: base64`.
+    embedding: Value,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct EmbeddingUsage {
+    prompt_tokens: u32,
+    total_tokens: u32,
+}
+
+/// `POST /v1/rerank`.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RerankRequest {
+    /// A reranker (`kind: rerank` in `GET /v1/models`).
+    #[schema(min_length = 1)]
+    model: String,
+    #[schema(min_length = 1)]
+    query: String,
+    /// Strings or `{"text": ...}` objects (at most 1024).
+    #[schema(min_items = 1, max_items = 1024)]
+    documents: Vec<String>,
+    /// How many results (all when absent).
+    #[schema(minimum = 1)]
+    top_n: Option<u64>,
+    /// Whether each result carries its document's text (default true).
+    return_documents: Option<bool>,
+}
+
+/// The answer of `POST /v1/rerank`: best first.
+#[derive(Serialize, ToSchema)]
+pub(super) struct RerankAnswer {
+    id: String,
+    model: String,
+    results: Vec<RerankResult>,
+    usage: EmbeddingUsage,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct RerankResult {
+    /// The document's index in the request.
+    index: u32,
+    /// The cross-encoder's score through the logistic function (0..1).
+    relevance_score: f32,
+    document: Option<RerankDocument>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct RerankDocument {
+    text: String,
 }
 
 /// The sampling fields both completion routes take (unknown fields pass on
@@ -1138,4 +1249,55 @@ pub(super) struct OllamaPs {
 #[derive(Serialize, ToSchema)]
 pub(super) struct OllamaVersion {
     version: String,
+}
+
+/// `POST /ollama/api/embed`.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct OllamaEmbedRequest {
+    #[schema(min_length = 1)]
+    model: String,
+    /// A string or a list of strings (`[]` loads the model).
+    input: OllamaEmbedInput,
+    /// Accepted; Hangar never truncates (a long input is a 400).
+    truncate: Option<bool>,
+    options: Option<BTreeMap<String, Value>>,
+    keep_alive: Option<Value>,
+    #[schema(minimum = 1, maximum = 4294967295_u64)]
+    dimensions: Option<u64>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum OllamaEmbedInput {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// The answer of `POST /ollama/api/embed`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct OllamaEmbed {
+    model: String,
+    embeddings: Vec<Vec<f32>>,
+    total_duration: Option<u64>,
+    load_duration: Option<u64>,
+    prompt_eval_count: Option<u64>,
+}
+
+/// `POST /ollama/api/embeddings`.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct OllamaEmbeddingsRequest {
+    #[schema(min_length = 1)]
+    model: String,
+    #[schema(min_length = 1)]
+    prompt: String,
+    options: Option<BTreeMap<String, Value>>,
+    keep_alive: Option<Value>,
+}
+
+/// The answer of `POST /ollama/api/embeddings`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct OllamaEmbedding {
+    embedding: Vec<f32>,
 }

@@ -360,7 +360,7 @@ pub(super) async fn plan(
 ) -> Result<(Option<Plan>, Option<Constraint>), ApiError> {
     let ask = read(request)?;
     let traits = app.catalog.chat(&model.id);
-    let serving = app.sessions.serving(&model.format).await;
+    let serving = app.sessions.serving(model).await;
     if let Some(kind) = &ask.json {
         need(
             serving,

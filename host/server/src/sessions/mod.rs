@@ -204,11 +204,17 @@ impl Sessions {
         &self.settings
     }
 
-    /// The plugin and engine that serve `format` under the current
-    /// settings, if any (resolved once per format and settings write).
-    pub(crate) async fn serving(&self, format: &str) -> Option<(&PluginEntry, &Engine)> {
+    /// The plugin and engine that serve `model` under the current
+    /// settings, if any (resolved once per format and kind and settings
+    /// write).
+    pub(crate) async fn serving(&self, model: &Model) -> Option<(&PluginEntry, &Engine)> {
         self.resolved
-            .serving(&self.registry, &self.settings, format)
+            .serving(
+                &self.registry,
+                &self.settings,
+                &model.format,
+                model.kind.capability(),
+            )
             .await
     }
 
@@ -350,7 +356,7 @@ impl Sessions {
     /// (1 when it declares none). `None` for engine processes, which queue
     /// for themselves.
     pub(crate) async fn at_once(&self, model: &Model) -> Option<usize> {
-        let (entry, engine) = self.serving(&model.format).await?;
+        let (entry, engine) = self.serving(model).await?;
         if !entry.manifest.in_process {
             return None;
         }
@@ -536,11 +542,14 @@ impl Sessions {
             }
             let next = {
                 let (registry, skip) = (self.registry.clone(), tried.clone());
-                let (format, defaults) =
-                    (model.format.clone(), self.settings.get().default_engines);
+                let (format, need, defaults) = (
+                    model.format.clone(),
+                    model.kind.capability(),
+                    self.settings.get().default_engines,
+                );
                 tokio::task::spawn_blocking(move || {
                     registry
-                        .serving_except(&format, &defaults, &skip)
+                        .serving_except(&format, need, &defaults, &skip)
                         .map(|(entry, _)| entry.manifest.id.clone())
                         .ok()
                 })

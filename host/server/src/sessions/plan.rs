@@ -65,7 +65,12 @@ pub(super) fn plan(
     let work_dir = dirs.work;
     let stored = settings.get();
     let (entry, engine) = registry
-        .serving_except(&model.format, &stored.default_engines, skip)
+        .serving_except(
+            &model.format,
+            model.kind.capability(),
+            &stored.default_engines,
+            skip,
+        )
         .map_err(|reason| LoadError::NoEngine {
             model: model.id.clone(),
             format: model.format.clone(),
@@ -111,7 +116,8 @@ pub(super) fn plan(
     .with_plugin_settings(plugin_settings.clone())
     .with_endpoint("127.0.0.1", port)
     .with_work_dir(work_dir.display().to_string())
-    .with_cache_dir(dirs.state.join("cache").join(&chosen).display().to_string());
+    .with_cache_dir(dirs.state.join("cache").join(&chosen).display().to_string())
+    .with_model_kind(model.kind.as_str());
     request.cluster = cluster;
     let planned = |how| Planned {
         plugin: chosen.clone(),

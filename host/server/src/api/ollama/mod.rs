@@ -1,5 +1,5 @@
 //! Ollama's native API, for the apps that speak only it: `/api/chat`,
-//! `/api/generate`, `/api/tags`, `/api/show`, `/api/ps`, `/api/version`,
+//! `/api/generate`, `/api/embed`, `/api/tags`, `/api/show`, `/api/ps`, `/api/version`,
 //! translated by the host to the OpenAI requests every engine serves.
 //!
 //! Hangar's own `/api/*` is its management API, so on Hangar's port these
@@ -20,13 +20,15 @@
 //!
 //! Ollama's management verbs that Hangar has no counterpart for (`pull`,
 //! `push`, `create`, `copy`, `delete`, `blobs`) answer 501 saying what to
-//! use instead; so do the embedding routes, which no engine here serves yet.
+//! use instead. `/api/embed` and `/api/embeddings` go the way of
+//! `/v1/embeddings` ([`embed`]).
 //!
 //! Every error is in Ollama's shape, `{"error": "..."}`, with the status
 //! the OpenAI routes would give; an unknown model is a 404
 //! `model 'x' not found`, as Ollama says it.
 
 mod answer;
+pub(super) mod embed;
 mod request;
 
 use std::sync::Arc;
@@ -59,8 +61,8 @@ pub(super) fn routes() -> Router<Arc<App>> {
         .route("/api/generate", post(generate))
         .route("/api/ps", get(ps))
         .route("/api/version", get(version))
-        .route("/api/embed", post(embed))
-        .route("/api/embeddings", post(embeddings))
+        .route("/api/embed", post(embed::embed))
+        .route("/api/embeddings", post(embed::embeddings))
         .route("/api/pull", post(pull))
         .route("/api/push", post(push))
         .route("/api/create", post(create))
@@ -188,16 +190,7 @@ async fn serve(app: Arc<App>, route: &'static str, ask: Result<Ask, ApiError>) -
                 .into_response();
         }
     };
-    // How long it stays: from this request on, as Ollama does (none given:
-    // back to the model's settings).
-    let ttl = match ask.keep_alive {
-        None => None,
-        Some(KeepAlive::Forever) => Some(None),
-        Some(KeepAlive::For(d)) => Some(Some(d.as_millis().try_into().unwrap_or(u64::MAX))),
-        Some(KeepAlive::Unload) => None,
-    };
-    app.scheduler.keep_alive(&model.id, ttl);
-    let unload = ask.keep_alive == Some(KeepAlive::Unload);
+    let unload = hold(&app, &model, ask.keep_alive);
     let Some(mut openai) = ask.openai.take() else {
         return load_or_unload(&app, &ask, &model, unload).await;
     };
@@ -217,6 +210,19 @@ async fn serve(app: Arc<App>, route: &'static str, ask: Result<Ask, ApiError>) -
         }
         Err(e) => Refusal(e).into_response(),
     }
+}
+
+/// Holds `keep_alive` for `model`: how long it stays, from this request
+/// on, as Ollama does (none given: back to the model's settings). Returns
+/// whether the model is to be unloaded once this request is answered.
+fn hold(app: &App, model: &Model, keep_alive: Option<KeepAlive>) -> bool {
+    let ttl = match keep_alive {
+        None | Some(KeepAlive::Unload) => None,
+        Some(KeepAlive::Forever) => Some(None),
+        Some(KeepAlive::For(d)) => Some(Some(d.as_millis().try_into().unwrap_or(u64::MAX))),
+    };
+    app.scheduler.keep_alive(&model.id, ttl);
+    keep_alive == Some(KeepAlive::Unload)
 }
 
 /// Ollama's answer to a request without a prompt: the model loaded, or
@@ -321,7 +327,7 @@ pub(super) async fn show(
     let model = find(&app, &name)?;
     let config = config_of(&model);
     let mut capabilities = vec!["completion"];
-    if let Some((_, engine)) = app.sessions.serving(&model.format).await {
+    if let Some((_, engine)) = app.sessions.serving(&model).await {
         let on = |c: &str| engine.capabilities.get(c).is_some_and(|s| s.is_on());
         if on("tool_calls") {
             capabilities.push("tools");
@@ -404,9 +410,6 @@ fn not_here(what: &str, instead: &str) -> Refusal {
     })
 }
 
-/// Embeddings: none yet.
-const NO_EMBEDDINGS: &str = "no engine here serves embeddings through Hangar yet (there is no /v1/embeddings route); run an embedding model elsewhere for now";
-
 macro_rules! not_served {
     ($($name:ident, $method:ident, $path:literal, $what:literal, $instead:expr;)*) => {$(
         #[doc = concat!("`", $path, "`: 501, ", $what, " is not served.")]
@@ -422,8 +425,6 @@ macro_rules! not_served {
 }
 
 not_served! {
-    embed, post, "/ollama/api/embed", "/api/embed", NO_EMBEDDINGS;
-    embeddings, post, "/ollama/api/embeddings", "/api/embeddings", NO_EMBEDDINGS;
     pull, post, "/ollama/api/pull", "pulling a model", "place the model's folder (or GGUF file) in a --model-dir, or point --model-dir at a Hugging Face cache (hf download), then POST /api/models/rescan on Hangar's port";
     push, post, "/ollama/api/push", "pushing a model", "Hangar serves local model folders and has no registry to push to";
     create, post, "/ollama/api/create", "creating a model", "put the model's folder in a --model-dir; settings (context length, sampling defaults) go in settings.toml or PUT /api/models/{id}/settings on Hangar's port";
