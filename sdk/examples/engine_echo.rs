@@ -9,14 +9,18 @@
 //! (`concurrent_generates`), as a batching engine would; the host queues
 //! the rest. It declares `tool_calls`: a prompt holding a tool call's
 //! markup comes back as an answer that calls a tool, which the host parses
-//! as it parses any engine's.
+//! as it parses any engine's. It also embeds and reranks (`embeddings`,
+//! `rerank`), as plainly: an input's vector counts its words by a hash of
+//! each into eight buckets, normalised; a document's score is how many of
+//! the query's words it holds. An input of more than 32 words is refused,
+//! as a model refuses one longer than it reads.
 
 use std::ops::ControlFlow;
 use std::time::Duration;
 
 use hangar_sdk::wire::{
-    Description, GenerateInput, GenerateOutcome, GenerateRequest, LoadRequest, ProbeInput,
-    ProbeReport,
+    Description, EmbedInput, EmbedOutcome, EmbedRequest, GenerateInput, GenerateOutcome,
+    GenerateRequest, LoadRequest, ProbeInput, ProbeReport, RerankOutcome, RerankRequest,
 };
 use hangar_sdk::{export_plugin, Engine, Plugin};
 
@@ -24,8 +28,7 @@ struct Echo;
 
 impl Plugin for Echo {
     fn describe() -> Description {
-        let mut description =
-            hangar_sdk::describe!("echo", formats: ["mlx"], capabilities: ["tool_calls"]);
+        let mut description = hangar_sdk::describe!("echo", formats: ["mlx"], capabilities: ["tool_calls", "embeddings", "rerank"]);
         description.concurrent_generates = Some(2);
         description
     }
@@ -93,6 +96,63 @@ impl Engine for EchoEngine {
         }
         Ok(outcome)
     }
+
+    fn embed(&self, request: EmbedRequest) -> Result<EmbedOutcome, String> {
+        let mut vectors = Vec::new();
+        let mut tokens = 0;
+        for (i, input) in request.inputs.iter().enumerate() {
+            let ids: Vec<u64> = match input {
+                EmbedInput::Text(text) => text.split_whitespace().map(word_id).collect(),
+                EmbedInput::Tokens(ids) => ids.iter().map(|&id| u64::from(id)).collect(),
+                _ => return Err("echo embeds text and token ids".into()),
+            };
+            if ids.len() > MAX_WORDS {
+                return Ok(EmbedOutcome::refused(
+                    i as u32,
+                    format!(
+                        "input {i} has {} tokens; echo reads at most {MAX_WORDS}",
+                        ids.len()
+                    ),
+                ));
+            }
+            let mut vector = [0f32; 8];
+            for id in &ids {
+                vector[(id % 8) as usize] += 1.0;
+            }
+            let norm = vector.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            vectors.push(vector.iter().map(|x| x / norm).collect());
+            tokens += ids.len() as u32;
+        }
+        Ok(EmbedOutcome::new(vectors, tokens, "mean", true))
+    }
+
+    fn rerank(&self, request: RerankRequest) -> Result<RerankOutcome, String> {
+        let query: Vec<&str> = request.query.split_whitespace().collect();
+        let mut tokens = 0;
+        let mut scores = Vec::new();
+        for (i, document) in request.documents.iter().enumerate() {
+            let words: Vec<&str> = document.split_whitespace().collect();
+            if query.len() + words.len() > MAX_WORDS {
+                return Ok(RerankOutcome::refused(
+                    i as u32,
+                    format!("document {i} and the query hold more than {MAX_WORDS} tokens"),
+                ));
+            }
+            tokens += (query.len() + words.len()) as u32;
+            scores.push(query.iter().filter(|q| words.contains(q)).count() as f32);
+        }
+        Ok(RerankOutcome::new(scores, tokens))
+    }
+}
+
+/// The most words echo embeds or scores at once.
+const MAX_WORDS: usize = 32;
+
+/// A word's token id: a stable hash of its bytes (FNV-1a).
+fn word_id(word: &str) -> u64 {
+    word.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 export_plugin!(Echo);

@@ -390,8 +390,20 @@ async fn post(app: &App, plugin: &str, url: &str, body: &Value) -> Result<Value,
         .and_then(Value::as_str)
         .map(str::to_string)
         .unwrap_or_else(|| value.to_string());
+    // The field a refusal names (a worker's, llama-server's), where it is
+    // one of this route's.
+    let param = value
+        .pointer("/error/param")
+        .and_then(Value::as_str)
+        .and_then(|p| {
+            EMBEDDING_FIELDS
+                .iter()
+                .chain(RERANK_FIELDS)
+                .find(|f| **f == p)
+        })
+        .copied();
     let mut error = match status.is_client_error() {
-        true => ApiError::bad_request(message, None),
+        true => ApiError::bad_request(message, param),
         false => ApiError::engine(format!("engine '{plugin}' answered {status}: {message}")),
     };
     error.status = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);

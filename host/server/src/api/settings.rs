@@ -221,15 +221,14 @@ async fn with_engine<T: Send + 'static>(
 ) -> Result<T, ApiError> {
     let registry = app.sessions.registry().clone();
     let stored = app.sessions.settings().get();
-    let format = model.format.clone();
+    let (format, need) = (model.format.clone(), model.kind.capability());
     let id = model.id.clone();
     tokio::task::spawn_blocking(move || {
-        let (entry, engine) =
-            registry
-                .serving(&format, &stored.default_engines)
-                .map_err(|reason| {
-                    ApiError::unavailable(format!("no engine can serve model '{id}': {reason}"))
-                })?;
+        let (entry, engine) = registry
+            .serving_except(&format, need, &stored.default_engines, &[])
+            .map_err(|reason| {
+                ApiError::unavailable(format!("no engine can serve model '{id}': {reason}"))
+            })?;
         Ok(f(entry, engine, &stored))
     })
     .await

@@ -2,6 +2,7 @@
 
 mod cluster;
 mod conformance;
+mod embeddings;
 mod fallback;
 mod fixtures;
 mod hardening;
