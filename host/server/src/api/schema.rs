@@ -169,7 +169,7 @@ pub(super) struct RerankRequest {
     query: String,
     /// Strings or `{"text": ...}` objects (at most 1024).
     #[schema(min_items = 1, max_items = 1024)]
-    documents: Vec<String>,
+    documents: Vec<RerankDocumentIn>,
     /// How many results (all when absent).
     #[schema(minimum = 1)]
     top_n: Option<u64>,
@@ -198,6 +198,13 @@ pub(super) struct RerankResult {
 #[derive(Serialize, ToSchema)]
 pub(super) struct RerankDocument {
     text: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum RerankDocumentIn {
+    Text(String),
+    Object(RerankDocument),
 }
 
 /// The sampling fields both completion routes take (unknown fields pass on
