@@ -137,8 +137,10 @@ def test_errors_in_ollamas_shape(oc, server):
 
 
 def test_what_hangar_lacks_is_a_501_saying_what_instead(oc, server):
+    # Embeddings are served, by embedding models: a chat model's are a 400
+    # naming its kind (test_embeddings_llama.py embeds through this route).
     status, error = error_of(lambda: oc.embed(model=LLAMA, input="hi"))
-    assert status == 501 and "embeddings" in error, error
+    assert status == 400 and "chat model" in error, error
     status, error = error_of(lambda: oc.pull(LLAMA))
     assert status == 501 and "--model-dir" in error, error
     status, error = error_of(lambda: oc.delete(LLAMA))
