@@ -203,6 +203,17 @@ def test_an_unknown_token_id_is_the_clients_400_not_a_500(served, bert):
     assert status == 400, answer
 
 
+def test_an_input_longer_than_the_model_reads_is_the_clients_400_naming_it(served):
+    # The tiny BERT has 512 positions; llama-server answers 500 ("too large
+    # to process") for longer inputs, which the host passes on as a 400.
+    long = " ".join(["the"] * 520)
+    for body in ({"input": long}, {"input": ["the", long]}):
+        status, answer = http(served.url + "/v1/embeddings", "POST", {"model": EMBEDDER, **body})
+        assert status == 400, answer
+        error = answer["error"]
+        assert error["code"] == "context_length_exceeded" and error["param"] == "input", error
+
+
 def test_ollama_client_embed_equals_the_openai_route(served, client, bert):
     import ollama
 
