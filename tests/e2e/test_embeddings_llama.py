@@ -161,14 +161,14 @@ def test_a_request_of_the_wrong_kind_is_a_400_naming_the_models_kind(client):
         client.chat.completions.create(model=EMBEDDER, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     body = e.value.body
     assert body["code"] == "wrong_model_kind" and body["param"] == "model", body
-    assert "embedding model" in body["message"] and "/v1/embeddings" in body["message"], body
+    assert "is an embedding model" in body["message"] and "/v1/embeddings" in body["message"], body
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=EMBEDDER, prompt="hi", max_tokens=4)
     assert e.value.body["code"] == "wrong_model_kind", e.value.body
     with pytest.raises(openai.BadRequestError) as e:
         client.embeddings.create(model=CHAT, input="hi")
     body = e.value.body
-    assert body["code"] == "wrong_model_kind" and "chat model" in body["message"], body
+    assert body["code"] == "wrong_model_kind" and "is a chat model" in body["message"], body
 
 
 @pytest.mark.parametrize("body, param, says", [

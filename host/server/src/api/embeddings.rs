@@ -337,16 +337,16 @@ pub(crate) fn expect_kind(model: &Model, wanted: ModelKind, route: &str) -> Resu
     if model.kind == wanted {
         return Ok(());
     }
-    let serves = match model.kind {
-        ModelKind::Chat => "chat and completions (/v1/chat/completions, /v1/completions, /v1/messages, /v1/responses)",
-        ModelKind::Embedding => "embeddings (/v1/embeddings)",
-        ModelKind::Rerank => "reranking (/v1/rerank)",
+    let (article, serves) = match model.kind {
+        ModelKind::Chat => ("a", "chat and completions (/v1/chat/completions, /v1/completions, /v1/messages, /v1/responses)"),
+        ModelKind::Embedding => ("an", "embeddings (/v1/embeddings)"),
+        ModelKind::Rerank => ("a", "reranking (/v1/rerank)"),
     };
     Err(ApiError {
         code: "wrong_model_kind",
         ..ApiError::bad_request(
             format!(
-                "model '{}' is a {} model: it serves {serves}, not {route}; \
+                "model '{}' is {article} {} model: it serves {serves}, not {route}; \
                  GET /v1/models lists every model with its kind",
                 model.id, model.kind
             ),
