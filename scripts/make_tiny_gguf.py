@@ -1,13 +1,26 @@
 #!/usr/bin/env python3
-"""Writes a tiny random-weight Llama model as one GGUF file, with the
-tokenizer metadata llama.cpp needs (a SentencePiece-style vocabulary with
-byte fallback) and a ChatML chat template, for tests and the demo.
+"""Writes a tiny random-weight model as one GGUF file, for tests and the
+demo: a Llama chat model (the default), with the tokenizer metadata
+llama.cpp needs (a SentencePiece-style vocabulary with byte fallback) and a
+ChatML chat template, or with `--arch bert` a BERT embedding model.
 
     python3 scripts/make_tiny_gguf.py OUT.gguf [--seed 0] [--hidden 64] [--layers 2] [--tools]
+    python3 scripts/make_tiny_gguf.py OUT.gguf --arch bert [--pooling mean|cls] [--seed 0] ...
 
 `--tools` writes a ChatML template that also renders a request's tools and
 the history's tool calls, in no model family's markup (so llama-server
 uses its generic, grammar-free handling).
+
+`--arch bert` writes llama.cpp's BERT architecture (the tensor names of
+gguf's MODEL_TENSORS[MODEL_ARCH.BERT]): a post-LayerNorm encoder with
+learned positions and token types, biases everywhere, non-causal attention,
+`bert.pooling_type` from `--pooling`, and a WordPiece vocabulary in
+llama.cpp's spelling (a word-initial piece starts with U+2581, a
+continuation piece is bare: what convert_hf_to_gguf.py makes of `##`). The
+vocabulary holds every lowercase letter, digit and punctuation mark both
+ways, and whole words, so any lowercase ASCII text tokenises and a word of
+WORDS is one token. Layer norms get random gains and biases, so a reference
+that leaves one out does not match.
 """
 
 import argparse
@@ -36,6 +49,14 @@ CHATML_TOOLS = (
 )
 
 
+WORDS = "the of and to in is you that it he was for on are as with his they at be this from have or by one had not but what all were when we there can an your which their said if do will each about how up out them then she many some so these would other into has more her two like him see time could no make than first been its who now people my made over did down only way find use may water long little very after words called just where most know".split()
+
+# WordPiece specials, at the ids BERT checkpoints' vocabularies do not fix
+# (llama.cpp reads them from the metadata).
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+BERT_POOLING = {"mean": gguf.PoolingType.MEAN, "cls": gguf.PoolingType.CLS}
+
+
 def vocabulary():
     """(tokens, scores, types): specials, the 256 byte tokens, then pieces."""
     T = gguf.TokenType
@@ -44,14 +65,80 @@ def vocabulary():
     tokens += [(f"<0x{b:02X}>", T.BYTE) for b in range(256)]
     pieces = ["\u2581"] + list(string.ascii_letters + string.digits + string.punctuation)
     pieces += ["\u2581" + c for c in string.ascii_letters]
-    words = "the of and to in is you that it he was for on are as with his they at be this from have or by one had not but what all were when we there can an your which their said if do will each about how up out them then she many some so these would other into has more her two like him see time could no make than first been its who now people my made over did down only way find use may water long little very after words called just where most know".split()
-    pieces += ["\u2581" + w for w in words]
+    pieces += ["\u2581" + w for w in WORDS]
     tokens += [(p, T.NORMAL) for p in pieces]
     scores = [0.0] * len(tokens)
     for i, (_, kind) in enumerate(tokens):
         if kind == T.NORMAL:
             scores[i] = -float(i)
     return [t for t, _ in tokens], scores, [int(k) for _, k in tokens]
+
+
+def bert_vocabulary():
+    """(tokens, types): the specials, then continuation pieces (bare), then
+    word-initial pieces (U+2581 and the piece)."""
+    T = gguf.TokenType
+    chars = list(string.ascii_lowercase + string.digits + string.punctuation)
+    pieces = chars + ["\u2581" + c for c in chars] + ["\u2581" + w for w in WORDS]
+    return BERT_SPECIALS + pieces, [int(T.CONTROL)] * len(BERT_SPECIALS) + [int(T.NORMAL)] * len(pieces)
+
+
+def write_bert(args):
+    tokens, types = bert_vocabulary()
+    vocab, hidden, ff = len(tokens), args.hidden, args.intermediate
+    rng = np.random.default_rng(args.seed)
+
+    def weight(*shape, scale=0.2):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def gain(n):
+        return (1.0 + rng.standard_normal(n) * 0.1).astype(np.float32)
+
+    w = gguf.GGUFWriter(args.out, "bert")
+    w.add_name("hangar-tiny-bert")
+    w.add_context_length(args.context)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ff)
+    w.add_block_count(args.layers)
+    w.add_head_count(args.heads)
+    w.add_layer_norm_eps(1e-12)
+    w.add_causal_attention(False)
+    w.add_pooling_type(BERT_POOLING[args.pooling])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("bert")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_type_count(2)
+    ids = {t: tokens.index(t) for t in BERT_SPECIALS}
+    w.add_pad_token_id(ids["[PAD]"])
+    w.add_unk_token_id(ids["[UNK]"])
+    w.add_bos_token_id(ids["[CLS]"])  # llama.cpp opens a WordPiece input with its BOS
+    w.add_sep_token_id(ids["[SEP]"])
+    w.add_eos_token_id(ids["[SEP]"])
+    w.add_mask_token_id(ids["[MASK]"])
+    w.add_add_bos_token(True)
+    w.add_add_sep_token(True)
+
+    w.add_tensor("token_embd.weight", weight(vocab, hidden, scale=1.0))
+    w.add_tensor("token_types.weight", weight(2, hidden, scale=1.0))
+    w.add_tensor("position_embd.weight", weight(args.context, hidden, scale=1.0))
+    w.add_tensor("token_embd_norm.weight", gain(hidden))
+    w.add_tensor("token_embd_norm.bias", weight(hidden, scale=0.1))
+    for i in range(args.layers):
+        b = f"blk.{i}."
+        for name, rows, cols in (("attn_q", hidden, hidden), ("attn_k", hidden, hidden),
+                                 ("attn_v", hidden, hidden), ("attn_output", hidden, hidden),
+                                 ("ffn_up", ff, hidden), ("ffn_down", hidden, ff)):
+            w.add_tensor(b + name + ".weight", weight(rows, cols))
+            w.add_tensor(b + name + ".bias", weight(rows, scale=0.1))
+        for name in ("attn_output_norm", "layer_output_norm"):
+            w.add_tensor(b + name + ".weight", gain(hidden))
+            w.add_tensor(b + name + ".bias", weight(hidden, scale=0.1))
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def main():
@@ -65,7 +152,13 @@ def main():
     ap.add_argument("--intermediate", type=int, default=128)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--tools", action="store_true", help="a chat template that renders tools")
+    ap.add_argument("--arch", choices=["llama", "bert"], default="llama")
+    ap.add_argument("--pooling", choices=sorted(BERT_POOLING), default="mean",
+                    help="bert only: how llama-server pools the token vectors")
     args = ap.parse_args()
+    if args.arch == "bert":
+        write_bert(args)
+        return
 
     tokens, scores, types = vocabulary()
     vocab, hidden = len(tokens), args.hidden

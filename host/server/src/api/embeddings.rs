@@ -310,6 +310,7 @@ pub(crate) async fn embed(
                 &session.plugin,
                 &format!("{base_url}/v1/embeddings"),
                 &body,
+                "input",
             )
             .await?;
             read_embeddings(&answer, inputs.len())
@@ -336,16 +337,16 @@ pub(crate) fn expect_kind(model: &Model, wanted: ModelKind, route: &str) -> Resu
     if model.kind == wanted {
         return Ok(());
     }
-    let serves = match model.kind {
-        ModelKind::Chat => "chat and completions (/v1/chat/completions, /v1/completions, /v1/messages, /v1/responses)",
-        ModelKind::Embedding => "embeddings (/v1/embeddings)",
-        ModelKind::Rerank => "reranking (/v1/rerank)",
+    let (article, serves) = match model.kind {
+        ModelKind::Chat => ("a", "chat and completions (/v1/chat/completions, /v1/completions, /v1/messages, /v1/responses)"),
+        ModelKind::Embedding => ("an", "embeddings (/v1/embeddings)"),
+        ModelKind::Rerank => ("a", "reranking (/v1/rerank)"),
     };
     Err(ApiError {
         code: "wrong_model_kind",
         ..ApiError::bad_request(
             format!(
-                "model '{}' is a {} model: it serves {serves}, not {route}; \
+                "model '{}' is {article} {} model: it serves {serves}, not {route}; \
                  GET /v1/models lists every model with its kind",
                 model.id, model.kind
             ),
@@ -363,8 +364,16 @@ fn refusal(field: &'static str, refused: &InputRefusal) -> ApiError {
 }
 
 /// Sends `body` to an engine process and reads its JSON answer; the
-/// engine's own 4xx in OpenAI's shape is passed on as the client's.
-async fn post(app: &App, plugin: &str, url: &str, body: &Value) -> Result<Value, ApiError> {
+/// engine's own 4xx in OpenAI's shape is passed on as the client's, and so
+/// is its 5xx for an input too long to read (`field` names what carries
+/// the inputs).
+async fn post(
+    app: &App,
+    plugin: &str,
+    url: &str,
+    body: &Value,
+    field: &'static str,
+) -> Result<Value, ApiError> {
     let response = app
         .sessions
         .client()
@@ -385,6 +394,20 @@ async fn post(app: &App, plugin: &str, url: &str, body: &Value) -> Result<Value,
     if status.is_success() {
         return Ok(value);
     }
+    Err(engine_refusal(plugin, status, &value, field))
+}
+
+/// An engine's error answer as the host's. llama-server answers 500 for
+/// an input longer than one physical batch ("input (N tokens) is too large
+/// to process"), which for an encoder is an input longer than the model
+/// reads at once: the client's to shorten, so a 400 naming `field`, not an
+/// engine failure.
+fn engine_refusal(
+    plugin: &str,
+    status: StatusCode,
+    value: &Value,
+    field: &'static str,
+) -> ApiError {
     let message = value
         .pointer("/error/message")
         .and_then(Value::as_str)
@@ -402,12 +425,27 @@ async fn post(app: &App, plugin: &str, url: &str, body: &Value) -> Result<Value,
                 .find(|f| **f == p)
         })
         .copied();
+    let lower = message.to_ascii_lowercase();
+    let too_long = lower.contains("too large to process")
+        || (lower.contains("context") && lower.contains("exceed"));
+    if too_long {
+        return ApiError {
+            code: "context_length_exceeded",
+            ..ApiError::bad_request(
+                format!(
+                    "an entry of '{field}' is longer than the model reads at once \
+                     (engine '{plugin}': {message}); shorten or split it"
+                ),
+                Some(field),
+            )
+        };
+    }
     let mut error = match status.is_client_error() {
         true => ApiError::bad_request(message, param),
         false => ApiError::engine(format!("engine '{plugin}' answered {status}: {message}")),
     };
     error.status = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    Err(error)
+    error
 }
 
 /// An OpenAI embeddings answer as an [`EmbedOutcome`], checked: one vector
@@ -613,6 +651,7 @@ async fn rerank_answer(
                 &session.plugin,
                 &format!("{base_url}/v1/rerank"),
                 &body,
+                "documents",
             )
             .await?;
             read_scores(&answer, documents.len())
@@ -831,6 +870,58 @@ pub(crate) async fn worker_rerank(served: &Served, body: &[u8]) -> Result<Respon
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_input_longer_than_llama_server_reads_is_the_clients_400_naming_it() {
+        // What llama-server 0.6.0-dev answered for a 522-token input to a
+        // BERT GGUF of 512 positions (tests/e2e/test_embeddings_llama.py).
+        let answer = json!({"error": {"code": 500, "type": "server_error", "message":
+            "input (522 tokens) is too large to process. increase the physical batch size (current batch size: 512)"}});
+        let e = engine_refusal(
+            "llama-server",
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &answer,
+            "input",
+        );
+        assert_eq!(
+            (e.status, e.code, e.param),
+            (
+                StatusCode::BAD_REQUEST,
+                "context_length_exceeded",
+                Some("input")
+            )
+        );
+        assert!(
+            e.message.contains("'input'") && e.message.contains("522 tokens"),
+            "{}",
+            e.message
+        );
+        let e = engine_refusal(
+            "llama-server",
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &answer,
+            "documents",
+        );
+        assert_eq!(e.param, Some("documents"));
+        // Any other engine failure stays one, with the engine's status.
+        let other = json!({"error": {"message": "out of memory"}});
+        let e = engine_refusal(
+            "llama-server",
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &other,
+            "input",
+        );
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::INTERNAL_SERVER_ERROR, "engine_failed")
+        );
+        let bad = json!({"error": {"message": "Prompt contains invalid tokens"}});
+        let e = engine_refusal("llama-server", StatusCode::BAD_REQUEST, &bad, "input");
+        assert_eq!(
+            (e.status, e.message.as_str()),
+            (StatusCode::BAD_REQUEST, "Prompt contains invalid tokens")
+        );
+    }
 
     fn read(value: Value) -> Result<Vec<EmbedInput>, String> {
         inputs(Some(&value), "input").map_err(|e| e.message)
