@@ -235,7 +235,7 @@ impl Embedder {
             return Err(Error::UnsupportedConfig {
                 path,
                 what: format!(
-                    "a {} of model type '{model_type}' (native-mlx embeds with bert, roberta \
+                    "{} of model type '{model_type}' (native-mlx embeds with bert, roberta \
                      and xlm-roberta encoders and last-token decoders, and reranks with \
                      Bert/XLMRoberta ForSequenceClassification)",
                     if kind == ModelKind::Reranker {

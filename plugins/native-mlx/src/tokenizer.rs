@@ -67,6 +67,11 @@ impl Tokenizer {
         ))
     }
 
+    /// How many ids the tokenizer knows, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
     /// Decodes `ids` to text, leaving out special tokens.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner.decode(ids, true).map_err(|e| self.error(e))
