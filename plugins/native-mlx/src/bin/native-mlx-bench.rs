@@ -458,6 +458,13 @@ fn embeddings(args: &Args, dir: &Path, sizes: &[usize]) -> Result<()> {
 fn main() -> Result<()> {
     let args = Args::parse();
     let mlx = probe()?;
+    if let Some(sizes) = &args.embed {
+        println!("native-mlx on MLX {} ({})", mlx.version, mlx.device);
+        for dir in &args.models {
+            embeddings(&args, dir, sizes)?;
+        }
+        return Ok(());
+    }
     if !args.json && !args.ids {
         println!(
             "native-mlx on MLX {} ({}), prompt {} tokens, {} generated, {} runs",
@@ -467,12 +474,6 @@ fn main() -> Result<()> {
             "{:<40} {:>12} {:>12} {:>10} {:>10} {:>8}",
             "model", "prompt tok/s", "decode tok/s", "TTFT ms", "peak RSS", "load s"
         );
-    }
-    if let Some(sizes) = &args.embed {
-        for dir in &args.models {
-            embeddings(&args, dir, sizes)?;
-        }
-        return Ok(());
     }
     for dir in &args.models {
         if args.ids {
