@@ -33,6 +33,7 @@ mod chat;
 mod config;
 mod constraint;
 mod disk;
+mod embed;
 mod error;
 mod ffi;
 mod indexing;
@@ -51,6 +52,7 @@ pub use chat::{ChatMessage, ChatOptions, ChatTemplate};
 pub use config::{
     Family, ModelConfig, QuantParams, Quantization, RopeScaling, SUPPORTED_MODEL_TYPES,
 };
+pub use embed::{model_kind, Answer, Embedder, ModelKind, Pooling};
 pub use error::{Error, Result};
 pub use model::{LoadOptions, Model};
 pub use probe::{probe, DeviceKind, MlxProbe};

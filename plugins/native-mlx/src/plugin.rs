@@ -11,22 +11,23 @@ use std::ops::ControlFlow;
 use std::path::Path;
 
 use hangar_sdk::wire::{
-    Description, GenerateInput, GenerateOutcome, GenerateRequest as WireRequest, LoadRequest,
-    ProbeInput, ProbeReport,
+    Description, EmbedInput, EmbedOutcome, EmbedRequest, GenerateInput, GenerateOutcome,
+    GenerateRequest as WireRequest, LoadRequest, ProbeInput, ProbeReport, RerankOutcome,
+    RerankRequest,
 };
 use hangar_sdk::{export_plugin, Engine, Plugin};
 use serde_json::Value;
 
 use crate::{
-    BatchOptions, Batcher, ChatMessage, ChatOptions, DeviceKind, FinishReason, GenerateRequest,
-    Prompt, SamplingParams, Session,
+    model_kind, Answer, BatchOptions, Batcher, ChatMessage, ChatOptions, DeviceKind, Embedder,
+    FinishReason, GenerateRequest, LoadOptions, ModelKind, Prompt, SamplingParams, Session,
 };
 
 struct NativeMlx;
 
 impl Plugin for NativeMlx {
     fn describe() -> Description {
-        hangar_sdk::describe!("native-mlx", formats: ["mlx"], aliases: {"safetensors" => "mlx"}, capabilities: ["tool_calls", "structured_output"])
+        hangar_sdk::describe!("native-mlx", formats: ["mlx"], aliases: {"safetensors" => "mlx"}, capabilities: ["tool_calls", "structured_output", "embeddings", "rerank"])
             .with_concurrent_generates(BatchOptions::default().max_sequences as u32)
     }
 
@@ -44,9 +45,22 @@ impl Plugin for NativeMlx {
 
     fn load_in_process(request: LoadRequest) -> Result<Box<dyn Engine>, String> {
         let options = batch_options(&request.plugin_settings, request.cache_dir.as_deref())?;
+        let dir = Path::new(&request.model_path);
+        let named = |e: crate::Error| format!("model '{}': {e}", request.model_id);
+        let kind = model_kind(dir).map_err(named)?;
+        if kind != ModelKind::Chat {
+            let embedder = Embedder::load(dir, kind, &LoadOptions::default()).map_err(named)?;
+            return Ok(Box::new(Loaded::Embed {
+                id: request.model_id,
+                embedder: Box::new(std::sync::Mutex::new(embedder)),
+            }));
+        }
         let session = Session::load(Path::new(&request.model_path))
             .map_err(|e| format!("model '{}': {e}", request.model_id))?;
-        Ok(Box::new(Loaded(Batcher::start(session, options))))
+        Ok(Box::new(Loaded::Chat {
+            id: request.model_id,
+            batcher: Batcher::start(session, options),
+        }))
     }
 }
 
@@ -97,14 +111,84 @@ fn batch_options(
     Ok(options)
 }
 
-struct Loaded(Batcher);
+/// A loaded model: a chat model behind its batcher, or an embedder or
+/// reranker, which computes each request in the calling thread, one at a
+/// time.
+enum Loaded {
+    Chat {
+        id: String,
+        batcher: Batcher,
+    },
+    Embed {
+        id: String,
+        embedder: Box<std::sync::Mutex<Embedder>>,
+    },
+}
+
+impl Loaded {
+    fn embedder(&self) -> Result<std::sync::MutexGuard<'_, Embedder>, String> {
+        match self {
+            Loaded::Embed { embedder, .. } => embedder
+                .lock()
+                .map_err(|_| "the embedding engine failed on an earlier request; reload the model".into()),
+            Loaded::Chat { id, .. } => Err(format!(
+                "model '{id}' is a chat model; it generates text and computes no embeddings or rerank scores"
+            )),
+        }
+    }
+}
 
 impl Engine for Loaded {
+    fn embed(&self, request: EmbedRequest) -> Result<EmbedOutcome, String> {
+        let embedder = self.embedder()?;
+        let inputs = request
+            .inputs
+            .into_iter()
+            .map(|input| match input {
+                EmbedInput::Text(text) => embedder.encode(&text).map_err(|e| e.to_string()),
+                EmbedInput::Tokens(ids) => Ok(ids),
+                _ => Err("native-mlx does not embed this kind of input".into()),
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(match embedder.embed(&inputs).map_err(|e| e.to_string())? {
+            Answer::Done { results, tokens } => EmbedOutcome::new(
+                results,
+                tokens as u32,
+                embedder.pooling().id(),
+                embedder.normalized(),
+            ),
+            Answer::Refused { input, message } => EmbedOutcome::refused(input as u32, message),
+        })
+    }
+
+    fn rerank(&self, request: RerankRequest) -> Result<RerankOutcome, String> {
+        let embedder = self.embedder()?;
+        Ok(
+            match embedder
+                .rerank(&request.query, &request.documents)
+                .map_err(|e| e.to_string())?
+            {
+                Answer::Done { results, tokens } => RerankOutcome::new(results, tokens as u32),
+                Answer::Refused { input, message } => RerankOutcome::refused(input as u32, message),
+            },
+        )
+    }
+
     fn generate(
         &self,
         request: WireRequest,
         emit: &mut dyn FnMut(&str, u32) -> ControlFlow<()>,
     ) -> Result<GenerateOutcome, String> {
+        let batcher = match self {
+            Loaded::Chat { batcher, .. } => batcher,
+            Loaded::Embed { id, embedder } => {
+                let what = match embedder.lock().map(|e| e.kind()) {
+                    Ok(ModelKind::Reranker) => "a reranking model",
+                    _ => "an embedding model",
+                };
+                return Err(format!("model '{id}' is {what}; it generates no text"));
+            }
+        };
         let prompt = match request.input {
             GenerateInput::Completion { prompt, .. } => Prompt::Text(prompt),
             GenerateInput::Chat { messages, .. } => Prompt::Chat {
@@ -129,8 +213,7 @@ impl Engine for Loaded {
         generate.sampling = sampling;
         generate.stop = request.stop;
         generate.grammar = request.grammar;
-        let done = self
-            .0
+        let done = batcher
             .generate(generate, |event| {
                 emit(event.text, event.token.unwrap_or(u32::MAX))
             })

@@ -54,6 +54,24 @@ impl Tokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// Encodes a (query, document) pair as a cross-encoder reads it, with
+    /// the tokenizer's pair template: the ids and their token types.
+    pub fn encode_pair(&self, first: &str, second: &str) -> Result<(Vec<u32>, Vec<u32>)> {
+        let encoding = self
+            .inner
+            .encode((first, second), true)
+            .map_err(|e| self.error(e))?;
+        Ok((
+            encoding.get_ids().to_vec(),
+            encoding.get_type_ids().to_vec(),
+        ))
+    }
+
+    /// How many ids the tokenizer knows, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
     /// Decodes `ids` to text, leaving out special tokens.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner.decode(ids, true).map_err(|e| self.error(e))

@@ -73,6 +73,15 @@ struct Args {
     /// their ratio per run and the grammar's host time per masked token.
     #[arg(long, requires = "concurrent")]
     masked: Option<usize>,
+    /// Instead: the models are embedders; embeddings per second for
+    /// requests of each of these batch sizes (inputs of `--embed-tokens`
+    /// tokens), over `--runs` rounds after a warm-up: a table of the median
+    /// and the min-max spread.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["concurrent", "ids"])]
+    embed: Option<Vec<usize>>,
+    /// With `--embed`: tokens per input ([CLS] and [SEP] included).
+    #[arg(long, default_value_t = 64)]
+    embed_tokens: usize,
     /// The batching engine's token budget per step (`BatchOptions::step_tokens`).
     #[arg(long, default_value_t = BatchOptions::default().step_tokens)]
     step_tokens: usize,
@@ -389,9 +398,73 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// Embeddings per second of the embedder at `dir`, for requests of each
+/// of `sizes` inputs (the engine pads and batches them as it does for the
+/// host: one forward for up to 16 384 tokens).
+fn embeddings(args: &Args, dir: &Path, sizes: &[usize]) -> Result<()> {
+    let kind = hangar_native_mlx::model_kind(dir)?;
+    let start = Instant::now();
+    let embedder = hangar_native_mlx::Embedder::load(dir, kind, &LoadOptions::default())
+        .with_context(|| format!("loading {}", dir.display()))?;
+    let load_s = start.elapsed().as_secs_f64();
+    let vocab = embedder.tokenizer().vocab_size() as u32;
+    println!(
+        "{} ({:?}, pooling {}), {} tokens per input, {} rounds, load {load_s:.2} s",
+        dir.display(),
+        kind,
+        embedder.pooling().id(),
+        args.embed_tokens,
+        args.runs
+    );
+    println!(
+        "{:>8} {:>14} {:>22} {:>12}",
+        "batch", "embeddings/s", "min-max", "ms/request"
+    );
+    for &n in sizes {
+        // Distinct pseudo-random inputs, away from the special ids at the start.
+        let inputs: Vec<Vec<u32>> = (0..n)
+            .map(|r| {
+                (0..args.embed_tokens as u64)
+                    .map(|i| {
+                        (5 + (i * 7919 + r as u64 * 104_729 + 13) % u64::from(vocab - 5)) as u32
+                    })
+                    .collect()
+            })
+            .collect();
+        if let hangar_native_mlx::Answer::Refused { message, .. } = embedder.embed(&inputs)? {
+            anyhow::bail!("{}: {message}", dir.display());
+        }
+        let mut rates = Vec::with_capacity(args.runs);
+        let mut ms = Vec::with_capacity(args.runs);
+        for _ in 0..args.runs.max(1) {
+            let t = Instant::now();
+            embedder.embed(&inputs)?;
+            let s = t.elapsed().as_secs_f64();
+            rates.push(n as f64 / s);
+            ms.push(s * 1e3);
+        }
+        rates.sort_by(f64::total_cmp);
+        ms.sort_by(f64::total_cmp);
+        println!(
+            "{n:>8} {:>14.1} {:>22} {:>12.1}",
+            rates[rates.len() / 2],
+            format!("{:.1}-{:.1}", rates[0], rates[rates.len() - 1]),
+            ms[ms.len() / 2]
+        );
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let mlx = probe()?;
+    if let Some(sizes) = &args.embed {
+        println!("native-mlx on MLX {} ({})", mlx.version, mlx.device);
+        for dir in &args.models {
+            embeddings(&args, dir, sizes)?;
+        }
+        return Ok(());
+    }
     if !args.json && !args.ids {
         println!(
             "native-mlx on MLX {} ({}), prompt {} tokens, {} generated, {} runs",

@@ -5,6 +5,7 @@
 //! norm and attention kernels), which is what makes greedy outputs
 //! bit-identical to mlx-lm's on the same MLX.
 
+pub(crate) mod encoder;
 mod layers;
 mod weights;
 
@@ -710,6 +711,26 @@ impl Block {
     }
 }
 
+/// How weights are laid out on the default device (see [`Layout`]), and
+/// whether that device is the CPU.
+fn layout_for(options: &LoadOptions) -> Result<(Layout, bool)> {
+    let on_cpu = matches!(Device::try_default()?.get_type()?, DeviceType::Cpu);
+    let layout = if on_cpu {
+        Layout {
+            pretranspose: true,
+            parallel: Parallel::cpu(options.cpu_threads.max(1), options.split_min_work)?,
+        }
+    } else {
+        // GPU kernels read the row-major weights best, and one kernel
+        // already uses the whole device.
+        Layout {
+            pretranspose: false,
+            parallel: Parallel::none(),
+        }
+    };
+    Ok((layout, on_cpu))
+}
+
 /// A loaded model: weights on the default device, ready to run.
 pub struct Model {
     config: ModelConfig,
@@ -725,20 +746,7 @@ impl Model {
     /// Loads the weights of `dir` for `config` and evaluates them, so the
     /// first request does not pay for reading the files.
     pub fn load(dir: &Path, config: ModelConfig, options: &LoadOptions) -> Result<Self> {
-        let on_cpu = matches!(Device::try_default()?.get_type()?, DeviceType::Cpu);
-        let layout = if on_cpu {
-            Layout {
-                pretranspose: true,
-                parallel: Parallel::cpu(options.cpu_threads.max(1), options.split_min_work)?,
-            }
-        } else {
-            // GPU kernels read the row-major weights best, and one kernel
-            // already uses the whole device.
-            Layout {
-                pretranspose: false,
-                parallel: Parallel::none(),
-            }
-        };
+        let (layout, on_cpu) = layout_for(options)?;
         let fuse = options.fuse_projections.unwrap_or(!on_cpu);
         let mut w = Weights::load(dir)?;
         let q = config.quantization.as_ref();
@@ -843,6 +851,13 @@ impl Model {
             h = block.forward(&h, cache, &self.rope)?;
         }
         Ok(h)
+    }
+
+    /// The final-norm hidden states of `ids` (`(1, len)`) from an empty
+    /// cache: what a decoder embedder pools. Lazy.
+    pub(crate) fn normed_hidden(&self, ids: &Array) -> Result<Array> {
+        let h = self.hidden(ids, &mut self.new_cache())?;
+        Ok(rms_norm(&h, Some(&self.norm), self.config.rms_norm_eps)?)
     }
 
     /// Like [`Model::hidden`], then the final norm and output projection:

@@ -160,7 +160,7 @@ pub fn repo() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
 }
 
-fn python() -> PathBuf {
+pub fn python() -> PathBuf {
     let python = std::env::var_os("HANGAR_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo().join(".venv/bin/python"));

@@ -2,6 +2,7 @@
 
 mod batch;
 mod constrained;
+mod embed;
 mod fixtures;
 mod greedy;
 mod parity;
