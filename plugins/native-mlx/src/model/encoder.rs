@@ -386,7 +386,10 @@ impl Encoder {
 
 /// transformers' `gelu`: `x * (1 + erf(x / sqrt 2)) / 2`.
 fn gelu(x: &Array) -> Result<Array> {
-    let half = x.multiply(Array::from_f32(0.5))?;
-    let e = erf(x.multiply(Array::from_f32(std::f32::consts::FRAC_1_SQRT_2))?)?;
-    Ok(half.multiply(e.add(Array::from_f32(1.0))?)?)
+    // Constants in the activations' dtype: float32 scalars would promote a
+    // float16 or bfloat16 model's activations to float32.
+    let c = |v: f32| Array::from_f32(v).as_dtype(x.dtype());
+    let half = x.multiply(c(0.5)?)?;
+    let e = erf(x.multiply(c(std::f32::consts::FRAC_1_SQRT_2)?)?)?;
+    Ok(half.multiply(e.add(c(1.0)?)?)?)
 }
