@@ -214,7 +214,7 @@ fn requests_of_the_wrong_kind_or_shape_are_the_clients_400s() {
         (
             "/v1/chat/completions",
             json!({"model": "bert", "messages": [{"role": "user", "content": "hi"}]}),
-            "'bert' is a embedding model",
+            "'bert' is an embedding model",
         ),
         (
             "/v1/completions",
