@@ -1201,8 +1201,14 @@ impl GenerateOutcome {
 
 impl EmbedRequest {
     /// Embed `inputs`.
+    // Written out, so that a field a 1.x release adds is added here too
+    // (tests/plugin-source-compat/add_dummy_fields.py edits literals that
+    // span lines).
+    #[rustfmt::skip]
     pub fn new(inputs: Vec<EmbedInput>) -> Self {
-        EmbedRequest { inputs }
+        EmbedRequest {
+            inputs,
+        }
     }
 }
 
