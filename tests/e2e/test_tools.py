@@ -76,7 +76,7 @@ def echo(tmp_path_factory):
     (plugin / "plugin.toml").write_text(
         'id = "echo"\nname = "echo"\nversion = "0.1.0"\nplugin_api = "^1.0"\nkind = "native"\n'
         'artifact = "engine_echo"\nformats = ["mlx"]\nin_process = true\n'
-        '[capabilities]\ntool_calls = ">=1.0"\n'
+        '[capabilities]\ntool_calls = ">=1.0"\nembeddings = ">=1.0"\nrerank = ">=1.0"\n'
         '[[platforms]]\nos = "linux"\narch = "x86_64"\naccelerators = ["cpu"]\n'
     )
     models = root / "models"

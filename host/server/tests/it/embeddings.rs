@@ -15,10 +15,9 @@ use crate::serve::{model, Server};
 /// trained for shorter vectors) and `ranker` (a cross-encoder).
 fn serve(isolation: &str) -> Server {
     Server::with(|s: &Scenario| {
-        let extra = format!("{ECHO_EXTRA}embeddings = \">=1.0\"\nrerank = \">=1.0\"\n");
         s.plugin(
             "echo",
-            &manifest("echo", "engine_echo", &["mlx"], 50, &extra),
+            &manifest("echo", "engine_echo", &["mlx"], 50, ECHO_EXTRA),
             Some("engine_echo"),
         );
         s.config(&format!("[plugins.echo]\nisolation = \"{isolation}\"\n"));

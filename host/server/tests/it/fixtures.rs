@@ -237,12 +237,15 @@ pub fn make_executable(path: &Path) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
+/// The manifest lines of the SDK's `echo` example beyond the common ones:
+/// it generates in process, takes tools (it echoes the prompt, so a prompt
+/// holding a tool call's markup is an answer that calls a tool), embeds and
+/// reranks. Its code declares the same capabilities, and the host refuses
+/// a plugin whose code and manifest disagree.
+pub const ECHO_EXTRA: &str = "in_process = true\n[capabilities]\ntool_calls = \">=1.0\"\nembeddings = \">=1.0\"\nrerank = \">=1.0\"\n";
+
 /// A manifest for an example plugin. `extra` is appended verbatim (probe,
 /// capabilities, aliases…).
-/// The manifest lines of the SDK's `echo` example beyond the common ones:
-/// it generates in process, and takes tools (it echoes the prompt, so a
-/// prompt holding a tool call's markup is an answer that calls a tool).
-pub const ECHO_EXTRA: &str = "in_process = true\n[capabilities]\ntool_calls = \">=1.0\"\n";
 
 pub fn manifest(id: &str, library: &str, formats: &[&str], priority: i32, extra: &str) -> String {
     let formats: Vec<String> = formats.iter().map(|f| format!("{f:?}")).collect();
