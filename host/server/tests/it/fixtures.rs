@@ -246,7 +246,6 @@ pub const ECHO_EXTRA: &str = "in_process = true\n[capabilities]\ntool_calls = \"
 
 /// A manifest for an example plugin. `extra` is appended verbatim (probe,
 /// capabilities, aliases…).
-
 pub fn manifest(id: &str, library: &str, formats: &[&str], priority: i32, extra: &str) -> String {
     let formats: Vec<String> = formats.iter().map(|f| format!("{f:?}")).collect();
     format!(
