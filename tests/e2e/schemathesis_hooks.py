@@ -6,7 +6,9 @@ Generated requests to the generation routes are pointed at the served model
 their valid token counts are lowered to a few, because tiny random-weight
 models rarely end a turn by themselves: a valid `max_tokens` of 4e9 would
 generate until the context fills, and the suite must stay fast on 2 cores.
-Invalid counts (which the host must refuse) pass unchanged.
+Invalid counts (which the host must refuse) pass unchanged. In the same
+way the embedding routes are pointed at HANGAR_FUZZ_EMBEDDER and rerank at
+HANGAR_FUZZ_RERANKER where the run sets them (test_embeddings_native.py).
 """
 from __future__ import annotations
 
@@ -20,15 +22,21 @@ GENERATING = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/re
 # means no limit.
 OLLAMA = {"/ollama/api/chat", "/ollama/api/generate"}
 MAX_TOKENS = 4
+# The model each route's requests are pointed at, by the variable naming it.
+MODEL_OF = {path: "HANGAR_FUZZ_MODEL" for path in GENERATING} | {
+    "/v1/embeddings": "HANGAR_FUZZ_EMBEDDER", "/ollama/api/embed": "HANGAR_FUZZ_EMBEDDER",
+    "/ollama/api/embeddings": "HANGAR_FUZZ_EMBEDDER", "/v1/rerank": "HANGAR_FUZZ_RERANKER"}
 
 
 @schemathesis.hook
 def before_call(ctx, case, **kwargs):
-    if case.operation.path not in GENERATING or not isinstance(case.body, dict):
+    if case.operation.path not in MODEL_OF or not isinstance(case.body, dict):
         return
-    model = os.environ.get("HANGAR_FUZZ_MODEL")
+    model = os.environ.get(MODEL_OF[case.operation.path])
     if model and isinstance(case.body.get("model"), str) and case.body["model"]:
         case.body["model"] = model
+    if case.operation.path not in GENERATING:
+        return
     if case.operation.path in OLLAMA:
         options = case.body.get("options")
         if options is None:
