@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
-use futures_util::TryStreamExt;
+use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -547,9 +547,16 @@ async fn pull(
             ),
         ),
     };
+    let repo_dir = cache.join(target.folder_name());
+    let blobs = repo_dir.join("blobs");
     let config = match files.iter().find(|f| f.path == "config.json") {
         Some(f) if recognised.is_some() && f.size <= MAX_CONFIG_BYTES => {
-            fetch_small(&hub, &target.repo, &commit, &f.path).await
+            // The cached copy when there is one: a pull of what is already
+            // here fetches nothing.
+            match std::fs::read(blobs.join(&f.blob)) {
+                Ok(text) if text.len() as u64 == f.size => serde_json::from_slice(&text).ok(),
+                _ => fetch_small(&hub, &target.repo, &commit, &f.path).await,
+            }
         }
         _ => None,
     };
@@ -560,8 +567,6 @@ async fn pull(
         crate::scheduler::readings::machine(false),
         0,
     );
-    let repo_dir = cache.join(target.folder_name());
-    let blobs = repo_dir.join("blobs");
     let mut to_fetch = 0;
     for f in &files {
         to_fetch += missing_bytes(&blobs, f);
@@ -613,21 +618,41 @@ async fn pull(
     let progress = Progress::new(mode, plan.total_bytes, plan.total_bytes - plan.to_fetch);
     let ticker = progress.ticker();
     let fetched = AtomicU64::new(0);
-    let result = futures_util::stream::iter(plan.files.iter().map(Ok))
-        .try_for_each_concurrent(usize::from(args.jobs), |file| {
-            let (hub, progress, fetched) = (&hub, &progress, &fetched);
+    // A failed file does not stop the others: what they fetch is kept for
+    // the next pull either way, and finishing them leaves less to resume.
+    let failures = std::sync::Mutex::new(Vec::new());
+    futures_util::stream::iter(&plan.files)
+        .for_each_concurrent(usize::from(args.jobs), |file| {
+            let (hub, progress, fetched, failures) = (&hub, &progress, &fetched, &failures);
             let (repo, commit, blobs) = (&plan.repo, &plan.commit, &blobs);
             async move {
-                let got = fetch(hub, repo, commit, blobs, file, progress).await?;
-                fetched.fetch_add(got, Ordering::Relaxed);
-                progress.file_done(file, got)?;
-                Ok::<(), anyhow::Error>(())
+                let result = fetch(hub, repo, commit, blobs, file, progress)
+                    .await
+                    .and_then(|got| {
+                        fetched.fetch_add(got, Ordering::Relaxed);
+                        Ok(progress.file_done(file, got)?)
+                    });
+                if let Err(e) = result {
+                    failures.lock().expect("no panics hold it").push(e);
+                }
             }
         })
         .await;
     ticker.abort();
     progress.finish();
-    result?;
+    let mut failures = failures.into_inner().expect("no panics hold it");
+    if let Some(first) = failures.pop() {
+        let others: Vec<String> = failures.iter().map(|e| format!("{e:#}")).collect();
+        return Err(if others.is_empty() {
+            first
+        } else {
+            first.context(format!(
+                "{} other file(s) failed too: {}",
+                others.len(),
+                others.join("; ")
+            ))
+        });
+    }
 
     // Only now is it a model.
     let snapshot = publish(&repo_dir, &plan.commit, &target.revision, &plan.files)?;
@@ -806,13 +831,14 @@ async fn fetch(
             if have > 0 {
                 hash_file(&partial_path, &mut hasher)?;
             }
-            let mut writer = std::io::BufWriter::with_capacity(1 << 20, &mut out);
+            // Unbuffered: what arrived is on disk, so a killed pull resumes
+            // after it.
+            let writer = &mut out;
             loop {
                 let chunk = match response.chunk().await {
                     Ok(Some(chunk)) => chunk,
                     Ok(None) => break,
                     Err(e) => {
-                        writer.flush().ok();
                         return Err(anyhow!(
                             "the download of {} broke off after {} of {} bytes ({e}); the part \
                              fetched is kept: run the same `hangar pull` again to continue it",
@@ -823,7 +849,6 @@ async fn fetch(
                     }
                 };
                 if have + fetched + chunk.len() as u64 > file.size {
-                    drop(writer);
                     std::fs::remove_file(&partial_path).ok();
                     bail!(
                         "{} is longer than the {} bytes the hub lists for it; the partial download was \
@@ -839,9 +864,6 @@ async fn fetch(
                 fetched += chunk.len() as u64;
                 progress.add(chunk.len() as u64);
             }
-            writer
-                .flush()
-                .with_context(|| format!("cannot write {}", partial_path.display()))?;
         }
     }
     let len = std::fs::metadata(&partial_path).map_or(0, |m| m.len());
