@@ -265,6 +265,29 @@ pub fn recognize(path: &Path, rules: &[Rule]) -> Result<Model, String> {
     inspect_file(path, rule).map(|found| found.into_model(id.into(), path, ModelSource::Folder))
 }
 
+/// What a folder holding files named `names` would be, by name alone: the
+/// first folder rule (in [`discover`]'s order) whose patterns all match a
+/// name, and the names it counts as weights. Content checks are not run, as
+/// the files need not exist yet: `hangar pull` asks this of a repository's
+/// file list before it downloads anything. `None` when no rule matches.
+pub fn rule_for_names<'a>(names: &[String], rules: &'a [Rule]) -> Option<(&'a Rule, Vec<String>)> {
+    let holds = |pattern: &String| names.iter().any(|n| name_matches(pattern, n));
+    let rule = rules
+        .iter()
+        .filter(|r| !r.spec.folder.is_empty())
+        .find(|r| r.spec.folder.iter().all(holds))?;
+    let patterns = match rule.spec.weights.as_slice() {
+        [] => rule.spec.folder.as_slice(),
+        patterns => patterns,
+    };
+    let weights = names
+        .iter()
+        .filter(|n| patterns.iter().any(|p| name_matches(p, n)))
+        .cloned()
+        .collect();
+    Some((rule, weights))
+}
+
 /// The rules, in words, for a reason: `gguf: *.gguf (built-in); mlx: …`.
 fn tried<'a>(rules: impl Iterator<Item = &'a Rule>) -> String {
     let tried: Vec<String> = rules.map(Rule::describe).collect();

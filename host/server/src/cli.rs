@@ -1,5 +1,5 @@
 //! The command line: `hangar plugins`, `hangar resolve`, `hangar platform`,
-//! `hangar serve`, `hangar bench`, and the plugin author's `hangar plugin …`.
+//! `hangar serve`, `hangar bench`, `hangar pull`, and the plugin author's `hangar plugin …`.
 //!
 //! Every command prints a human-readable table by default and JSON with
 //! `--json`, for scripts.
@@ -69,6 +69,10 @@ pub enum Command {
     /// Compare engines on the same model: load time, time to first token
     /// (cold and warm), tokens/s, memory, with provenance.
     Bench(crate::bench::BenchArgs),
+    /// Download a model from a Hugging Face-compatible hub into the Hugging
+    /// Face cache (`HF_ENDPOINT`, `HF_TOKEN`, `HF_HUB_CACHE` / `HF_HOME`),
+    /// after saying what it is and which engine would serve it.
+    Pull(crate::pull::PullArgs),
     /// Write, check, pack and install plugins.
     Plugin {
         #[command(subcommand)]
@@ -281,6 +285,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let settings =
                 SettingsStore::open(config::settings_path(cli.global.config.as_deref()))?;
             crate::serve::run(registry, settings, args.into())
+        }
+        Command::Pull(args) => {
+            let settings =
+                SettingsStore::open(config::settings_path(cli.global.config.as_deref()))?;
+            crate::pull::run(
+                args,
+                &registry,
+                &settings.get().default_engines,
+                cli.global.json,
+            )
         }
         Command::Plugins => {
             let report = plugins_report(&registry);

@@ -45,6 +45,7 @@ pub(crate) mod metrics;
 pub(crate) mod output;
 pub mod package;
 pub(crate) mod plugin_cmd;
+pub(crate) mod pull;
 pub(crate) mod resolved;
 pub mod scheduler;
 pub(crate) mod serve;

@@ -1,0 +1,1186 @@
+//! `hangar pull REPO[@REVISION]`: fetches a model from a Hugging Face-compatible
+//! hub into the Hugging Face cache, where the catalog (and mlx-lm,
+//! transformers and llama.cpp) find it.
+//!
+//! The hub's HTTP API is used directly: `GET {endpoint}/api/models/{repo}/revision/{rev}?blobs=true`
+//! lists the files with their sizes and, for Git LFS files, their SHA-256;
+//! each file comes from `{endpoint}/{repo}/resolve/{commit}/{path}` (which
+//! may redirect to a CDN). `HF_ENDPOINT` names a mirror, `HF_TOKEN` is sent
+//! as a bearer token for gated repositories.
+//!
+//! The cache layout is the Hugging Face one (`HF_HUB_CACHE`, else
+//! `HF_HOME/hub`, else `~/.cache/huggingface/hub`):
+//!
+//! ```text
+//! models--ORG--NAME/blobs/<sha256 or git blob id>
+//! models--ORG--NAME/snapshots/<commit>/<path> -> ../../blobs/<blob>
+//! models--ORG--NAME/refs/<revision>            (holds <commit>)
+//! ```
+//!
+//! Why a pull is safe to kill at any point: a file downloads into
+//! `blobs/<blob>.incomplete` and is renamed to its blob only once its size
+//! (and, for LFS files, its SHA-256) is right; the next pull continues an
+//! `.incomplete` file with a `Range` request. The snapshot is built in a
+//! hidden folder and renamed into place, and `refs/<revision>` written,
+//! only after every file is complete, so the catalog never takes a partial
+//! download for a model: before that, the repository folder holds no
+//! snapshot, which the catalog reports as "the download did not finish".
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use clap::Args;
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::output::outln;
+use crate::scheduler::guard::{bytes, ceiling, Guard};
+use hangar_engine::models::{self, Rule};
+use hangar_engine::registry::Registry;
+
+/// The hub used when `HF_ENDPOINT` is not set.
+pub(crate) const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+
+/// The suffix of a blob that is still downloading.
+const INCOMPLETE: &str = ".incomplete";
+
+/// The most of a `config.json` fetched for the memory estimate.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Options of `hangar pull`.
+#[derive(Debug, Args)]
+pub struct PullArgs {
+    /// The repository, `ORG/NAME` (or `NAME`), optionally `@REVISION` (a
+    /// branch, tag or commit; default `main`).
+    pub repo: String,
+    /// Fetch only the files whose paths match this glob (`*.gguf`,
+    /// `*Q4_K_M*`); repeatable. Default: every file.
+    #[arg(long = "include", value_name = "GLOB")]
+    pub include: Vec<String>,
+    /// Download even what no installed plugin can serve.
+    #[arg(long)]
+    pub force: bool,
+    /// The memory guard whose ceiling the model is compared with (as
+    /// `hangar serve --memory-guard`).
+    #[arg(long, default_value = "balanced")]
+    pub memory_guard: Guard,
+    /// Files downloaded at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub jobs: u16,
+}
+
+/// A repository and revision, as `ORG/NAME@REVISION` names them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RepoRef {
+    pub(crate) repo: String,
+    pub(crate) revision: String,
+}
+
+impl RepoRef {
+    /// Parses `ORG/NAME[@REVISION]`; the revision defaults to `main`.
+    pub(crate) fn parse(text: &str) -> Result<RepoRef, String> {
+        let (repo, revision) = match text.split_once('@') {
+            Some((repo, revision)) => (repo, revision),
+            None => (text, "main"),
+        };
+        let parts: Vec<&str> = repo.split('/').collect();
+        let part_ok = |p: &&str| {
+            !p.is_empty()
+                && *p != "."
+                && *p != ".."
+                && !p.starts_with("--")
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        };
+        if parts.len() > 2 || !parts.iter().all(part_ok) {
+            return Err(format!(
+                "'{text}' is not a repository: use ORG/NAME or ORG/NAME@REVISION \
+                 (letters, digits, '-', '_' and '.'; for example Qwen/Qwen3-0.6B@main)"
+            ));
+        }
+        let revision_ok = !revision.is_empty()
+            && !revision.starts_with('/')
+            && !revision.ends_with('/')
+            && revision
+                .split('/')
+                .all(|c| !c.is_empty() && c != "." && c != "..")
+            && !revision.contains(['\\', '@', ' ']);
+        if !revision_ok {
+            return Err(format!(
+                "'{revision}' (in '{text}') is not a revision: use a branch, tag or commit \
+                 hash such as main, v1.0 or refs/pr/1"
+            ));
+        }
+        Ok(RepoRef {
+            repo: repo.to_string(),
+            revision: revision.to_string(),
+        })
+    }
+
+    /// The repository's folder in the cache: `models--ORG--NAME`.
+    pub(crate) fn folder_name(&self) -> String {
+        format!("models--{}", self.repo.replace('/', "--"))
+    }
+}
+
+/// The Hugging Face hub cache: `HF_HUB_CACHE`, else `HF_HOME/hub`, else
+/// `~/.cache/huggingface/hub` (as `huggingface_hub` resolves it).
+pub(crate) fn cache_dir(
+    hub_cache: Option<&str>,
+    hf_home: Option<&str>,
+    home: Option<&Path>,
+) -> Option<PathBuf> {
+    let set = |v: Option<&str>| v.filter(|v| !v.is_empty()).map(PathBuf::from);
+    set(hub_cache)
+        .or_else(|| set(hf_home).map(|h| h.join("hub")))
+        .or_else(|| home.map(|h| h.join(".cache").join("huggingface").join("hub")))
+}
+
+/// The `--include` globs; no glob selects every file. A glob matches the
+/// file's whole path inside the repository, and `*` crosses `/` (as the
+/// hub client's `allow_patterns` do), so `*.gguf` also picks `q4/m.gguf`.
+#[derive(Debug)]
+pub(crate) struct Include(Option<globset::GlobSet>);
+
+impl Include {
+    pub(crate) fn new(globs: &[String]) -> Result<Include, String> {
+        if globs.is_empty() {
+            return Ok(Include(None));
+        }
+        let mut set = globset::GlobSetBuilder::new();
+        for glob in globs {
+            set.add(
+                globset::Glob::new(glob)
+                    .map_err(|e| format!("--include '{glob}' is not a glob: {e}"))?,
+            );
+        }
+        set.build()
+            .map(|s| Include(Some(s)))
+            .map_err(|e| format!("--include globs do not build: {e}"))
+    }
+
+    pub(crate) fn matches(&self, path: &str) -> bool {
+        self.0.as_ref().is_none_or(|s| s.is_match(path))
+    }
+}
+
+/// The symlink target of snapshot file `path` (a path inside the
+/// repository) for blob `blob`: relative, so that the cache can move.
+pub(crate) fn link_target(path: &str, blob: &str) -> PathBuf {
+    let depth = path.matches('/').count();
+    let mut target = PathBuf::from("../..");
+    for _ in 0..depth {
+        target.push("..");
+    }
+    target.join("blobs").join(blob)
+}
+
+/// Whether a file path from the hub stays inside the snapshot folder.
+fn safe_path(path: &str) -> bool {
+    !path.is_empty()
+        && !path.starts_with('/')
+        && !path.contains('\\')
+        && path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
+}
+
+/// Percent-encodes a URL path segment list: `/` is kept when `keep_slash`.
+fn encode(text: &str, keep_slash: bool) -> String {
+    let mut out = String::new();
+    for b in text.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char)
+            }
+            b'/' if keep_slash => out.push('/'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------
+// the hub's answers
+
+#[derive(Debug, Deserialize)]
+struct ModelInfo {
+    sha: Option<String>,
+    #[serde(default)]
+    siblings: Vec<Sibling>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Sibling {
+    rfilename: String,
+    size: Option<u64>,
+    #[serde(rename = "blobId")]
+    blob_id: Option<String>,
+    lfs: Option<Lfs>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Lfs {
+    sha256: String,
+    size: Option<u64>,
+}
+
+/// One file to fetch.
+#[derive(Debug, Clone, Serialize)]
+struct File {
+    path: String,
+    size: u64,
+    /// The blob's name in the cache: the LFS SHA-256, else the git blob id.
+    blob: String,
+    /// The SHA-256 the file must have (LFS files).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sha256: Option<String>,
+}
+
+fn is_hex(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 128 && s.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+impl File {
+    fn from_sibling(s: Sibling) -> anyhow::Result<File> {
+        let name = &s.rfilename;
+        if !safe_path(name) {
+            bail!("the hub lists a file '{name}' whose path leaves the repository; refusing it");
+        }
+        let (blob, sha256, size) = match s.lfs {
+            Some(lfs) => {
+                let sha = lfs.sha256.to_ascii_lowercase();
+                if sha.len() != 64 || !is_hex(&sha) {
+                    bail!("the hub gives file '{name}' the SHA-256 '{sha}', which is not one");
+                }
+                (sha.clone(), Some(sha), lfs.size.or(s.size))
+            }
+            None => {
+                let id = s.blob_id.ok_or_else(|| {
+                    anyhow!("the hub gives no blob id for file '{name}'; it does not answer ?blobs=true as the Hugging Face hub does")
+                })?;
+                if !is_hex(&id) {
+                    bail!("the hub gives file '{name}' the blob id '{id}', which is not a hash");
+                }
+                (id.to_ascii_lowercase(), None, s.size)
+            }
+        };
+        let size = size.ok_or_else(|| {
+            anyhow!("the hub gives no size for file '{name}'; it does not answer ?blobs=true as the Hugging Face hub does")
+        })?;
+        Ok(File {
+            path: s.rfilename,
+            size,
+            blob,
+            sha256,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// events
+
+/// What `--json` prints, one object per line.
+#[derive(Debug, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+enum Event<'a> {
+    Plan(&'a Plan),
+    Progress {
+        bytes: u64,
+        total: u64,
+    },
+    File {
+        path: &'a str,
+        size: u64,
+        fetched: u64,
+    },
+    Done {
+        path: &'a Path,
+        commit: &'a str,
+        fetched: u64,
+    },
+    Error {
+        message: String,
+    },
+}
+
+/// What the pull will do, before it does it.
+#[derive(Debug, Serialize)]
+struct Plan {
+    repo: String,
+    revision: String,
+    commit: String,
+    endpoint: String,
+    files: Vec<File>,
+    total_bytes: u64,
+    /// Bytes not yet in the cache.
+    to_fetch: u64,
+    format: Option<String>,
+    rule: Option<String>,
+    engine: Option<String>,
+    /// Why the engine was chosen, or why none can serve it.
+    reason: String,
+    /// The memory estimate (weights + KV cache for the default context).
+    need_bytes: u64,
+    ceiling_bytes: Option<u64>,
+    fits: Option<bool>,
+    cache: PathBuf,
+}
+
+/// How progress is shown: a bar on a terminal, plain lines otherwise, or
+/// JSON events.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Bar,
+    Plain,
+    Json,
+}
+
+fn emit(event: &Event<'_>) -> std::io::Result<()> {
+    outln!(
+        "{}",
+        serde_json::to_string(event).expect("events serialize")
+    )
+}
+
+// ---------------------------------------------------------------------------
+// the pull
+
+/// Runs `hangar pull`.
+pub(crate) fn run(
+    args: PullArgs,
+    registry: &Registry,
+    default_engines: &BTreeMap<String, String>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let mode = if json {
+        Mode::Json
+    } else if std::io::stderr().is_terminal() {
+        Mode::Bar
+    } else {
+        Mode::Plain
+    };
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the pull's runtime")?;
+    let result = runtime.block_on(pull(&args, registry, default_engines, mode));
+    match result {
+        Ok(code) => Ok(code),
+        Err(e) if mode == Mode::Json => {
+            emit(&Event::Error {
+                message: format!("{e:#}"),
+            })?;
+            Err(e)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+struct Hub {
+    client: reqwest::Client,
+    endpoint: String,
+    token: Option<String>,
+}
+
+impl Hub {
+    fn get(&self, url: &str) -> reqwest::RequestBuilder {
+        let request = self.client.get(url);
+        match &self.token {
+            Some(t) => request.bearer_auth(t),
+            None => request,
+        }
+    }
+
+    /// Why the hub refused `what`, for statuses a user can act on.
+    fn refusal(&self, status: reqwest::StatusCode, repo: &str, what: &str) -> anyhow::Error {
+        match status.as_u16() {
+            401 | 403 if self.token.is_none() => anyhow!(
+                "{} answered {status} for {what}: repository {repo} is gated or private; \
+                 set HF_TOKEN to an access token that may read it (and accept its terms on the hub)",
+                self.endpoint
+            ),
+            401 | 403 => anyhow!(
+                "{} answered {status} for {what}: the token in HF_TOKEN may not read repository {repo}; \
+                 accept the repository's terms on the hub or use a token with access",
+                self.endpoint
+            ),
+            404 => anyhow!(
+                "{} answered 404 for {what}: no repository {repo} at that revision (check the name, \
+                 the revision and HF_ENDPOINT)",
+                self.endpoint
+            ),
+            _ => anyhow!("{} answered {status} for {what}", self.endpoint),
+        }
+    }
+}
+
+async fn pull(
+    args: &PullArgs,
+    registry: &Registry,
+    default_engines: &BTreeMap<String, String>,
+    mode: Mode,
+) -> anyhow::Result<ExitCode> {
+    let target = RepoRef::parse(&args.repo).map_err(anyhow::Error::msg)?;
+    let include = Include::new(&args.include).map_err(anyhow::Error::msg)?;
+    let env = |k: &str| std::env::var(k).ok();
+    let endpoint = env("HF_ENDPOINT")
+        .filter(|e| !e.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_ENDPOINT.into())
+        .trim_end_matches('/')
+        .to_string();
+    if !endpoint.starts_with("http://") && !endpoint.starts_with("https://") {
+        bail!("HF_ENDPOINT '{endpoint}' is not an http:// or https:// URL");
+    }
+    let cache = cache_dir(
+        env("HF_HUB_CACHE").as_deref(),
+        env("HF_HOME").as_deref(),
+        dirs::home_dir().as_deref(),
+    )
+    .ok_or_else(|| {
+        anyhow!("no Hugging Face cache: set HF_HUB_CACHE or HF_HOME (there is no home folder)")
+    })?;
+    let hub = Hub {
+        client: reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(30))
+            .read_timeout(Duration::from_secs(60))
+            .user_agent(concat!("hangar/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .context("cannot build the HTTP client")?,
+        endpoint,
+        token: env("HF_TOKEN").filter(|t| !t.is_empty()),
+    };
+
+    // What the repository holds.
+    let info_url = format!(
+        "{}/api/models/{}/revision/{}?blobs=true",
+        hub.endpoint,
+        encode(&target.repo, true),
+        encode(&target.revision, false)
+    );
+    let response = hub.get(&info_url).send().await.with_context(|| {
+        format!(
+            "cannot reach the hub at {} (set HF_ENDPOINT for a mirror)",
+            hub.endpoint
+        )
+    })?;
+    if !response.status().is_success() {
+        return Err(hub.refusal(
+            response.status(),
+            &target.repo,
+            &format!("the model info of {}@{}", target.repo, target.revision),
+        ));
+    }
+    let info: ModelInfo = response.json().await.with_context(|| {
+        format!("{info_url} did not answer the hub's model info (JSON with sha and siblings)")
+    })?;
+    let commit = info
+        .sha
+        .filter(|c| is_hex(c))
+        .ok_or_else(|| anyhow!("{info_url} gives no commit hash (`sha`) for the revision"))?;
+    let all: Vec<File> = info
+        .siblings
+        .into_iter()
+        .map(File::from_sibling)
+        .collect::<anyhow::Result<_>>()?;
+    let files: Vec<File> = all
+        .iter()
+        .filter(|f| include.matches(&f.path))
+        .cloned()
+        .collect();
+    if files.is_empty() {
+        let names: Vec<&str> = all.iter().map(|f| f.path.as_str()).collect();
+        bail!(
+            "no file of {} matches --include {}; its files are: {}",
+            target.repo,
+            args.include.join(" "),
+            if names.is_empty() {
+                "none".into()
+            } else {
+                names.join(", ")
+            }
+        );
+    }
+
+    // What Hangar makes of it.
+    let names: Vec<String> = files
+        .iter()
+        .filter(|f| !f.path.contains('/'))
+        .map(|f| f.path.clone())
+        .collect();
+    let recognised = models::rule_for_names(&names, registry.rules());
+    let weights: u64 = match &recognised {
+        Some((_, weights)) => files
+            .iter()
+            .filter(|f| weights.contains(&f.path))
+            .map(|f| f.size)
+            .sum(),
+        None => 0,
+    };
+    let (format, rule, engine, reason) = match &recognised {
+        Some((rule, _)) => {
+            let resolution = registry.resolve_needing(&rule.spec.format, None, default_engines);
+            (
+                Some(rule.spec.format.clone()),
+                Some(Rule::describe(rule)),
+                resolution.chosen.clone(),
+                resolution.reason.clone(),
+            )
+        }
+        None => (
+            None,
+            None,
+            None,
+            format!(
+                "no recognition rule matches its files (tried {})",
+                registry
+                    .rules()
+                    .iter()
+                    .filter(|r| !r.spec.folder.is_empty())
+                    .map(Rule::describe)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        ),
+    };
+    let repo_dir = cache.join(target.folder_name());
+    let blobs = repo_dir.join("blobs");
+    let config = match files.iter().find(|f| f.path == "config.json") {
+        Some(f) if recognised.is_some() && f.size <= MAX_CONFIG_BYTES => {
+            // The cached copy when there is one: a pull of what is already
+            // here fetches nothing.
+            match std::fs::read(blobs.join(&f.blob)) {
+                Ok(text) if text.len() as u64 == f.size => serde_json::from_slice(&text).ok(),
+                _ => fetch_small(&hub, &target.repo, &commit, &f.path).await,
+            }
+        }
+        _ => None,
+    };
+    let need = crate::scheduler::estimate::from_config(config.as_ref(), weights, None).total();
+    let ceiling = ceiling(
+        args.memory_guard,
+        None,
+        crate::scheduler::readings::machine(false),
+        0,
+    );
+    let mut to_fetch = 0;
+    for f in &files {
+        to_fetch += missing_bytes(&blobs, f);
+    }
+    let plan = Plan {
+        repo: target.repo.clone(),
+        revision: target.revision.clone(),
+        commit: commit.clone(),
+        endpoint: hub.endpoint.clone(),
+        total_bytes: files.iter().map(|f| f.size).sum(),
+        to_fetch,
+        files,
+        format,
+        rule,
+        engine,
+        reason,
+        need_bytes: need,
+        ceiling_bytes: ceiling,
+        fits: ceiling.map(|c| need <= c),
+        cache: cache.clone(),
+    };
+    show_plan(&plan, args.memory_guard, mode)?;
+    if plan.engine.is_none() && !args.force {
+        bail!(
+            "refusing to pull {}: no installed plugin can serve it ({}); pass --force to download it anyway",
+            plan.repo,
+            plan.reason
+        );
+    }
+
+    // Room for it, before anything is written.
+    let free = free_space(&cache)?;
+    if plan.to_fetch > free.1 {
+        bail!(
+            "not enough disk space to pull {}: it needs {} ({} bytes) more, and {} has {} ({} bytes) free; \
+             free some space or set HF_HUB_CACHE to a folder on a larger disk",
+            plan.repo,
+            bytes(plan.to_fetch),
+            plan.to_fetch,
+            free.0.display(),
+            bytes(free.1),
+            free.1
+        );
+    }
+    std::fs::create_dir_all(&blobs)
+        .with_context(|| format!("cannot create {}", blobs.display()))?;
+
+    // The files, a few at a time.
+    let progress = Progress::new(mode, plan.total_bytes, plan.total_bytes - plan.to_fetch);
+    let ticker = progress.ticker();
+    let fetched = AtomicU64::new(0);
+    // A failed file does not stop the others: what they fetch is kept for
+    // the next pull either way, and finishing them leaves less to resume.
+    let failures = std::sync::Mutex::new(Vec::new());
+    futures_util::stream::iter(&plan.files)
+        .for_each_concurrent(usize::from(args.jobs), |file| {
+            let (hub, progress, fetched, failures) = (&hub, &progress, &fetched, &failures);
+            let (repo, commit, blobs) = (&plan.repo, &plan.commit, &blobs);
+            async move {
+                let result = fetch(hub, repo, commit, blobs, file, progress)
+                    .await
+                    .and_then(|got| {
+                        fetched.fetch_add(got, Ordering::Relaxed);
+                        Ok(progress.file_done(file, got)?)
+                    });
+                if let Err(e) = result {
+                    failures.lock().expect("no panics hold it").push(e);
+                }
+            }
+        })
+        .await;
+    ticker.abort();
+    progress.finish();
+    let mut failures = failures.into_inner().expect("no panics hold it");
+    if let Some(first) = failures.pop() {
+        let others: Vec<String> = failures.iter().map(|e| format!("{e:#}")).collect();
+        return Err(if others.is_empty() {
+            first
+        } else {
+            first.context(format!(
+                "{} other file(s) failed too: {}",
+                others.len(),
+                others.join("; ")
+            ))
+        });
+    }
+
+    // Only now is it a model.
+    let snapshot = publish(&repo_dir, &plan.commit, &target.revision, &plan.files)?;
+    let fetched = fetched.load(Ordering::Relaxed);
+    match mode {
+        Mode::Json => emit(&Event::Done {
+            path: &snapshot,
+            commit: &plan.commit,
+            fetched,
+        })?,
+        _ => outln!(
+            "pulled {}@{} ({}) into {} ({} fetched)",
+            plan.repo,
+            plan.revision,
+            plan.commit,
+            snapshot.display(),
+            bytes(fetched)
+        )?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn show_plan(plan: &Plan, guard: Guard, mode: Mode) -> std::io::Result<()> {
+    if mode == Mode::Json {
+        return emit(&Event::Plan(plan));
+    }
+    outln!(
+        "{}@{} (commit {}) from {}: {} file(s), {}{}",
+        plan.repo,
+        plan.revision,
+        plan.commit,
+        plan.endpoint,
+        plan.files.len(),
+        bytes(plan.total_bytes),
+        if plan.to_fetch < plan.total_bytes {
+            format!(" ({} still to fetch)", bytes(plan.to_fetch))
+        } else {
+            String::new()
+        }
+    )?;
+    match (&plan.format, &plan.engine) {
+        (Some(format), Some(engine)) => outln!(
+            "format {format} (rule {}); served by {engine} ({})",
+            plan.rule.as_deref().unwrap_or_default(),
+            plan.reason
+        )?,
+        (Some(format), None) => outln!(
+            "format {format} (rule {}); no installed plugin serves it: {}",
+            plan.rule.as_deref().unwrap_or_default(),
+            plan.reason
+        )?,
+        (None, _) => outln!("not a model Hangar recognises: {}", plan.reason)?,
+    }
+    if plan.format.is_some() {
+        match plan.ceiling_bytes {
+            Some(c) => outln!(
+                "needs about {} of memory: {} the {guard} memory guard's ceiling of {}",
+                bytes(plan.need_bytes),
+                if plan.need_bytes <= c {
+                    "fits under"
+                } else {
+                    "does NOT fit under"
+                },
+                bytes(c)
+            )?,
+            None => outln!(
+                "needs about {} of memory (memory guard {guard}: no ceiling)",
+                bytes(plan.need_bytes)
+            )?,
+        }
+    }
+    Ok(())
+}
+
+/// A small file's JSON, for the memory estimate; `None` on any failure
+/// (the estimate then counts the weights only).
+async fn fetch_small(hub: &Hub, repo: &str, commit: &str, path: &str) -> Option<serde_json::Value> {
+    let url = resolve_url(&hub.endpoint, repo, commit, path);
+    let response = hub.get(&url).send().await.ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    let body = response.bytes().await.ok()?;
+    if body.len() as u64 > MAX_CONFIG_BYTES {
+        return None;
+    }
+    serde_json::from_slice(&body).ok()
+}
+
+fn resolve_url(endpoint: &str, repo: &str, commit: &str, path: &str) -> String {
+    format!(
+        "{endpoint}/{}/resolve/{}/{}",
+        encode(repo, true),
+        encode(commit, false),
+        encode(path, true)
+    )
+}
+
+/// Bytes of `file` not yet in `blobs` (a complete blob, or part of an
+/// `.incomplete` one).
+fn missing_bytes(blobs: &Path, file: &File) -> u64 {
+    let len = |p: PathBuf| std::fs::metadata(p).map(|m| m.len()).ok();
+    if len(blobs.join(&file.blob)) == Some(file.size) {
+        return 0;
+    }
+    let partial = len(blobs.join(format!("{}{INCOMPLETE}", file.blob))).unwrap_or(0);
+    file.size.saturating_sub(partial.min(file.size))
+}
+
+/// The nearest existing folder at or above `dir`, and its free bytes.
+fn free_space(dir: &Path) -> anyhow::Result<(PathBuf, u64)> {
+    let mut at = dir.to_path_buf();
+    while !at.exists() {
+        match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => at = p.to_path_buf(),
+            _ => break,
+        }
+    }
+    let stat = nix::sys::statvfs::statvfs(&at)
+        .with_context(|| format!("cannot read the free space of {}", at.display()))?;
+    #[allow(clippy::useless_conversion)] // the field types differ between platforms
+    let free = u64::from(stat.blocks_available()).saturating_mul(u64::from(stat.fragment_size()));
+    Ok((at, free))
+}
+
+/// Fetches one file into `blobs/<blob>`, continuing an `.incomplete` one;
+/// returns the bytes it fetched.
+async fn fetch(
+    hub: &Hub,
+    repo: &str,
+    commit: &str,
+    blobs: &Path,
+    file: &File,
+    progress: &Progress,
+) -> anyhow::Result<u64> {
+    let done = blobs.join(&file.blob);
+    if std::fs::metadata(&done).is_ok_and(|m| m.len() == file.size) {
+        return Ok(0);
+    }
+    let partial_path = blobs.join(format!("{}{INCOMPLETE}", file.blob));
+    let mut have = std::fs::metadata(&partial_path).map_or(0, |m| m.len());
+    if have > file.size {
+        // Longer than the file: not a prefix of it.
+        std::fs::remove_file(&partial_path).ok();
+        have = 0;
+    }
+    let url = resolve_url(&hub.endpoint, repo, commit, &file.path);
+    let mut fetched = 0;
+    let mut hasher = Sha256::new();
+    if have < file.size || file.size == 0 {
+        let mut request = hub.get(&url);
+        if have > 0 {
+            request = request.header(reqwest::header::RANGE, format!("bytes={have}-"));
+        }
+        let mut response = request
+            .send()
+            .await
+            .with_context(|| format!("cannot fetch {} from {url}", file.path))?;
+        let status = response.status();
+        if status == reqwest::StatusCode::RANGE_NOT_SATISFIABLE {
+            // The partial may be whole already; checked below.
+        } else if !status.is_success() {
+            return Err(hub.refusal(status, repo, &format!("file {}", file.path)));
+        } else {
+            if status != reqwest::StatusCode::PARTIAL_CONTENT && have > 0 {
+                // The server ignored the range: start over.
+                have = 0;
+            }
+            let mut out = std::fs::OpenOptions::new()
+                .create(true)
+                .append(have > 0)
+                .write(true)
+                .truncate(have == 0)
+                .open(&partial_path)
+                .with_context(|| format!("cannot write {}", partial_path.display()))?;
+            if have > 0 {
+                hash_file(&partial_path, &mut hasher)?;
+            }
+            // Unbuffered: what arrived is on disk, so a killed pull resumes
+            // after it.
+            let writer = &mut out;
+            loop {
+                let chunk = match response.chunk().await {
+                    Ok(Some(chunk)) => chunk,
+                    Ok(None) => break,
+                    Err(e) => {
+                        return Err(anyhow!(
+                            "the download of {} broke off after {} of {} bytes ({e}); the part \
+                             fetched is kept: run the same `hangar pull` again to continue it",
+                            file.path,
+                            have + fetched,
+                            file.size
+                        ));
+                    }
+                };
+                if have + fetched + chunk.len() as u64 > file.size {
+                    std::fs::remove_file(&partial_path).ok();
+                    bail!(
+                        "{} is longer than the {} bytes the hub lists for it; the partial download was \
+                         deleted; check HF_ENDPOINT's mirror",
+                        file.path,
+                        file.size
+                    );
+                }
+                hasher.update(&chunk);
+                writer
+                    .write_all(&chunk)
+                    .with_context(|| format!("cannot write {}", partial_path.display()))?;
+                fetched += chunk.len() as u64;
+                progress.add(chunk.len() as u64);
+            }
+        }
+    }
+    let len = std::fs::metadata(&partial_path).map_or(0, |m| m.len());
+    if len != file.size {
+        if len > file.size {
+            std::fs::remove_file(&partial_path).ok();
+        }
+        bail!(
+            "{} is {len} bytes, but the hub lists {} bytes for it; run `hangar pull` again to continue it",
+            file.path,
+            file.size
+        );
+    }
+    if let Some(want) = &file.sha256 {
+        if fetched == 0 {
+            // The whole file was already there: hash it now.
+            hasher = Sha256::new();
+            hash_file(&partial_path, &mut hasher)?;
+        }
+        let got = hex(&hasher.finalize());
+        if &got != want {
+            std::fs::remove_file(&partial_path).ok();
+            bail!(
+                "{} failed its checksum: SHA-256 {got}, but the hub lists {want}; the download was \
+                 deleted; pull again (if it fails again, the hub or mirror serves a corrupt file)",
+                file.path
+            );
+        }
+    }
+    std::fs::rename(&partial_path, &done)
+        .with_context(|| format!("cannot move {} into place", partial_path.display()))?;
+    Ok(fetched)
+}
+
+fn hash_file(path: &Path, hasher: &mut Sha256) -> anyhow::Result<()> {
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f
+            .read(&mut buf)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if n == 0 {
+            return Ok(());
+        }
+        hasher.update(&buf[..n]);
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Makes the snapshot of `commit` (links into `blobs/`) and points
+/// `refs/<revision>` at it; returns the snapshot folder. A new snapshot is
+/// built in a hidden folder and renamed into place, so that it appears
+/// whole.
+fn publish(
+    repo_dir: &Path,
+    commit: &str,
+    revision: &str,
+    files: &[File],
+) -> anyhow::Result<PathBuf> {
+    let snapshots = repo_dir.join("snapshots");
+    let snapshot = snapshots.join(commit);
+    let building = if snapshot.is_dir() {
+        snapshot.clone()
+    } else {
+        let tmp = snapshots.join(format!(".{commit}{INCOMPLETE}"));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp)
+                .with_context(|| format!("cannot clear {}", tmp.display()))?;
+        }
+        tmp
+    };
+    for f in files {
+        let link = building.join(&f.path);
+        if let Some(parent) = link.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        if std::fs::symlink_metadata(&link).is_ok() {
+            std::fs::remove_file(&link)
+                .with_context(|| format!("cannot replace {}", link.display()))?;
+        }
+        std::os::unix::fs::symlink(link_target(&f.path, &f.blob), &link)
+            .with_context(|| format!("cannot link {}", link.display()))?;
+    }
+    if building != snapshot {
+        std::fs::rename(&building, &snapshot)
+            .with_context(|| format!("cannot move {} into place", snapshot.display()))?;
+    }
+    // A commit asked for by its hash has no ref (as the hub client does).
+    if revision != commit {
+        let refs = repo_dir.join("refs").join(revision);
+        let parent = refs.parent().expect("a ref has a folder");
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+        let tmp = parent.join(format!(
+            ".{}{INCOMPLETE}",
+            refs.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        std::fs::write(&tmp, commit).with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, &refs).with_context(|| format!("cannot write {}", refs.display()))?;
+    }
+    Ok(snapshot)
+}
+
+// ---------------------------------------------------------------------------
+// progress
+
+struct Progress {
+    mode: Mode,
+    bar: Option<indicatif::ProgressBar>,
+    done: Arc<AtomicU64>,
+    total: u64,
+    started: Instant,
+}
+
+impl Progress {
+    fn new(mode: Mode, total: u64, already: u64) -> Progress {
+        let bar = (mode == Mode::Bar).then(|| {
+            let bar = indicatif::ProgressBar::new(total);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+                )
+                .expect("the template parses"),
+            );
+            bar.set_position(already);
+            bar
+        });
+        Progress {
+            mode,
+            bar,
+            done: Arc::new(AtomicU64::new(already)),
+            total,
+            started: Instant::now(),
+        }
+    }
+
+    fn add(&self, n: u64) {
+        self.done.fetch_add(n, Ordering::Relaxed);
+        if let Some(bar) = &self.bar {
+            bar.inc(n);
+        }
+    }
+
+    fn file_done(&self, file: &File, fetched: u64) -> std::io::Result<()> {
+        match self.mode {
+            Mode::Json => emit(&Event::File {
+                path: &file.path,
+                size: file.size,
+                fetched,
+            }),
+            Mode::Plain => {
+                eprintln!("pull: {} done ({})", file.path, bytes(file.size));
+                Ok(())
+            }
+            Mode::Bar => Ok(()),
+        }
+    }
+
+    /// Reports progress every second (JSON) or five (plain lines) until aborted.
+    fn ticker(&self) -> tokio::task::JoinHandle<()> {
+        let (mode, done, total, started) = (self.mode, self.done.clone(), self.total, self.started);
+        tokio::spawn(async move {
+            let every = if mode == Mode::Json { 1 } else { 5 };
+            let mut tick = tokio::time::interval(Duration::from_secs(every));
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let now = done.load(Ordering::Relaxed);
+                match mode {
+                    Mode::Json => {
+                        let _ = emit(&Event::Progress { bytes: now, total });
+                    }
+                    Mode::Plain => {
+                        let rate = now as f64 / started.elapsed().as_secs_f64().max(0.001);
+                        eprintln!(
+                            "pull: {} of {} ({}/s)",
+                            bytes(now),
+                            bytes(total),
+                            bytes(rate as u64)
+                        );
+                    }
+                    Mode::Bar => {}
+                }
+            }
+        })
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use expect_test::{expect, Expect};
+
+    use super::*;
+
+    fn check_parse(input: &str, expected: Expect) {
+        let got = match RepoRef::parse(input) {
+            Ok(r) => format!("{} @ {} -> {}", r.repo, r.revision, r.folder_name()),
+            Err(e) => format!("error: {e}"),
+        };
+        expected.assert_eq(&got);
+    }
+
+    #[test]
+    fn revisions_parse() {
+        check_parse(
+            "Qwen/Qwen3-0.6B",
+            expect!["Qwen/Qwen3-0.6B @ main -> models--Qwen--Qwen3-0.6B"],
+        );
+        check_parse("gpt2", expect!["gpt2 @ main -> models--gpt2"]);
+        check_parse("org/m@v1.0", expect!["org/m @ v1.0 -> models--org--m"]);
+        check_parse(
+            "org/m@refs/pr/1",
+            expect!["org/m @ refs/pr/1 -> models--org--m"],
+        );
+        check_parse(
+            "org/m@0123456789abcdef0123456789abcdef01234567",
+            expect!["org/m @ 0123456789abcdef0123456789abcdef01234567 -> models--org--m"],
+        );
+        check_parse("a/b/c", expect!["error: 'a/b/c' is not a repository: use ORG/NAME or ORG/NAME@REVISION (letters, digits, '-', '_' and '.'; for example Qwen/Qwen3-0.6B@main)"]);
+        check_parse("../x", expect!["error: '../x' is not a repository: use ORG/NAME or ORG/NAME@REVISION (letters, digits, '-', '_' and '.'; for example Qwen/Qwen3-0.6B@main)"]);
+        check_parse("org/", expect!["error: 'org/' is not a repository: use ORG/NAME or ORG/NAME@REVISION (letters, digits, '-', '_' and '.'; for example Qwen/Qwen3-0.6B@main)"]);
+        check_parse("org/m@", expect!["error: '' (in 'org/m@') is not a revision: use a branch, tag or commit hash such as main, v1.0 or refs/pr/1"]);
+        check_parse("org/m@../../etc", expect!["error: '../../etc' (in 'org/m@../../etc') is not a revision: use a branch, tag or commit hash such as main, v1.0 or refs/pr/1"]);
+    }
+
+    #[test]
+    fn the_cache_is_found_as_the_hub_client_finds_it() {
+        let home = Path::new("/home/u");
+        let show = |c: Option<PathBuf>| c.map(|p| p.display().to_string()).unwrap_or("none".into());
+        expect!["/c/hub-cache"].assert_eq(&show(cache_dir(
+            Some("/c/hub-cache"),
+            Some("/h"),
+            Some(home),
+        )));
+        expect!["/h/hub"].assert_eq(&show(cache_dir(None, Some("/h"), Some(home))));
+        expect!["/h/hub"].assert_eq(&show(cache_dir(Some(""), Some("/h"), Some(home))));
+        expect!["/home/u/.cache/huggingface/hub"].assert_eq(&show(cache_dir(
+            None,
+            None,
+            Some(home),
+        )));
+        expect!["none"].assert_eq(&show(cache_dir(None, None, None)));
+    }
+
+    #[test]
+    fn include_globs_select_by_path() {
+        let files = [
+            "config.json",
+            "model.safetensors",
+            "q4/m-Q4_K_M.gguf",
+            "m-Q8_0.gguf",
+            "README.md",
+        ];
+        let pick = |globs: &[&str]| -> String {
+            let globs: Vec<String> = globs.iter().map(|g| g.to_string()).collect();
+            match Include::new(&globs) {
+                Ok(inc) => files
+                    .iter()
+                    .filter(|f| inc.matches(f))
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                Err(e) => format!("error: {e}"),
+            }
+        };
+        expect!["config.json model.safetensors q4/m-Q4_K_M.gguf m-Q8_0.gguf README.md"]
+            .assert_eq(&pick(&[]));
+        expect!["q4/m-Q4_K_M.gguf m-Q8_0.gguf"].assert_eq(&pick(&["*.gguf"]));
+        expect!["config.json q4/m-Q4_K_M.gguf"].assert_eq(&pick(&["*Q4_K_M*", "*.json"]));
+        expect!["error: --include 'a[' is not a glob: error parsing glob 'a[': unclosed character class; missing ']'"].assert_eq(&pick(&["a["]));
+    }
+
+    #[test]
+    fn snapshot_links_are_relative_to_blobs() {
+        expect!["../../blobs/abc"]
+            .assert_eq(&link_target("config.json", "abc").display().to_string());
+        expect!["../../../../blobs/abc"]
+            .assert_eq(&link_target("a/b/m.gguf", "abc").display().to_string());
+    }
+
+    #[test]
+    fn hub_paths_that_leave_the_repository_are_refused() {
+        let verdicts: Vec<String> = [
+            "config.json",
+            "a/b.gguf",
+            "../x",
+            "/etc/passwd",
+            "a//b",
+            "a\\b",
+            "",
+        ]
+        .iter()
+        .map(|p| format!("{p:?}: {}", safe_path(p)))
+        .collect();
+        expect![[r#""config.json": true, "a/b.gguf": true, "../x": false, "/etc/passwd": false, "a//b": false, "a\\b": false, "": false"#]]
+            .assert_eq(&verdicts.join(", "));
+    }
+
+    #[test]
+    fn urls_encode_what_paths_may_not_hold() {
+        expect!["http://h/org/m/resolve/abc/dir/a%20b%2B.json"].assert_eq(&resolve_url(
+            "http://h",
+            "org/m",
+            "abc",
+            "dir/a b+.json",
+        ));
+        expect!["refs%2Fpr%2F1"].assert_eq(&encode("refs/pr/1", false));
+    }
+}
