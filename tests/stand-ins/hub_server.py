@@ -110,6 +110,20 @@ class Handler(BaseHTTPRequestHandler):
             return True
         return self.headers.get("Authorization") == f"Bearer {self.state.args.token}"
 
+    def repo_at(self, repo: str, rev: str):
+        """The repository at `rev`, or None once the hub's refusal is sent
+        (unknown repository, gated without the token, unknown revision)."""
+        r = self.state.repos.get(repo)
+        if r is None:
+            self.send_json(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
+        elif not self.authorised(repo):
+            self.send_json(401, {"error": f"Access to model {repo} is restricted."}, {"X-Error-Code": "GatedRepo"})
+        elif rev not in ("main", r.commit):
+            self.send_json(404, {"error": f"Invalid rev id: {rev}"}, {"X-Error-Code": "RevisionNotFound"})
+        else:
+            return r
+        return None
+
     def do_HEAD(self):
         self.do_GET()
 
@@ -125,28 +139,16 @@ class Handler(BaseHTTPRequestHandler):
         if path.startswith("/api/models/"):
             rest = path[len("/api/models/"):]
             repo, _, rev = rest.partition("/revision/")
-            r = st.repos.get(repo)
-            if r is None:
-                return self.send_json(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
-            if not self.authorised(repo):
-                return self.send_json(401, {"error": f"Access to model {repo} is restricted."},
-                                      {"X-Error-Code": "GatedRepo"})
-            if rev and rev not in ("main", r.commit):
-                return self.send_json(404, {"error": f"Invalid rev id: {rev}"}, {"X-Error-Code": "RevisionNotFound"})
-            return self.send_json(200, r.info())
+            r = self.repo_at(repo, rev or "main")
+            return None if r is None else self.send_json(200, r.info())
         if path.startswith("/cdn/"):
             return self.serve_blob(path[len("/cdn/"):])
         parts = path.lstrip("/").split("/")
         if len(parts) >= 5 and parts[2] == "resolve":
             repo, rev, rel = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
-            r = st.repos.get(repo)
+            r = self.repo_at(repo, rev)
             if r is None:
-                return self.send_json(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
-            if not self.authorised(repo):
-                return self.send_json(401, {"error": f"Access to model {repo} is restricted."},
-                                      {"X-Error-Code": "GatedRepo"})
-            if rev not in ("main", r.commit):
-                return self.send_json(404, {"error": f"Invalid rev id: {rev}"}, {"X-Error-Code": "RevisionNotFound"})
+                return None
             f = r.files.get(rel)
             if f is None:
                 return self.send_json(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
