@@ -30,6 +30,9 @@ pub(crate) struct Catalog {
     /// What each model's chat template says about tools and reasoning, by
     /// model id (read with the scan, so that no request reads a template).
     chats: RwLock<Arc<HashMap<String, ChatTraits>>>,
+    /// Each model's bytes on disk, by model id (counted with the scan, so
+    /// that no request walks the disk).
+    sizes: RwLock<Arc<HashMap<String, u64>>>,
     /// Serialises scans, so that a slow scan never replaces a newer one.
     scanning: Mutex<()>,
     /// The filesystem watch, while there is one.
@@ -45,6 +48,7 @@ impl Catalog {
             rules,
             current: RwLock::new(Arc::default()),
             chats: RwLock::new(Arc::default()),
+            sizes: RwLock::new(Arc::default()),
             scanning: Mutex::new(()),
             watcher: Mutex::new(None),
         });
@@ -62,6 +66,17 @@ impl Catalog {
     pub(crate) fn chat(&self, id: &str) -> ChatTraits {
         let chats = self.chats.read().expect("catalog lock").clone();
         chats.get(id).cloned().unwrap_or_default()
+    }
+
+    /// The bytes model `id` takes on disk, as of the last scan
+    /// ([`crate::model_store::size_on_disk`]).
+    pub(crate) fn size_on_disk(&self, id: &str) -> Option<u64> {
+        self.sizes.read().expect("catalog lock").get(id).copied()
+    }
+
+    /// The model dirs.
+    pub(crate) fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
     }
 
     /// Scans the model dirs again (off the async threads) and returns what
@@ -86,6 +101,12 @@ impl Catalog {
                 Some((m.id.clone(), ChatTraits::of_template(&template)))
             })
             .collect();
+        let sizes: HashMap<String, u64> = discovery
+            .models
+            .iter()
+            .map(|m| (m.id.clone(), crate::model_store::size_on_disk(m)))
+            .collect();
+        *self.sizes.write().expect("catalog lock") = Arc::new(sizes);
         *self.chats.write().expect("catalog lock") = Arc::new(chats);
         *self.current.write().expect("catalog lock") = discovery.clone();
         discovery

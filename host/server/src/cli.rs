@@ -1,5 +1,5 @@
 //! The command line: `hangar plugins`, `hangar resolve`, `hangar platform`,
-//! `hangar serve`, `hangar bench`, `hangar pull`, and the plugin author's `hangar plugin …`.
+//! `hangar serve`, `hangar bench`, `hangar pull`, `hangar models`, `hangar rm`, `hangar ps`, and the plugin author's `hangar plugin …`.
 //!
 //! Every command prints a human-readable table by default and JSON with
 //! `--json`, for scripts.
@@ -73,6 +73,16 @@ pub enum Command {
     /// Face cache (`HF_ENDPOINT`, `HF_TOKEN`, `HF_HUB_CACHE` / `HF_HOME`),
     /// after saying what it is and which engine would serve it.
     Pull(crate::pull::PullArgs),
+    /// List every model in the model dirs and caches: format, kind, the
+    /// engine that would serve it, size on disk, whether the running server
+    /// has it loaded, and where it is.
+    Models(crate::models_cmd::ModelsArgs),
+    /// Remove a model from disk (asks first; refuses while the running
+    /// server has it loaded unless --force, which unloads it first).
+    Rm(crate::models_cmd::RmArgs),
+    /// Show what the running server has loaded: engine, state, memory,
+    /// idle time and TTL left.
+    Ps(crate::models_cmd::PsArgs),
     /// Write, check, pack and install plugins.
     Plugin {
         #[command(subcommand)]
@@ -296,6 +306,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 cli.global.json,
             )
         }
+        Command::Models(args) => {
+            let settings =
+                SettingsStore::open(config::settings_path(cli.global.config.as_deref()))?;
+            let defaults = settings.get().default_engines;
+            crate::models_cmd::models(&args, &registry, &defaults, cli.global.json)
+        }
+        Command::Rm(args) => crate::models_cmd::rm(&args, &registry, cli.global.json),
+        Command::Ps(args) => crate::models_cmd::ps(&args, cli.global.json),
         Command::Plugins => {
             let report = plugins_report(&registry);
             print(cli.global.json, &report, || plugins_table(&report))?;

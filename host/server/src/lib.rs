@@ -42,6 +42,8 @@ pub(crate) mod bench;
 pub(crate) mod catalog;
 pub mod cli;
 pub(crate) mod metrics;
+pub(crate) mod model_store;
+pub(crate) mod models_cmd;
 pub(crate) mod output;
 pub mod package;
 pub(crate) mod plugin_cmd;

@@ -171,8 +171,14 @@ async fn models_view(app: &App, discovery: &Discovery) -> Json<Value> {
         } else {
             "available"
         };
+        let session_id = session.as_ref().map(|s| s.id.clone());
         models.push(json!({
             "model": m, "state": state, "session": session, "chat": chat_view(app, m).await,
+            "size_bytes": app.catalog.size_on_disk(&m.id),
+            "path": m.path,
+            "source": crate::model_store::source_name(m),
+            "loaded": session_id.is_some(),
+            "session_id": session_id,
         }));
     }
     Json(json!({
@@ -258,12 +264,31 @@ pub(super) async fn unload(
         (status = "5XX", description = "The host or the engine failed, or nothing can serve now", body = super::schema::Error)
     ))]
 pub(super) async fn sessions(State(app): State<Arc<App>>) -> Json<Value> {
-    let sessions: Vec<_> = app.sessions.list().iter().map(|s| s.info()).collect();
+    let scheduler = app.scheduler.view();
+    let sessions: Vec<Value> = app
+        .sessions
+        .list()
+        .iter()
+        .map(|s| with_residency(json!(s.info()), &scheduler))
+        .collect();
     Json(json!({
         "sessions": sessions,
         "models": model_states(&app),
-        "scheduler": app.scheduler.view(),
+        "scheduler": scheduler,
     }))
+}
+
+/// A session's view with its model's residency: `idle_seconds`, whether
+/// it is `pinned`, and `ttl_left_seconds` (`null`: it stays loaded).
+fn with_residency(mut value: Value, scheduler: &crate::scheduler::driver::SchedulerView) -> Value {
+    let residency = scheduler
+        .models
+        .iter()
+        .find(|m| value["model"] == m.model.as_str());
+    value["idle_seconds"] = json!(residency.map_or(0, |m| m.idle_ms / 1000));
+    value["pinned"] = json!(residency.is_some_and(|m| m.pin));
+    value["ttl_left_seconds"] = json!(residency.and_then(|m| m.ttl_left_ms).map(|ms| ms / 1000));
+    value
 }
 
 /// `GET /api/sessions/{id}/logs`.

@@ -14,6 +14,7 @@
 //! | `GET /api/models` | discovered models, their state, and folders that are not models |
 //! | `POST /api/models/rescan` | scan the model dirs now (they are also watched), then as `GET /api/models` |
 //! | `POST /api/models/{id}/load`, `POST /api/models/{id}/unload` | load or stop a model (`/` in ids as `%2F`) |
+//! | `DELETE /api/models/{id}[?force=true]` | remove a model from disk (409 while loaded unless `force`, which unloads first), then rescan |
 //! | `GET/PUT /api/settings` | app defaults, default engines, engine settings |
 //! | `GET/PUT /api/models/{id}/settings`, `GET /api/models/{id}/settings/schema` | one model's settings, and what its engine supports now |
 //! | `GET /api/sessions`, `GET /api/sessions/{id}/logs` | running engines and their output |
@@ -41,6 +42,7 @@ pub(crate) mod ollama;
 mod openai;
 mod openapi;
 mod pieces;
+mod remove;
 pub(crate) mod responses;
 mod schema;
 mod settings;
@@ -56,7 +58,7 @@ use std::sync::Arc;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 
 pub(crate) use error::ApiError;
@@ -154,6 +156,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/api/models/rescan", post(manage::rescan))
         .route("/api/models/{id}/load", post(manage::load))
         .route("/api/models/{id}/unload", post(manage::unload))
+        .route("/api/models/{id}", delete(remove::remove))
         .route(
             "/api/settings",
             get(settings::get_app).put(settings::put_app),

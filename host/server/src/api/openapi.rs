@@ -48,6 +48,7 @@ clients, Ollama's API under /ollama, management routes for operators. When the h
         super::manage::rescan,
         super::manage::load,
         super::manage::unload,
+        super::remove::remove,
         super::settings::get_app,
         super::settings::put_app,
         super::settings::get_model,

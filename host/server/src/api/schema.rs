@@ -1020,6 +1020,22 @@ pub(super) struct Unloaded {
     message: String,
 }
 
+/// `DELETE /api/models/{id}`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct Removed {
+    removed: bool,
+    model: String,
+    /// Whether it was loaded and unloaded first (`force=true`).
+    unloaded: bool,
+    /// The bytes freed.
+    bytes: u64,
+    /// What was deleted: the model's file or folder (a link as the link),
+    /// or for the Hugging Face cache the snapshot, the blobs no other
+    /// snapshot uses and the refs naming it (the repository folder when it
+    /// was the last snapshot).
+    paths: Vec<String>,
+}
+
 /// `GET /api/resolve`.
 #[derive(Serialize, ToSchema)]
 pub(super) struct Resolved {

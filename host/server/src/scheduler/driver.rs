@@ -158,6 +158,14 @@ pub(crate) struct ModelView {
     pub need_bytes: u64,
     /// Measured resident memory of its engine (bytes).
     pub held_bytes: Option<u64>,
+    /// How long it has been idle (ms): 0 while it serves or is waited for.
+    pub idle_ms: Millis,
+    /// Its idle TTL (ms): `None` when it stays loaded (pinned, or no
+    /// `ttl_seconds`).
+    pub ttl_ms: Option<Millis>,
+    /// How long until it is unloaded for being idle (ms), as
+    /// [`Driver::expires_in`]; `None` when it stays loaded.
+    pub ttl_left_ms: Option<Millis>,
 }
 
 impl Driver {
@@ -548,18 +556,33 @@ impl Driver {
         let m = &inner.machine;
         let limits = m.limits();
         let reading = m.reading();
+        let now = self.now();
         let mut models: Vec<ModelView> = m
             .models()
-            .map(|(id, s)| ModelView {
-                model: id.clone(),
-                state: s.residency.name(),
-                pin: s.policy.pin,
-                in_flight: s.in_flight,
-                queued: s.queued,
-                oldest_wait_ms: m.oldest_wait(Some(id)),
-                mean_wait_ms: (s.waited.0 > 0).then(|| s.waited.1 / s.waited.0),
-                need_bytes: s.policy.need,
-                held_bytes: s.held,
+            .map(|(id, s)| {
+                let idle = s.in_flight == 0 && s.queued == 0;
+                let ttl = s.policy.ttl.filter(|_| !s.policy.pin);
+                ModelView {
+                    model: id.clone(),
+                    state: s.residency.name(),
+                    pin: s.policy.pin,
+                    in_flight: s.in_flight,
+                    queued: s.queued,
+                    oldest_wait_ms: m.oldest_wait(Some(id)),
+                    mean_wait_ms: (s.waited.0 > 0).then(|| s.waited.1 / s.waited.0),
+                    need_bytes: s.policy.need,
+                    held_bytes: s.held,
+                    idle_ms: if idle {
+                        now.saturating_sub(s.last_used)
+                    } else {
+                        0
+                    },
+                    ttl_ms: ttl,
+                    ttl_left_ms: ttl.map(|ttl| match idle {
+                        true => (s.last_used + ttl).saturating_sub(now),
+                        false => ttl,
+                    }),
+                }
             })
             .collect();
         models.sort_by(|a, b| a.model.cmp(&b.model));
