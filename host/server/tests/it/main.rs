@@ -10,6 +10,7 @@ mod health;
 mod inprocess;
 mod live;
 mod messages;
+mod models;
 mod package;
 mod plugin_cmd;
 mod registry;
