@@ -11,13 +11,13 @@
 //! | `/ollama/api/*` (`chat`, `generate`, `tags`, `show`, `ps`, `version`, …) | Ollama's API, translated likewise; also at the root of `--ollama-port` |
 //! | `GET /api/plugins` | every plugin, as `hangar plugins --json` |
 //! | `GET /api/resolve?model=ID_OR_FORMAT` | the resolution trace |
-//! | `GET /api/models` | discovered models, their state, and folders that are not models |
+//! | `GET /api/models` | discovered models, their state, size on disk, path, source, session, and folders that are not models |
 //! | `POST /api/models/rescan` | scan the model dirs now (they are also watched), then as `GET /api/models` |
 //! | `POST /api/models/{id}/load`, `POST /api/models/{id}/unload` | load or stop a model (`/` in ids as `%2F`) |
 //! | `DELETE /api/models/{id}[?force=true]` | remove a model from disk (409 while loaded unless `force`, which unloads first), then rescan |
 //! | `GET/PUT /api/settings` | app defaults, default engines, engine settings |
 //! | `GET/PUT /api/models/{id}/settings`, `GET /api/models/{id}/settings/schema` | one model's settings, and what its engine supports now |
-//! | `GET /api/sessions`, `GET /api/sessions/{id}/logs` | running engines and their output |
+//! | `GET /api/sessions`, `GET /api/sessions/{id}/logs` | running engines (with idle time and TTL left) and their output |
 //! | `GET /api/events` | loads, unloads, crashes, failures, hangs, fallbacks |
 //! | `GET /api/events/stream`, `GET /api/sessions/{id}/logs/stream` | the same, live (server-sent events) |
 //! | `GET /admin` | the operator's page (public; its calls need the key) |
