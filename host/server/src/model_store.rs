@@ -219,10 +219,11 @@ fn collect_refs(dir: &Path, revision: &str, out: &mut Vec<PathBuf>) {
         };
         if meta.is_dir() {
             collect_refs(&path, revision, out);
-        } else if meta.is_file() && meta.len() < 4096 {
-            if fs::read_to_string(&path).is_ok_and(|t| t.trim() == revision) {
-                out.push(path);
-            }
+        } else if meta.is_file()
+            && meta.len() < 4096
+            && fs::read_to_string(&path).is_ok_and(|t| t.trim() == revision)
+        {
+            out.push(path);
         }
     }
 }
@@ -360,7 +361,7 @@ mod tests {
         fs::remove_dir_all(repo.join("snapshots/rev1")).unwrap();
         let model = model_at(&repo.join("snapshots/rev2"), Some("rev2"));
         let removal = plan_removal(&model, &[temp.path().to_path_buf()]).unwrap();
-        assert_eq!(removal.paths, [repo.clone()]);
+        assert_eq!(removal.paths, std::slice::from_ref(&repo));
         // Every blob, the refs (4 + 5 bytes) included.
         assert_eq!(removal.bytes, 2 + 10 + 12 + 4 + 5);
         remove(&removal).unwrap();
@@ -383,7 +384,11 @@ mod tests {
         fs::write(dir.join("own/w.gguf"), "GGUF").unwrap();
         symlink(outside.join("keep.txt"), dir.join("own/notes.txt")).unwrap();
 
-        let linked = plan_removal(&model_at(&dir.join("linked"), None), &[dir.clone()]).unwrap();
+        let linked = plan_removal(
+            &model_at(&dir.join("linked"), None),
+            std::slice::from_ref(&dir),
+        )
+        .unwrap();
         assert_eq!(
             linked,
             Removal {
@@ -392,7 +397,11 @@ mod tests {
             }
         );
         remove(&linked).unwrap();
-        let own = plan_removal(&model_at(&dir.join("own"), None), &[dir.clone()]).unwrap();
+        let own = plan_removal(
+            &model_at(&dir.join("own"), None),
+            std::slice::from_ref(&dir),
+        )
+        .unwrap();
         assert_eq!(own.bytes, 4, "the link out counts nothing");
         remove(&own).unwrap();
 
@@ -400,7 +409,11 @@ mod tests {
         assert!(outside.join("big/w.gguf").exists());
         assert!(outside.join("keep.txt").exists());
         // A model that is not in the dirs given is refused.
-        let err = plan_removal(&model_at(&outside.join("big"), None), &[dir.clone()]).unwrap_err();
+        let err = plan_removal(
+            &model_at(&outside.join("big"), None),
+            std::slice::from_ref(&dir),
+        )
+        .unwrap_err();
         assert!(err.contains("not inside a model dir"), "{err}");
     }
 
