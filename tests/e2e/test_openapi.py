@@ -17,6 +17,7 @@ test_embeddings_native.py; here their requests name chat models or none.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -48,6 +49,10 @@ def test_schemathesis_finds_no_5xx_and_no_mismatch(env, tmp_path):
     # With a key, so that schemathesis also checks that every route the
     # document says needs one refuses a request without it.
     args = list(env["base_args"]) + ["--api-key", "fuzz-key"]
+    # A model dir of its own too: the fuzzer calls DELETE /api/models/{id}
+    # with the ids it reads from the listings.
+    shutil.copytree(env["models"], tmp_path / "models", symlinks=True)
+    args[args.index("--model-dir") + 1] = str(tmp_path / "models")
     args[args.index("--config") + 1] = str(config)
     args[args.index("--state-dir") + 1] = str(tmp_path / "state")
     srv = Server("hangar (schemathesis)", args, env["proc_env"])
@@ -72,6 +77,8 @@ def test_schemathesis_finds_no_5xx_and_no_mismatch(env, tmp_path):
         )
         assert run.returncode == 0, f"schemathesis found problems:\n{run.stdout[-12000:]}"
         assert "passed" in run.stdout, run.stdout[-3000:]
+        # The hooks keep the model the generation routes are pointed at.
+        assert (tmp_path / "models" / "tiny-llama").is_dir()
     finally:
         problems = srv.stop()
     assert not problems, problems
