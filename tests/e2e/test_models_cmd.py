@@ -124,6 +124,23 @@ def test_rm_unknown_and_without_yes_off_a_terminal(env, layout, srv):
     assert (layout["models"] / "local-b").is_dir(), "nothing removed without --yes"
 
 
+def test_rm_on_a_terminal_asks_first(env, layout, srv):
+    """stdin a terminal: the plan and a question; 'n' keeps the model."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        os.write(master, b"n\n")
+        code, out, err = hangar(env, layout, "rm", "local-b", url=srv.url, stdin=slave)
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert code != 0 and "remove? [y/N]" in err and "nothing removed" in err, out + err
+    assert str(layout["models"] / "local-b") in err, err
+    assert (layout["models"] / "local-b").is_dir()
+
+
 def test_rm_of_a_loaded_model_is_refused_then_forced(env, layout, srv):
     status, body = http(srv.url + "/api/models/local-a/load", "POST", {})
     assert status == 200, body

@@ -418,6 +418,29 @@ mod tests {
     }
 
     #[test]
+    fn a_model_file_is_the_file() {
+        let temp = tempfile::tempdir().unwrap();
+        fs::write(temp.path().join("q.gguf"), "GGUF1234").unwrap();
+        fs::write(temp.path().join("r.gguf"), "GGUF").unwrap();
+        let found = discover(&[temp.path().to_path_buf()], &builtin_rules());
+        let q = found.find("q").expect("q.gguf is a model");
+        assert_eq!(size_on_disk(q), 8);
+        let removal = plan_removal(q, &[temp.path().to_path_buf()]).unwrap();
+        assert_eq!(removal.paths, [temp.path().join("q.gguf")]);
+        assert_eq!(removal.bytes, 8);
+        remove(&removal).unwrap();
+        let found = discover(&[temp.path().to_path_buf()], &builtin_rules());
+        assert_eq!(
+            found
+                .models
+                .iter()
+                .map(|m| m.id.as_str())
+                .collect::<Vec<_>>(),
+            ["r"]
+        );
+    }
+
+    #[test]
     fn a_cache_link_to_a_file_outside_blobs_is_removed_as_a_link() {
         let temp = tempfile::tempdir().unwrap();
         let repo = cache(temp.path());
