@@ -44,6 +44,7 @@ use crate::pool::{KvPool, Pages};
 use crate::prefix::{block_hashes, PrefixCache, BLOCK};
 use crate::sampling::Sampler;
 use crate::session::{ids, StopMatcher};
+use crate::speculate::{verify_greedy, verify_sampled, Proposer};
 use crate::tokenizer::StreamDecoder;
 use crate::turn::mlx_turn;
 use crate::{Completion, FinishReason, GenerateRequest, Session, Timings, TokenEvent, Usage};
@@ -106,6 +107,13 @@ pub struct StepStats {
     /// them and for advancing the grammars by each token taken.
     pub masks: u64,
     pub grammar_time: Duration,
+    /// Speculative steps (one verifying pass of a sequence decoding alone),
+    /// the tokens they proposed, kept and produced, and their time.
+    pub spec_steps: u64,
+    pub spec_proposed: u64,
+    pub spec_accepted: u64,
+    pub spec_tokens: u64,
+    pub spec_time: Duration,
 }
 
 impl StepStats {
@@ -258,6 +266,11 @@ struct Seq {
     sampler: Sampler,
     /// The grammar its answer follows, if the request has one.
     constraint: Option<Constraint>,
+    /// What proposes its tokens, if it speculates.
+    proposer: Option<Proposer>,
+    /// Its last token was read on the host (a speculative step) and is
+    /// not in its cache yet: the next step feeds it.
+    unfed: bool,
     /// Why it ended early, to answer with (its grammar failed).
     error: Option<Error>,
     stops: StopMatcher,
@@ -449,6 +462,8 @@ impl Engine {
                 Ok(parts) => {
                     let (prompt, hashes, pages, filled, sampler, constraint) = parts;
                     let stops = StopMatcher::new(&job.request.stop);
+                    let spec = &job.request.speculation;
+                    let proposer = spec.is_on().then(|| Proposer::new(spec.clone()));
                     self.active.push(Seq {
                         job,
                         prompt,
@@ -459,6 +474,8 @@ impl Engine {
                         cached_prompt_tokens: filled,
                         sampler,
                         constraint,
+                        proposer,
+                        unfed: false,
                         error: None,
                         stops,
                         decoder: StreamDecoder::new(),
@@ -534,10 +551,30 @@ impl Engine {
             }
         }
         self.retire();
+        if self.speculating() {
+            return self.speculate();
+        }
         // Blocks of the step in flight, which is read below.
         let computed = self.prefix.take_unsaved();
         let queued = self.build()?;
         if let Some(previous) = std::mem::replace(&mut self.in_flight, queued) {
+            self.read(previous)?;
+        }
+        // The grammars have taken those tokens: the waiting draws can be masked.
+        if let Some(step) = self.deferred.take() {
+            let step = self.sample(&step.logits, &step.decoding, step.prompt_tokens)?;
+            async_eval([&step.tokens])?;
+            self.in_flight = Some(step);
+        }
+        // That step is done: its new prefix blocks can be written.
+        self.prefix.persist(computed)?;
+        self.retire();
+        Ok(())
+    }
+
+    /// Reads the tokens of the queued step `previous` and takes them.
+    fn read(&mut self, previous: InFlight) -> Result<()> {
+        {
             previous.tokens.eval()?;
             let now = Instant::now();
             if let Some(before) = self.last_read.replace(now) {
@@ -554,14 +591,109 @@ impl Engine {
                 }
             }
         }
-        // The grammars have taken those tokens: the waiting draws can be masked.
-        if let Some(step) = self.deferred.take() {
-            let step = self.sample(&step.logits, &step.decoding, step.prompt_tokens)?;
-            async_eval([&step.tokens])?;
-            self.in_flight = Some(step);
+        Ok(())
+    }
+
+    /// Whether the next step is a speculative one: one sequence decodes,
+    /// alone (nobody waits), without a grammar, and proposes.
+    fn speculating(&self) -> bool {
+        let [seq] = self.active.as_slice() else {
+            return false;
+        };
+        self.waiting.is_empty()
+            && self.deferred.is_none()
+            && seq.finished.is_none()
+            && seq.prefilled()
+            && seq.constraint.is_none()
+            && seq.proposer.is_some()
+            && seq.sampled < seq.job.request.max_tokens
+    }
+
+    /// One speculative step of the lone sequence: reads the step in flight
+    /// (speculation needs the tokens so far on the host), proposes, verifies
+    /// the proposals in one pass on the sequence's own cache, forgets what
+    /// was rejected, and takes the kept tokens and the one after them.
+    fn speculate(&mut self) -> Result<()> {
+        if let Some(previous) = self.in_flight.take() {
+            let computed = self.prefix.take_unsaved();
+            self.read(previous)?;
+            self.prefix.persist(computed)?;
+            self.retire();
+            if !self.speculating() {
+                return Ok(());
+            }
         }
-        // That step is done: its new prefix blocks can be written.
-        self.prefix.persist(computed)?;
+        let began = Instant::now();
+        self.go_alone()?;
+        let seq = &mut self.active[0];
+        seq.pending = None;
+        let last = match seq.token_ids.last() {
+            Some(&id) if seq.sampled > 0 => id,
+            _ => seq.prompt[seq.prompt.len() - 1],
+        };
+        let answer = seq.token_ids.len();
+        let context: Vec<u32> = seq.prompt.iter().chain(&seq.token_ids).copied().collect();
+        // The kept proposals and the token after them stay within max_tokens.
+        let room = seq.job.request.max_tokens - seq.sampled - 1;
+        let proposer = seq
+            .proposer
+            .as_mut()
+            .expect("a speculating sequence proposes");
+        let proposal = proposer.propose(&context, answer, room);
+        let mut input = Vec::with_capacity(proposal.tokens.len() + 1);
+        input.push(last);
+        input.extend_from_slice(&proposal.tokens);
+        let cache = seq.alone.as_mut().expect("a cache of its own");
+        let before = cache.first().map_or(0, KvCache::offset);
+        let logits = self.session.model.logits(&ids(&input)?, cache)?;
+        // Log-probabilities as `Session::step` computes them, row by row.
+        let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
+        let (kept, next) = if seq.sampler.is_greedy() {
+            let choices = argmax_axis(&logprobs, -1, None)?.as_dtype(Dtype::Uint32)?;
+            choices.eval()?;
+            verify_greedy(&proposal.tokens, choices.as_slice::<u32>())
+        } else {
+            let probs = seq.sampler.probabilities(&logprobs)?;
+            let draws = seq
+                .sampler
+                .uniforms(input.len() + 1)?
+                .expect("a sampled request draws");
+            mlx_rs::transforms::eval([&probs, &draws])?;
+            let vocab = probs.dim(-1) as usize;
+            let probs = probs.as_slice::<f32>();
+            let rows: Vec<&[f32]> = probs.chunks(vocab).collect();
+            let mut draws = draws.as_slice::<f32>().iter().copied();
+            verify_sampled(&proposal.tokens, &rows, || draws.next().unwrap_or(0.0))
+        };
+        // The cache keeps the input and the kept proposals; the token
+        // after them is fed by the next step.
+        let keep = before + 1 + kept as i32;
+        for layer in cache.iter_mut() {
+            layer.truncate(keep);
+        }
+        proposer.record(&proposal, kept);
+        let produced: Vec<u32> = proposal.tokens[..kept]
+            .iter()
+            .copied()
+            .chain([next])
+            .collect();
+        seq.sampled += produced.len();
+        seq.unfed = true;
+        for id in produced.iter().copied() {
+            self.accept(0, id)?;
+            if self.active[0].finished.is_some() {
+                break;
+            }
+        }
+        {
+            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            stats.spec_steps += 1;
+            stats.spec_proposed += proposal.tokens.len() as u64;
+            stats.spec_accepted += kept as u64;
+            stats.spec_tokens += produced.len() as u64;
+            stats.spec_time += began.elapsed();
+        }
+        self.last_read = None;
         self.retire();
         Ok(())
     }
@@ -612,6 +744,12 @@ impl Engine {
                 Some(row) => Input::Row(row),
                 None if seq.sampled == 0 => {
                     firsts.push(seq.prompt[seq.prompt.len() - 1]);
+                    Input::First(firsts.len() as i32 - 1)
+                }
+                // A speculative step read it.
+                None if seq.unfed => {
+                    seq.unfed = false;
+                    firsts.push(*seq.token_ids.last().expect("a token was taken"));
                     Input::First(firsts.len() as i32 - 1)
                 }
                 // Its token is still in flight.
@@ -824,6 +962,27 @@ impl Engine {
     /// alone against batched, and against a `Session`).
     fn build_lone(&mut self, input: Input, firsts: &[u32]) -> Result<Option<InFlight>> {
         let input = self.decoding_input(&[(0, 0, input)], firsts)?;
+        self.go_alone()?;
+        let seq = &mut self.active[0];
+        let cache = seq.alone.as_mut().expect("a cache of its own");
+        let logits = self.session.model.logits(&input, cache)?;
+        if self.constrained(&[0]) {
+            async_eval([&logits])?;
+            self.deferred = Some(Deferred {
+                logits,
+                decoding: vec![0],
+                prompt_tokens: 0,
+            });
+            return Ok(None);
+        }
+        let step = self.sample(&logits, &[0], 0)?;
+        async_eval([&step.tokens])?;
+        Ok(Some(step))
+    }
+
+    /// Moves the keys and values of the lone sequence out of the pool, into
+    /// a cache of its own (once).
+    fn go_alone(&mut self) -> Result<()> {
         let seq = &mut self.active[0];
         if seq.alone.is_none() {
             let len = seq.pages.len();
@@ -840,20 +999,7 @@ impl Engine {
             self.pool.release(std::mem::take(&mut seq.pages));
             seq.alone = Some(cache);
         }
-        let cache = seq.alone.as_mut().expect("a cache of its own");
-        let logits = self.session.model.logits(&input, cache)?;
-        if self.constrained(&[0]) {
-            async_eval([&logits])?;
-            self.deferred = Some(Deferred {
-                logits,
-                decoding: vec![0],
-                prompt_tokens: 0,
-            });
-            return Ok(None);
-        }
-        let step = self.sample(&logits, &[0], 0)?;
-        async_eval([&step.tokens])?;
-        Ok(Some(step))
+        Ok(())
     }
 
     /// Whether a sequence of `decoding` (indices into `active`) draws
@@ -1086,5 +1232,6 @@ fn finish(seq: &mut Seq, reason: FinishReason, tokenizer: &crate::Tokenizer) -> 
             decode: end - first,
             ..Timings::default()
         },
+        speculation: seq.proposer.as_ref().map(|p| p.usage).unwrap_or_default(),
     })
 }

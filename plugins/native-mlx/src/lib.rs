@@ -44,6 +44,7 @@ mod prefix;
 mod probe;
 mod sampling;
 mod session;
+mod speculate;
 mod tokenizer;
 mod turn;
 
@@ -61,5 +62,6 @@ pub use session::{
     Completion, DrawScore, FinishReason, GenerateRequest, Prompt, Session, Timings, TokenEvent,
     TokenScore, Usage,
 };
+pub use speculate::{SpecUsage, Speculation, MAX_K};
 pub use tokenizer::{StreamDecoder, Tokenizer};
 pub use turn::mlx_turn;

@@ -129,6 +129,22 @@ impl Sampler {
         }))
     }
 
+    /// The probabilities a draw picks from, row by row, for logprobs of
+    /// shape `(.., vocab)` (after the filters and the temperature). Lazy.
+    pub(crate) fn probabilities(&self, logprobs: &Array) -> Result<Array> {
+        let x = self.scaled(logprobs)?.as_dtype(Dtype::Float32)?;
+        Ok(mlx_rs::ops::softmax_axis(&x, -1, None)?)
+    }
+
+    /// `n` uniform draws in `[0, 1)` from this step's key (advanced as a
+    /// draw advances it). Lazy; `None` when greedy.
+    pub(crate) fn uniforms(&mut self, n: usize) -> Result<Option<Array>> {
+        let Some(key) = self.next_draw_key()? else {
+            return Ok(None);
+        };
+        Ok(Some(uniform::<_, f32>(0.0, 1.0, &[n as i32][..], &key)?))
+    }
+
     /// The key of this step's draw, the next one kept; `None` when greedy.
     fn next_draw_key(&mut self) -> Result<Option<Array>> {
         let Some(state) = self.key.take() else {

@@ -15,6 +15,7 @@ use crate::ffi::SendStream;
 use crate::indexing::IndexOnStream;
 use crate::model::{LoadOptions, Model};
 use crate::sampling::{Sampler, SamplingParams};
+use crate::speculate::{SpecUsage, Speculation};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::turn::mlx_turn;
 
@@ -56,6 +57,10 @@ pub struct GenerateRequest {
     /// grammar allows next, and the answer ends where the grammar does.
     /// Served by the [`Batcher`](crate::Batcher); a lone `Session` refuses it.
     pub grammar: Option<String>,
+    /// Tokens proposed for the target to verify several at a pass (see
+    /// `speculate`). Served by the [`Batcher`](crate::Batcher) while the
+    /// request decodes alone; a lone `Session` decodes one token per pass.
+    pub speculation: Speculation,
 }
 
 impl GenerateRequest {
@@ -68,6 +73,7 @@ impl GenerateRequest {
             stop: Vec::new(),
             ignore_eos: false,
             grammar: None,
+            speculation: Speculation::default(),
         }
     }
 }
@@ -137,6 +143,8 @@ pub struct Completion {
     pub usage: Usage,
     /// Timings.
     pub timings: Timings,
+    /// What speculative decoding proposed and kept.
+    pub speculation: SpecUsage,
 }
 
 /// One token of a continuation, as [`Session::score`] scores it.
@@ -393,6 +401,7 @@ impl Session {
             token_ids,
             finish_reason,
             timings,
+            speculation: SpecUsage::default(),
         })
     }
 

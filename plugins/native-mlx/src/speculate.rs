@@ -1,0 +1,377 @@
+//! Speculative decoding: several tokens per pass over the weights.
+//!
+//! A decoding step of one sequence reads every weight to compute one
+//! token, so a lone stream's speed is capped by memory bandwidth. Feeding
+//! the step `k` proposed tokens after the last one costs about the same
+//! read and gives the target's distribution at each of the `k + 1`
+//! positions; the proposals the target agrees with are kept, the cache
+//! forgets the rest, and one more token (the target's own choice after
+//! the last kept proposal) comes free. Greedy output is the one plain
+//! decoding gives; a sampled one keeps the target's distribution by
+//! rejection sampling (Leviathan et al., 2023), here with a proposer that
+//! puts all its mass on one token: a proposal `d` is kept with the
+//! target's probability `p(d)`, and on a rejection the token is drawn from
+//! `p` without `d`.
+//!
+//! The proposers need no extra weights: prompt lookup (the tokens that
+//! followed the latest earlier occurrence of the last few tokens, in the
+//! prompt or the answer so far) and a predicted output (OpenAI's
+//! `prediction`: text the answer is expected to resemble, followed where
+//! the answer so far matches it).
+//!
+//! Speculation pays where the step is memory-bound: a sequence decoding
+//! alone. The batcher speculates only then; with company, the batch
+//! already shares each weight read among its rows.
+
+/// How a request proposes tokens to verify. The default proposes nothing.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Speculation {
+    /// Propose from n-gram matches in the prompt and the answer so far.
+    pub prompt_lookup: bool,
+    /// Token ids the answer is expected to resemble (a predicted output).
+    pub prediction: Option<Vec<u32>>,
+    /// Most tokens proposed per verification; 0 chooses (and adapts to the
+    /// acceptance rate) up to [`MAX_K`].
+    pub k: usize,
+}
+
+impl Speculation {
+    /// Whether anything proposes.
+    pub fn is_on(&self) -> bool {
+        self.prompt_lookup || self.prediction.as_ref().is_some_and(|p| !p.is_empty())
+    }
+}
+
+/// The most tokens one verification takes, and what `k = 0` adapts within.
+pub const MAX_K: usize = 8;
+
+/// The longest n-gram prompt lookup matches; shorter ones are tried after.
+const MAX_NGRAM: usize = 3;
+
+/// Speculation's counts for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SpecUsage {
+    /// Verifying passes.
+    pub verifications: usize,
+    /// Tokens proposed in all.
+    pub proposed: usize,
+    /// Of those, the ones the target kept.
+    pub accepted: usize,
+    /// Of the accepted, those a predicted output proposed.
+    pub accepted_prediction: usize,
+    /// Proposed by a predicted output and rejected.
+    pub rejected_prediction: usize,
+}
+
+/// One request's proposer and its adaptive `k`.
+pub(crate) struct Proposer {
+    spec: Speculation,
+    /// Where in the prediction the answer is expected to go on.
+    cursor: usize,
+    /// The acceptance rate so far (an exponential average), for `k = 0`.
+    rate: f32,
+    pub(crate) usage: SpecUsage,
+}
+
+/// Proposed tokens and where they came from.
+pub(crate) struct Proposal {
+    pub tokens: Vec<u32>,
+    /// From the prediction (its cursor after them), or from lookup.
+    from_prediction: Option<usize>,
+}
+
+impl Proposer {
+    pub(crate) fn new(spec: Speculation) -> Self {
+        Self {
+            spec,
+            cursor: 0,
+            rate: 0.5,
+            usage: SpecUsage::default(),
+        }
+    }
+
+    /// How many tokens to propose now.
+    fn k(&self) -> usize {
+        match self.spec.k {
+            0 => {
+                // Expected kept tokens grow as rate / (1 - rate); propose
+                // about twice that, at least one.
+                let keep = self.rate / (1.0 - self.rate).max(0.05);
+                ((2.0 * keep).round() as usize).clamp(1, MAX_K)
+            }
+            k => k.min(MAX_K),
+        }
+    }
+
+    /// Up to `limit` tokens to follow `context` (the prompt and the answer
+    /// so far), from `answer_len` tokens of answer.
+    pub(crate) fn propose(&mut self, context: &[u32], answer_len: usize, limit: usize) -> Proposal {
+        let k = self.k().min(limit);
+        if k == 0 {
+            return Proposal {
+                tokens: Vec::new(),
+                from_prediction: None,
+            };
+        }
+        if let Some(prediction) = self.spec.prediction.as_deref().filter(|p| !p.is_empty()) {
+            let at = if answer_len == 0 {
+                Some(0)
+            } else {
+                let answer = &context[context.len() - answer_len..];
+                follow(prediction, answer, self.cursor)
+            };
+            if let Some(at) = at.filter(|&at| at < prediction.len()) {
+                let end = (at + k).min(prediction.len());
+                return Proposal {
+                    tokens: prediction[at..end].to_vec(),
+                    from_prediction: Some(end),
+                };
+            }
+        }
+        let tokens = if self.spec.prompt_lookup {
+            lookup(context, k)
+        } else {
+            Vec::new()
+        };
+        Proposal {
+            tokens,
+            from_prediction: None,
+        }
+    }
+
+    /// Counts a verification of `proposal` of which `accepted` were kept.
+    pub(crate) fn record(&mut self, proposal: &Proposal, accepted: usize) {
+        let proposed = proposal.tokens.len();
+        if proposed == 0 {
+            return;
+        }
+        let u = &mut self.usage;
+        u.verifications += 1;
+        u.proposed += proposed;
+        u.accepted += accepted;
+        if let Some(end) = proposal.from_prediction {
+            u.accepted_prediction += accepted;
+            u.rejected_prediction += proposed - accepted;
+            // A rejection leaves the answer off the prediction: the next
+            // step finds it again by matching.
+            self.cursor = if accepted == proposed {
+                end
+            } else {
+                end - proposed + accepted
+            };
+        }
+        let rate = accepted as f32 / proposed as f32;
+        self.rate = (0.7 * self.rate + 0.3 * rate).clamp(0.0, 0.95);
+    }
+}
+
+/// Where in `prediction` the answer goes on: right after the longest
+/// suffix of `answer` (up to [`MAX_NGRAM`] tokens, the last at least) that
+/// occurs in it, the occurrence nearest after `cursor` first.
+fn follow(prediction: &[u32], answer: &[u32], cursor: usize) -> Option<usize> {
+    for n in (1..=MAX_NGRAM.min(answer.len())).rev() {
+        let tail = &answer[answer.len() - n..];
+        let ends = prediction
+            .windows(n)
+            .enumerate()
+            .filter(|(_, w)| *w == tail)
+            .map(|(i, _)| i + n);
+        let (after, before): (Vec<usize>, Vec<usize>) = ends.partition(|&e| e >= cursor);
+        if let Some(&end) = after.first().or(before.last()) {
+            return Some(end);
+        }
+    }
+    None
+}
+
+/// Prompt lookup: the up to `k` tokens that followed the latest earlier
+/// occurrence of the longest suffix of `context` (of [`MAX_NGRAM`] tokens
+/// down to 1) that occurred before.
+pub(crate) fn lookup(context: &[u32], k: usize) -> Vec<u32> {
+    let len = context.len();
+    for n in (1..=MAX_NGRAM.min(len.saturating_sub(1))).rev() {
+        let tail = &context[len - n..];
+        // Latest start first, the suffix itself excluded.
+        for start in (0..len - n).rev() {
+            if &context[start..start + n] == tail {
+                let from = start + n;
+                let to = (from + k).min(len);
+                return context[from..to].to_vec();
+            }
+        }
+    }
+    Vec::new()
+}
+
+/// The greedy verification: how many of `proposed` agree with `choices`
+/// (the target's greedy token after the last input and after each
+/// proposal), and the token after the kept ones.
+pub(crate) fn verify_greedy(proposed: &[u32], choices: &[u32]) -> (usize, u32) {
+    let kept = proposed
+        .iter()
+        .zip(choices)
+        .take_while(|(p, c)| p == c)
+        .count();
+    (kept, choices[kept])
+}
+
+/// The sampled verification of `proposed` (each proposed with certainty)
+/// against the target's distributions `rows` (the one after the last input,
+/// then after each proposal: `proposed.len() + 1` rows of probabilities):
+/// proposal `i` is kept when a uniform draw falls below `rows[i][d]`; the
+/// first rejected is replaced by a draw from `rows[i]` without it; when all
+/// are kept, the last row gives one more token. `uniform` gives draws in
+/// `[0, 1)`. Returns how many were kept and the token after them.
+pub(crate) fn verify_sampled(
+    proposed: &[u32],
+    rows: &[&[f32]],
+    mut uniform: impl FnMut() -> f32,
+) -> (usize, u32) {
+    for (i, &d) in proposed.iter().enumerate() {
+        let p = rows[i];
+        let pd = p.get(d as usize).copied().unwrap_or(0.0);
+        if uniform() < pd {
+            continue;
+        }
+        return (i, draw(p, Some(d), uniform()));
+    }
+    let last = rows[proposed.len()];
+    (proposed.len(), draw(last, None, uniform()))
+}
+
+/// The token of `p` (probabilities, not necessarily summing to one) whose
+/// share holds `u` times the total, leaving out `without`.
+fn draw(p: &[f32], without: Option<u32>, u: f32) -> u32 {
+    let weight = |t: usize, w: f32| if Some(t as u32) == without { 0.0 } else { w };
+    let total: f64 = p
+        .iter()
+        .enumerate()
+        .map(|(t, &w)| weight(t, w) as f64)
+        .sum();
+    let point = u as f64 * total;
+    let mut run = 0.0f64;
+    let mut last = 0;
+    for (t, &w) in p.iter().enumerate() {
+        let w = weight(t, w) as f64;
+        if w <= 0.0 {
+            continue;
+        }
+        run += w;
+        last = t;
+        if point < run {
+            return t as u32;
+        }
+    }
+    last as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_takes_what_followed_the_latest_match() {
+        // "1 2 3" occurs at 0 and at 5; the latest earlier one wins.
+        let context = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 1, 2, 3];
+        assert_eq!(lookup(&context, 2), vec![7, 8]);
+        // Shorter n-grams after longer ones; the context's end bounds it.
+        assert_eq!(lookup(&[5, 6, 4, 6], 3), vec![4, 6]);
+        assert_eq!(lookup(&[1, 2, 3], 3), Vec::<u32>::new());
+        assert_eq!(lookup(&[], 3), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn prediction_is_followed_where_the_answer_matches_it() {
+        let mut p = Proposer::new(Speculation {
+            prediction: Some(vec![10, 11, 12, 13, 14, 15]),
+            k: 3,
+            ..Speculation::default()
+        });
+        let prompt = [1, 2];
+        // No answer yet: the prediction's head.
+        assert_eq!(p.propose(&prompt, 0, 8).tokens, vec![10, 11, 12]);
+        // The answer took 10 11 then went its own way (20): nothing
+        // matches 20, and lookup is off.
+        let proposal = p.propose(&[1, 2, 10, 11, 20], 3, 8);
+        assert!(proposal.tokens.is_empty());
+        // Back on it at 13: the prediction goes on after it.
+        let proposal = p.propose(&[1, 2, 10, 11, 20, 13], 4, 2);
+        assert_eq!(proposal.tokens, vec![14, 15]);
+        p.record(&proposal, 1);
+        assert_eq!(p.usage.accepted_prediction, 1);
+        assert_eq!(p.usage.rejected_prediction, 1);
+    }
+
+    #[test]
+    fn adaptive_k_follows_the_acceptance_rate() {
+        let mut p = Proposer::new(Speculation {
+            prompt_lookup: true,
+            ..Speculation::default()
+        });
+        let proposal = |n| Proposal {
+            tokens: vec![0; n],
+            from_prediction: None,
+        };
+        for _ in 0..20 {
+            p.record(&proposal(4), 4);
+        }
+        assert_eq!(p.k(), MAX_K);
+        for _ in 0..20 {
+            p.record(&proposal(4), 0);
+        }
+        assert_eq!(p.k(), 1);
+    }
+
+    #[test]
+    fn greedy_verification_keeps_the_agreeing_prefix() {
+        assert_eq!(verify_greedy(&[5, 6, 7], &[5, 6, 9, 1]), (2, 9));
+        assert_eq!(verify_greedy(&[5, 6], &[5, 6, 4]), (2, 4));
+        assert_eq!(verify_greedy(&[], &[3]), (0, 3));
+    }
+
+    /// A small deterministic generator of uniform draws.
+    fn uniforms(seed: u64) -> impl FnMut() -> f32 {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 24) as f32
+        }
+    }
+
+    /// Rejection sampling keeps the target's distribution whatever is
+    /// proposed: the first token's frequencies over many draws match `p`
+    /// (a chi-square test with a fixed seed), for a likely, an unlikely
+    /// and an impossible proposal.
+    #[test]
+    fn sampled_verification_keeps_the_target_distribution() {
+        let p = [0.5f32, 0.25, 0.15, 0.1, 0.0];
+        let second = [0.2f32, 0.2, 0.2, 0.2, 0.2];
+        for proposal in [0u32, 3, 4] {
+            let mut u = uniforms(7 + u64::from(proposal));
+            let draws = 40_000;
+            let mut counts = [0usize; 5];
+            for _ in 0..draws {
+                let (kept, next) = verify_sampled(&[proposal], &[&p, &second], &mut u);
+                let first = if kept == 1 { proposal } else { next };
+                counts[first as usize] += 1;
+            }
+            assert_eq!(counts[4], 0, "an impossible token is never taken");
+            let chi2: f64 = p
+                .iter()
+                .zip(counts)
+                .filter(|(&p, _)| p > 0.0)
+                .map(|(&p, c)| {
+                    let expected = p as f64 * draws as f64;
+                    (c as f64 - expected).powi(2) / expected
+                })
+                .sum();
+            // 3 degrees of freedom: 16.27 is the 0.001 quantile.
+            assert!(
+                chi2 < 16.27,
+                "proposal {proposal}: chi2 {chi2}, counts {counts:?}"
+            );
+        }
+    }
+}
