@@ -152,13 +152,11 @@ impl Proposer {
         if let Some(end) = proposal.from_prediction {
             u.accepted_prediction += accepted;
             u.rejected_prediction += proposed - accepted;
-            // A rejection leaves the answer off the prediction: the next
-            // step finds it again by matching.
-            self.cursor = if accepted == proposed {
-                end
-            } else {
-                end - proposed + accepted
-            };
+            // The answer goes on with one more token after the kept ones
+            // (the target's own, in the prediction's place): the next step
+            // expects the prediction one further, and finds it again by
+            // matching where the answer left it.
+            self.cursor = end - proposed + accepted + 1;
         }
         let rate = accepted as f32 / proposed as f32;
         self.rate = (0.7 * self.rate + 0.3 * rate).clamp(0.0, 0.95);

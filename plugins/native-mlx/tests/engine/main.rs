@@ -8,3 +8,4 @@ mod greedy;
 mod parity;
 mod real;
 mod session;
+mod speculate;
