@@ -44,6 +44,7 @@ pub mod cli;
 pub(crate) mod metrics;
 pub(crate) mod model_store;
 pub(crate) mod models_cmd;
+pub(crate) mod names;
 pub(crate) mod output;
 pub mod package;
 pub(crate) mod plugin_cmd;

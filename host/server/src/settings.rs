@@ -285,6 +285,12 @@ pub(crate) struct Residency {
     pub drain_seconds: u64,
 }
 
+/// Whether `name` is one of the host's own per-model settings, which never
+/// reach the engine: the [`residency`] settings, aliases and profiles.
+pub(crate) fn is_host_own(name: &str) -> bool {
+    is_residency(name) || crate::names::is_name_setting(name)
+}
+
 fn is_residency(name: &str) -> bool {
     use names_residency::*;
     [
@@ -314,7 +320,8 @@ pub(crate) fn residency_of(stored: &Stored, model: &str) -> Residency {
 }
 
 /// Checks a model's settings map: the host's [`residency`] settings by
-/// type and range, the rest against the plugin and its engine.
+/// type and range, the rest against the plugin and its engine (aliases and
+/// profiles are [`crate::names::check`]'s).
 pub(crate) fn check_model_map(
     entry: &PluginEntry,
     engine: &Engine,
@@ -324,6 +331,7 @@ pub(crate) fn check_model_map(
     let (host, rest): (SettingMap, SettingMap) = map
         .clone()
         .into_iter()
+        .filter(|(name, _)| !crate::names::is_name_setting(name))
         .partition(|(name, _)| is_residency(name));
     let mut problems: Vec<String> = host
         .iter()
@@ -410,6 +418,11 @@ impl SettingsStore {
     /// A copy of every stored layer.
     pub(crate) fn get(&self) -> Stored {
         self.stored.read().expect("settings lock").clone()
+    }
+
+    /// `f` of the stored layers, without copying them.
+    pub(crate) fn read<T>(&self, f: impl FnOnce(&Stored) -> T) -> T {
+        f(&self.stored.read().expect("settings lock"))
     }
 
     /// Replaces the stored layers after `check` accepted them, then writes
@@ -683,8 +696,8 @@ pub(crate) fn effective(
                 out.remove(name);
                 continue;
             }
-            if layer == Layer::Model && is_residency(name) {
-                continue; // the host's own: the scheduler reads it
+            if layer == Layer::Model && is_host_own(name) {
+                continue; // the host's own: the scheduler and the API read it
             }
             if let Some((_, cap)) = REQUEST_DEFAULTS
                 .iter()

@@ -128,7 +128,8 @@ async fn openai_embeddings(
     Ok(Json(json!({
         "object": "list",
         "data": data,
-        "model": embedded.model.id,
+        // The name the client used (an alias stays an alias).
+        "model": model_id,
         "usage": usage,
     }))
     .into_response())
@@ -676,7 +677,7 @@ async fn rerank_answer(
     app.sessions.metrics().usage(&model.id, &usage);
     Ok(Json(json!({
         "id": format!("rerank-{}", super::inprocess::unique()),
-        "model": model.id,
+        "model": model_id,
         "results": results,
         "usage": usage,
     }))

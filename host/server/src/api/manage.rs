@@ -161,8 +161,10 @@ pub(super) async fn rescan(State(app): State<Arc<App>>) -> Json<Value> {
 
 async fn models_view(app: &App, discovery: &Discovery) -> Json<Value> {
     let loading = app.sessions.loading();
+    let stored = app.sessions.settings().get();
     let mut models: Vec<Value> = Vec::with_capacity(discovery.models.len());
     for m in &discovery.models {
+        let names = crate::names::listed_names(discovery, &stored, &m.id);
         let session = app.sessions.of_model(&m.id).map(|s| s.info());
         let state = if session.is_some() {
             "loaded"
@@ -179,6 +181,8 @@ async fn models_view(app: &App, discovery: &Discovery) -> Json<Value> {
             "source": crate::model_store::source_name(m),
             "loaded": session_id.is_some(),
             "session_id": session_id,
+            "aliases": names.aliases,
+            "profiles": names.profiles,
         }));
     }
     Json(json!({
@@ -234,6 +238,13 @@ pub(super) async fn unload(
     PathId(id): PathId,
 ) -> Result<Json<Value>, ApiError> {
     use crate::scheduler::driver::Unloaded;
+    // An alias names its model; an id the catalog no longer has (its folder
+    // gone) may still be loaded.
+    let id = match app.find_model(&id) {
+        Ok(model) => model.id,
+        Err(e) if e.status == axum::http::StatusCode::BAD_REQUEST => return Err(e),
+        Err(_) => id,
+    };
     let (outcome, message) = match app.scheduler.unload(&id) {
         Unloaded::Stopped => ("unloaded", "unloaded".to_string()),
         Unloaded::Draining { requests, within } => (

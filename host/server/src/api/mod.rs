@@ -65,6 +65,7 @@ pub(crate) use error::ApiError;
 use subtle::ConstantTimeEq;
 
 use crate::catalog::Catalog;
+use crate::names::{self, Named, Unnamed};
 use crate::scheduler::driver::Driver;
 use crate::sessions::Sessions;
 use hangar_engine::models::{Discovery, Model};
@@ -89,20 +90,60 @@ impl App {
         self.catalog.current()
     }
 
-    /// The model with this id, or a 404 that lists the ones there are (or
-    /// says why a folder of that name is not a model).
+    /// The model with this id or alias, or a 404 that lists the ones there
+    /// are (or says why a folder of that name is not a model). A profile's
+    /// name (`MODEL:PROFILE`) is a 400 here: loads, settings, files and
+    /// embeddings are the model's own.
     pub(crate) fn find_model(&self, id: &str) -> Result<Model, ApiError> {
+        let named = self.find_named(id)?;
+        match named.profile {
+            None => Ok(named.model),
+            Some((profile, _)) => Err(ApiError::bad_request(
+                format!(
+                    "'{id}' is the profile '{profile}' of model '{model}': profiles are for chat and \
+                     completion requests; here name the model itself, '{model}'",
+                    model = named.model.id
+                ),
+                None,
+            )),
+        }
+    }
+
+    /// The model (and profile) a request's `model` names: an id, an alias,
+    /// or either as `MODEL:PROFILE`; a 404 as [`App::find_model`]'s
+    /// otherwise.
+    pub(crate) fn find_named(&self, id: &str) -> Result<Named, ApiError> {
         let discovery = self.discovery();
-        if let Some(model) = discovery.find(id) {
-            return Ok(model.clone());
+        let found = self
+            .sessions
+            .settings()
+            .read(|stored| names::resolve(&discovery, stored, id));
+        match found {
+            Ok(named) => Ok(named),
+            Err(Unnamed::NoProfile {
+                model,
+                profile,
+                known,
+            }) => Err(ApiError {
+                param: Some("model"),
+                ..ApiError::not_found(format!(
+                    "model '{model}' has no profile '{profile}' ({}); see GET /v1/models",
+                    match known.is_empty() {
+                        true => "it has none".to_string(),
+                        false => format!("its profiles: {}", known.join(", ")),
+                    }
+                ))
+            }),
+            Err(Unnamed::Unknown) => {
+                if let Some(reason) = not_a_model(&discovery, id) {
+                    return Err(ApiError::not_found(format!(
+                        "model '{id}' cannot be served: {reason}"
+                    )));
+                }
+                let ids: Vec<String> = discovery.models.iter().map(|m| m.id.clone()).collect();
+                Err(ApiError::model_not_found(id, &ids))
+            }
         }
-        if let Some(reason) = not_a_model(&discovery, id) {
-            return Err(ApiError::not_found(format!(
-                "model '{id}' cannot be served: {reason}"
-            )));
-        }
-        let ids: Vec<String> = discovery.models.iter().map(|m| m.id.clone()).collect();
-        Err(ApiError::model_not_found(id, &ids))
     }
 }
 

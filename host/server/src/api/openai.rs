@@ -123,20 +123,38 @@ pub(super) async fn proxy(
     ))]
 pub(super) async fn models(State(app): State<Arc<App>>) -> Json<Value> {
     let discovery = app.discovery();
-    let data: Vec<Value> = discovery
-        .models
-        .iter()
-        .map(|m| {
-            json!({
-                "id": m.id,
+    let stored = app.sessions.settings().get();
+    let mut data: Vec<Value> = Vec::with_capacity(discovery.models.len());
+    for m in &discovery.models {
+        let entry = |id: &str, of: Option<(&str, &str)>| {
+            let mut entry = json!({
+                "id": id,
                 "object": "model",
                 "created": 0,
                 "owned_by": "hangar",
                 "format": m.format,
                 "kind": m.kind,
-            })
-        })
-        .collect();
+            });
+            if let Some((field, model)) = of {
+                entry[field] = json!(model);
+            }
+            entry
+        };
+        data.push(entry(&m.id, None));
+        let listed = crate::names::listed_names(&discovery, &stored, &m.id);
+        data.extend(
+            listed
+                .aliases
+                .iter()
+                .map(|a| entry(a, Some(("alias_of", &m.id)))),
+        );
+        data.extend(
+            listed
+                .profiles
+                .iter()
+                .map(|p| entry(p, Some(("profile_of", &m.id)))),
+        );
+    }
     Json(json!({ "object": "list", "data": data }))
 }
 
@@ -166,9 +184,15 @@ async fn forward(
         .get("stream")
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let model = app.find_model(&model_id)?;
+    let named = app.find_named(&model_id)?;
+    let model = named.model;
     label.clone_from(&model.id);
     super::embeddings::expect_kind(&model, hangar_engine::models::ModelKind::Chat, path)?;
+    // A profile's settings fill what the request leaves out, then are
+    // checked like the client's own.
+    if let Some((_, profile)) = &named.profile {
+        crate::names::overlay(&mut request, profile, route == Route::Chat);
+    }
     // Hook (validation): every known field is checked before an engine sees it.
     super::validate::check(route, &request)?;
     super::validate::top_k_within_vocabulary(&model, &request)?;

@@ -90,6 +90,12 @@ pub(super) struct ModelEntry {
     /// What it serves: `chat` (chat and completions), `embedding`
     /// (`/v1/embeddings`) or `rerank` (`/v1/rerank`).
     kind: ModelKindName,
+    /// For an alias: the model it names.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    alias_of: Option<String>,
+    /// For a profile (`MODEL:PROFILE`): the model it runs on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    profile_of: Option<String>,
 }
 
 #[derive(Serialize, ToSchema)]

@@ -18,6 +18,7 @@ use super::{ApiError, App, PathId};
 use crate::settings::{self, AppSettings, Refused, SettingMap, Stored};
 use hangar_engine::models::Model;
 use hangar_engine::registry::{Engine, PluginEntry, Registry};
+use hangar_plugin_api::wire::settings as names;
 
 /// `GET /api/settings`.
 #[utoipa::path(get, path = "/api/settings", tag = "settings",
@@ -110,13 +111,26 @@ pub(super) async fn put_model(
         ))
     })?;
     let model = app.find_model(&id)?;
+    let id = model.id.clone();
     let map = strip_nulls(map);
     let checked = map.clone();
-    with_engine(&app, &model, move |entry, engine, _| {
-        settings::check_model_map(entry, engine, &checked)
+    let discovery = app.discovery();
+    with_engine(&app, &model, move |entry, engine, stored| {
+        let mut problems = match settings::check_model_map(entry, engine, &checked) {
+            Ok(()) => vec![],
+            Err(Refused(p)) => p,
+        };
+        problems.extend(check_names(
+            &discovery, stored, entry, engine, &id, &checked,
+        ));
+        match problems.is_empty() {
+            true => Ok(()),
+            false => Err(Refused(problems)),
+        }
     })
     .await?
     .map_err(refused)?;
+    let id = model.id.clone();
     app.sessions
         .settings()
         .update(|stored| {
@@ -194,15 +208,82 @@ pub(super) async fn schema(
     .map(Json)
 }
 
+/// The problems of the aliases and profiles in `map`, the settings about to
+/// be stored for model `id`: a profile's request fields are checked as a
+/// request's are, and its other settings must be the model's own (a
+/// profile shares the model's loaded engine).
+fn check_names(
+    discovery: &hangar_engine::models::Discovery,
+    stored: &Stored,
+    entry: &PluginEntry,
+    engine: &Engine,
+    id: &str,
+    map: &SettingMap,
+) -> Vec<String> {
+    let mut next = stored.clone();
+    next.models.insert(id.to_string(), map.clone());
+    let (loads_with, _) = settings::effective(&next, entry, engine, id);
+    let check_request = |fields: &serde_json::Map<String, Value>| {
+        let mut request = fields.clone();
+        request.insert("messages".into(), json!([{"role": "user", "content": "-"}]));
+        super::validate::check(super::inprocess::Route::Chat, &request).map_err(|e| e.message)?;
+        if let Some(effort) = fields.get(names::REASONING_EFFORT) {
+            let known = effort
+                .as_str()
+                .is_some_and(|e| settings::REASONING_EFFORTS.contains(&e));
+            if !known {
+                return Err(format!(
+                    "'reasoning_effort' must be one of {}, not {effort}",
+                    settings::REASONING_EFFORTS.join(", ")
+                ));
+            }
+        }
+        match settings::refused_request_fields(entry, engine, fields).as_slice() {
+            [] => Ok(()),
+            refused => Err(refused.join("; ")),
+        }
+    };
+    let check_load = |name: &str, value: &Value| {
+        if settings::is_host_own(name) {
+            return Err(format!(
+                "'{name}' is the model's own setting, and a profile shares the model's session: set it on the model"
+            ));
+        }
+        settings::check_setting(entry, engine, name, value)?;
+        let current = loads_with.get(name).map(|e| &e.value);
+        if current == Some(value) {
+            return Ok(());
+        }
+        Err(format!(
+            "'{name}' = {value} is a load-time setting, and the model loads with {}: a profile runs on \
+             the model's loaded engine and changes only request fields ({}), so set '{name}' on the \
+             model itself, or serve a copy of the model folder with it",
+            current.map_or("the engine's default".to_string(), ToString::to_string),
+            crate::names::PROFILE_FIELDS.join(", ")
+        ))
+    };
+    crate::names::check(discovery, stored, id, map, check_request, check_load)
+}
+
 async fn model_view(app: &Arc<App>, model: Model) -> Result<Json<Value>, ApiError> {
     let loaded = app.sessions.of_model(&model.id).is_some();
     let model_id = model.id.clone();
+    let discovery = app.discovery();
     with_engine(app, &model, move |entry, engine, stored| {
-        let (effective, notes) = settings::effective(stored, entry, engine, &model_id);
+        let (effective, mut notes) = settings::effective(stored, entry, engine, &model_id);
+        let own = stored.models.get(&model_id).cloned().unwrap_or_default();
+        // The file may have been edited by hand since the last PUT.
+        notes.extend(
+            check_names(&discovery, stored, entry, engine, &model_id, &own)
+                .into_iter()
+                .map(|p| format!("stored {p}: fix it with PUT (a model's id wins over an alias; a profile's bad request field fails its requests)")),
+        );
         json!({
             "model": model_id,
             "plugin": entry.manifest.id,
-            "stored": stored.models.get(&model_id).cloned().unwrap_or_default(),
+            "aliases": crate::names::aliases_of(stored, &model_id),
+            "profiles": crate::names::profiles_of(stored, &model_id),
+            "stored": own,
             "effective": effective,
             "notes": notes,
             "applies": if loaded { "on the model's next load (unload it to apply now)" } else { "when the model loads" },

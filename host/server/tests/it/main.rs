@@ -11,6 +11,7 @@ mod inprocess;
 mod live;
 mod messages;
 mod models;
+mod names;
 mod package;
 mod plugin_cmd;
 mod registry;

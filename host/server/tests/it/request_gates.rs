@@ -13,7 +13,7 @@ use crate::serve::Server;
 /// An engine that answers every chat with the request it got, as JSON text
 /// in the message (readiness on `/health`, as `engine_beta`'s script mode
 /// wants).
-const ECHO_BODY: &str = r#"
+pub const ECHO_BODY: &str = r#"
 import json, sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 class H(BaseHTTPRequestHandler):

@@ -151,7 +151,7 @@ fn prepare(
     request::options(request.get("options"))?;
     let keep_alive = request::keep_alive(request.get("keep_alive"))?;
     let name = embeddings::model_field(request)?;
-    let model = super::find(app, &name)?;
+    let (model, _) = super::find(app, &name)?;
     label.clone_from(&model.id);
     let unload = super::hold(app, &model, keep_alive);
     Ok((name, model, unload))

@@ -125,13 +125,16 @@ impl IntoResponse for Refusal {
     }
 }
 
-/// The model a client names: its id, or its id with Ollama's default tag
-/// (`tiny-llama:latest`); a 404 in Ollama's words when there is none.
-fn find(app: &App, name: &str) -> Result<Model, ApiError> {
+/// The model a client names: its id, alias or profile (`MODEL:PROFILE`),
+/// or any of those with Ollama's default tag (`tiny-llama:latest`); with
+/// the name as Hangar knows it (the tag dropped), or a 404 in Ollama's
+/// words when there is none.
+fn find(app: &App, name: &str) -> Result<(Model, String), ApiError> {
     let found = app
-        .find_model(name)
+        .find_named(name)
+        .map(|n| (n.model, name.to_string()))
         .or_else(|e| match name.strip_suffix(":latest") {
-            Some(id) => app.find_model(id),
+            Some(id) => app.find_named(id).map(|n| (n.model, id.to_string())),
             None => Err(e),
         });
     found.map_err(|e| match e.code {
@@ -180,8 +183,8 @@ pub(super) async fn generate(
 /// Serves a translated request: through the proxy, or, without a prompt,
 /// a load or an unload.
 async fn serve(app: Arc<App>, route: &'static str, ask: Result<Ask, ApiError>) -> Response {
-    let model = ask.and_then(|ask| find(&app, &ask.name).map(|model| (ask, model)));
-    let (mut ask, model) = match model {
+    let model = ask.and_then(|ask| find(&app, &ask.name).map(|found| (ask, found)));
+    let (mut ask, (model, name)) = match model {
         Ok(found) => found,
         // Counted like any refusal of the chat routes.
         Err(e) => {
@@ -194,7 +197,8 @@ async fn serve(app: Arc<App>, route: &'static str, ask: Result<Ask, ApiError>) -
     let Some(mut openai) = ask.openai.take() else {
         return load_or_unload(&app, &ask, &model, unload).await;
     };
-    openai.insert("model".into(), json!(model.id));
+    // The name, not the id: a profile's settings apply in the proxy.
+    openai.insert("model".into(), json!(name));
     match super::openai::proxy(app.clone(), route, ask.path, Ok(openai)).await {
         Ok(response) => {
             let of = response
@@ -252,7 +256,19 @@ async fn load_or_unload(app: &Arc<App>, ask: &Ask, model: &Model, unload: bool) 
     ))]
 pub(super) async fn tags(State(app): State<Arc<App>>) -> Json<Value> {
     let discovery = app.discovery();
-    let models: Vec<Value> = discovery.models.iter().map(listed).collect();
+    let stored = app.sessions.settings().get();
+    let mut models = Vec::with_capacity(discovery.models.len());
+    for model in &discovery.models {
+        models.push(listed(model));
+        // Aliases and profiles too, under their own names.
+        let names = crate::names::listed_names(&discovery, &stored, &model.id);
+        for name in names.aliases.into_iter().chain(names.profiles) {
+            let mut row = listed(model);
+            row["name"] = json!(name);
+            row["model"] = json!(name);
+            models.push(row);
+        }
+    }
     Json(json!({ "models": models }))
 }
 
@@ -324,7 +340,7 @@ pub(super) async fn show(
     let name = body
         .map_err(ApiError::from)
         .and_then(|b| request::show(&b))?;
-    let model = find(&app, &name)?;
+    let (model, _) = find(&app, &name)?;
     let config = config_of(&model);
     let mut capabilities = vec!["completion"];
     if let Some((_, engine)) = app.sessions.serving(&model).await {
