@@ -482,6 +482,13 @@ pub struct GenerateRequest {
     /// request instead).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grammar: Option<String>,
+    /// Text the answer is expected to resemble (OpenAI's Predicted
+    /// Outputs, `prediction.content`): an engine that speculates may verify
+    /// its tokens in one pass instead of generating them one by one; the
+    /// answer is the same. Added in 1.5 with a default: an engine that does
+    /// not read it generates as usual.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prediction: Option<String>,
 }
 
 /// What to generate from.
@@ -517,6 +524,56 @@ pub struct GenerateOutcome {
     /// Prompt tokens served from a cache (prefix reuse).
     #[serde(default)]
     pub cached_tokens: u32,
+    /// What speculative decoding did for this answer, where the engine
+    /// speculated. Added in 1.5 with a default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<SpeculationUsage>,
+}
+
+/// What speculative decoding did for one answer: tokens proposed (by a
+/// draft model, prompt lookup or the request's prediction), how many of
+/// them the model kept, and in how many verifying passes. Added in 1.5.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SpeculationUsage {
+    /// Verifying passes (each one weight read for several tokens).
+    #[serde(default)]
+    pub verifications: u32,
+    /// Tokens proposed in all.
+    #[serde(default)]
+    pub proposed_tokens: u32,
+    /// Of those, the ones the model kept.
+    #[serde(default)]
+    pub accepted_tokens: u32,
+    /// Tokens of the request's prediction that the answer kept (OpenAI's
+    /// `accepted_prediction_tokens`).
+    #[serde(default)]
+    pub accepted_prediction_tokens: u32,
+    /// Tokens of the request's prediction proposed and not kept (OpenAI's
+    /// `rejected_prediction_tokens`).
+    #[serde(default)]
+    pub rejected_prediction_tokens: u32,
+}
+
+impl SpeculationUsage {
+    /// `verifications` passes proposed `proposed_tokens` and kept
+    /// `accepted_tokens`; the prediction's share is added with
+    /// [`SpeculationUsage::with_prediction`].
+    pub fn new(verifications: u32, proposed_tokens: u32, accepted_tokens: u32) -> Self {
+        SpeculationUsage {
+            verifications,
+            proposed_tokens,
+            accepted_tokens,
+            ..SpeculationUsage::default()
+        }
+    }
+
+    /// With the prediction's tokens kept and rejected.
+    pub fn with_prediction(mut self, accepted: u32, rejected: u32) -> Self {
+        self.accepted_prediction_tokens = accepted;
+        self.rejected_prediction_tokens = rejected;
+        self
+    }
 }
 
 /// One embeddings request for an in-process engine (added in 1.4): the
@@ -1104,7 +1161,15 @@ impl GenerateRequest {
             stop: Vec::new(),
             tools: Vec::new(),
             grammar: None,
+            prediction: None,
         }
+    }
+
+    /// With the text the answer is expected to resemble (a predicted
+    /// output).
+    pub fn with_prediction(mut self, text: impl Into<String>) -> Self {
+        self.prediction = Some(text.into());
+        self
     }
 
     /// With a grammar the answer must follow (llguidance's Lark syntax).
@@ -1189,12 +1254,19 @@ impl GenerateOutcome {
             prompt_tokens,
             completion_tokens,
             cached_tokens: 0,
+            speculation: None,
         }
     }
 
     /// With the prompt tokens served from a cache.
     pub fn with_cached_tokens(mut self, n: u32) -> Self {
         self.cached_tokens = n;
+        self
+    }
+
+    /// With what speculative decoding did.
+    pub fn with_speculation(mut self, usage: SpeculationUsage) -> Self {
+        self.speculation = Some(usage);
         self
     }
 }

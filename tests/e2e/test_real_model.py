@@ -157,3 +157,43 @@ def test_the_official_clients_get_a_sensible_answer(native):
     assert len(colours_named(text)) >= 2 and m.stop_reason == "end_turn", m
     code = ask(native, MLX, QUESTIONS[1], 96).choices[0].message.content
     assert "def sum_list" in code and "return" in code, code
+
+
+def test_a_prediction_is_verified_several_tokens_a_pass_and_the_answer_is_unchanged(native):
+    """OpenAI's Predicted Outputs on native-mlx: the answer is the greedy one
+    whatever the prediction; a right prediction is mostly kept, in fewer
+    passes than tokens, and the counts reach usage, /metrics and /api/sessions."""
+    plain = ask(native, MLX, QUESTIONS[1], 64)
+    text = plain.choices[0].message.content
+    assert plain.usage.completion_tokens_details is None or not plain.usage.completion_tokens_details.accepted_prediction_tokens
+    right = ask(native, MLX, QUESTIONS[1], 64, prediction={"type": "content", "content": text})
+    assert right.choices[0].message.content == text
+    details = right.usage.completion_tokens_details
+    spec = right.usage.model_extra["speculation"]
+    print(f"right prediction: {details}, {spec}, of {right.usage.completion_tokens} tokens")
+    assert details.accepted_prediction_tokens >= right.usage.completion_tokens // 2, right.usage
+    assert spec["verifications"] < right.usage.completion_tokens, right.usage
+    wrong = ask(native, MLX, QUESTIONS[1], 64,
+                prediction={"type": "content", "content": [{"type": "text", "text": "The quick brown fox."}]})
+    assert wrong.choices[0].message.content == text
+    with pytest.raises(openai.BadRequestError, match="prediction.type"):
+        ask(native, MLX, QUESTIONS[1], 8, prediction={"type": "text", "content": text})
+    _, metrics = http(f"{native.url}/metrics")
+    accepted = re.search(rf'hangar_speculative_tokens_total{{model="{MLX}",kind="accepted"}} (\d+)', metrics)
+    assert accepted and int(accepted.group(1)) >= details.accepted_prediction_tokens, metrics
+    _, sessions = http(f"{native.url}/api/sessions")
+    mine = next(s for s in sessions["sessions"] if s["model"] == MLX)
+    assert mine["speculation"]["tokens_per_verification"] > 1.0, mine
+
+
+def test_prompt_lookup_keeps_the_greedy_answers(env, tmp_path_factory, real_models, native):
+    srv = start(env, tmp_path_factory, real_models, "real-lookup",
+                f'[models.{MLX}]\ndraft_kind = "prompt_lookup"\n')
+    try:
+        for question in QUESTIONS[1:]:
+            ours = ask(srv, MLX, question, 48)
+            plain = ask(native, MLX, question, 48)
+            print(f"{question!r}: {ours.usage.model_extra.get('speculation')}")
+            assert ours.choices[0].message.content == plain.choices[0].message.content, question
+    finally:
+        assert not srv.stop()

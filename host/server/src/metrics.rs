@@ -7,6 +7,8 @@
 //! | `hangar_tokens_total` | model, kind (`prompt`, `completion`) | tokens, from the engine's usage (else counted stream events) |
 //! | `hangar_time_to_first_token_seconds` | model | from a streamed request's arrival to its first token |
 //! | `hangar_inter_token_seconds` | model | between a stream's tokens |
+//! | `hangar_speculative_tokens_total` | model, kind (`proposed`, `accepted`) | tokens speculative decoding proposed and the model kept, from the engine's usage |
+//! | `hangar_speculative_verifications_total` | model | verifying passes of speculative decoding (each several tokens for one weight read) |
 //! | `hangar_session_events_total` | model, kind | every event `/api/events` records: `loaded`, `load_failed`, `fallback`, `unloaded`, `crashed`, `failed`, `hung`, and any the scheduler adds (`evicted`, …): loads, failures and hangs by cause |
 //! | `hangar_model_state` | model, state | 1 for each model's state now (loading, ready, busy, hung, failed) |
 //! | `hangar_requests_in_flight` | model | requests running now |
@@ -44,6 +46,8 @@ pub(crate) struct Metrics {
     registry: Registry,
     requests: Family<Labels, Counter>,
     tokens: Family<Labels, Counter>,
+    speculative_tokens: Family<Labels, Counter>,
+    speculative_verifications: Family<Labels, Counter>,
     first_token: Histograms,
     inter_token: Histograms,
     events: Family<Labels, Counter>,
@@ -112,6 +116,8 @@ impl Metrics {
         let metrics = Metrics {
             requests: Family::default(),
             tokens: Family::default(),
+            speculative_tokens: Family::default(),
+            speculative_verifications: Family::default(),
             first_token: Family::new_with_constructor(first_token_histogram),
             inter_token: Family::new_with_constructor(inter_token_histogram),
             events: Family::default(),
@@ -133,6 +139,16 @@ impl Metrics {
             "tokens",
             "Tokens processed, by model and kind (prompt, completion)",
             metrics.tokens.clone(),
+        );
+        registry.register(
+            "speculative_tokens",
+            "Tokens speculative decoding proposed and the model kept, by model and kind (proposed, accepted)",
+            metrics.speculative_tokens.clone(),
+        );
+        registry.register(
+            "speculative_verifications",
+            "Verifying passes of speculative decoding, by model",
+            metrics.speculative_verifications.clone(),
         );
         registry.register(
             "time_to_first_token_seconds",
@@ -210,6 +226,41 @@ impl Metrics {
                 self.tokens(model, kind, n);
             }
         }
+        let Some(spec) = usage.get("speculation") else {
+            return;
+        };
+        let count = |field: &str| spec.get(field).and_then(Value::as_u64).unwrap_or(0);
+        let model = model.to_string();
+        for (kind, field) in [
+            ("proposed", "proposed_tokens"),
+            ("accepted", "accepted_tokens"),
+        ] {
+            let labels = vec![("model", model.clone()), ("kind", kind.to_string())];
+            self.speculative_tokens
+                .get_or_create(&labels)
+                .inc_by(count(field));
+        }
+        self.speculative_verifications
+            .get_or_create(&vec![("model", model)])
+            .inc_by(count("verifications"));
+    }
+
+    /// What speculative decoding did for `model` so far: verifying passes,
+    /// tokens proposed and tokens kept; `None` where it never speculated.
+    pub(crate) fn speculation(&self, model: &str) -> Option<(u64, u64, u64)> {
+        let tokens = |kind: &str| {
+            let labels = vec![("model", model.to_string()), ("kind", kind.to_string())];
+            self.speculative_tokens.get(&labels).map(|c| c.get())
+        };
+        let verifications = self
+            .speculative_verifications
+            .get(&vec![("model", model.to_string())])
+            .map(|c| c.get())?;
+        Some((
+            verifications,
+            tokens("proposed").unwrap_or(0),
+            tokens("accepted").unwrap_or(0),
+        ))
     }
 
     fn tokens(&self, model: &str, kind: &str, n: u64) {

@@ -13,7 +13,7 @@ use std::path::Path;
 use hangar_sdk::wire::{
     Description, EmbedInput, EmbedOutcome, EmbedRequest, GenerateInput, GenerateOutcome,
     GenerateRequest as WireRequest, LoadRequest, ProbeInput, ProbeReport, RerankOutcome,
-    RerankRequest,
+    RerankRequest, SpeculationUsage,
 };
 use hangar_sdk::{export_plugin, Engine, Plugin};
 use serde_json::Value;
@@ -21,13 +21,14 @@ use serde_json::Value;
 use crate::{
     model_kind, Answer, BatchOptions, Batcher, ChatMessage, ChatOptions, DeviceKind, Embedder,
     FinishReason, GenerateRequest, LoadOptions, ModelKind, Prompt, SamplingParams, Session,
+    Speculation, Tokenizer, MAX_K,
 };
 
 struct NativeMlx;
 
 impl Plugin for NativeMlx {
     fn describe() -> Description {
-        hangar_sdk::describe!("native-mlx", formats: ["mlx"], aliases: {"safetensors" => "mlx"}, capabilities: ["tool_calls", "structured_output", "embeddings", "rerank"])
+        hangar_sdk::describe!("native-mlx", formats: ["mlx"], aliases: {"safetensors" => "mlx"}, capabilities: ["tool_calls", "structured_output", "embeddings", "rerank", "speculative"])
             .with_concurrent_generates(BatchOptions::default().max_sequences as u32)
     }
 
@@ -55,10 +56,13 @@ impl Plugin for NativeMlx {
                 embedder: Box::new(std::sync::Mutex::new(embedder)),
             }));
         }
+        let speculate = speculate_settings(&request.settings)?;
         let session = Session::load(Path::new(&request.model_path))
             .map_err(|e| format!("model '{}': {e}", request.model_id))?;
         Ok(Box::new(Loaded::Chat {
             id: request.model_id,
+            tokenizer: session.tokenizer().clone(),
+            speculate,
             batcher: Batcher::start(session, options),
         }))
     }
@@ -111,6 +115,41 @@ fn batch_options(
     Ok(options)
 }
 
+/// How the model's requests speculate, from the settings `draft_kind`
+/// (`off`, the default, or `prompt_lookup`; a request's prediction
+/// proposes either way) and `draft_tokens` (the most proposed per pass;
+/// unset, adapted to the acceptance rate). Off by default: a speculating
+/// sequence reads each step before building the next, which costs the
+/// overlap of host and device work where lookup finds nothing to propose.
+fn speculate_settings(
+    settings: &std::collections::BTreeMap<String, Value>,
+) -> Result<Speculation, String> {
+    let prompt_lookup = match settings.get("draft_kind") {
+        None => false,
+        Some(Value::String(kind)) if kind == "prompt_lookup" => true,
+        Some(Value::String(kind)) if kind == "off" => false,
+        Some(other) => return Err(format!(
+            "setting 'draft_kind' of native-mlx must be \"off\" or \"prompt_lookup\", got {other}"
+        )),
+    };
+    let k = match settings.get("draft_tokens") {
+        None => 0,
+        Some(v) => match v.as_u64() {
+            Some(k @ 1..) if k as usize <= MAX_K => k as usize,
+            _ => {
+                return Err(format!(
+                    "setting 'draft_tokens' of native-mlx must be an integer from 1 to {MAX_K}, got {v}"
+                ))
+            }
+        },
+    };
+    Ok(Speculation {
+        prompt_lookup,
+        prediction: None,
+        k,
+    })
+}
+
 /// A loaded model: a chat model behind its batcher, or an embedder or
 /// reranker, which computes each request in the calling thread, one at a
 /// time.
@@ -118,6 +157,10 @@ enum Loaded {
     Chat {
         id: String,
         batcher: Batcher,
+        /// For predicted outputs, tokenised per request.
+        tokenizer: Tokenizer,
+        /// The model's speculation settings.
+        speculate: Speculation,
     },
     Embed {
         id: String,
@@ -179,8 +222,13 @@ impl Engine for Loaded {
         request: WireRequest,
         emit: &mut dyn FnMut(&str, u32) -> ControlFlow<()>,
     ) -> Result<GenerateOutcome, String> {
-        let batcher = match self {
-            Loaded::Chat { batcher, .. } => batcher,
+        let (batcher, tokenizer, speculate) = match self {
+            Loaded::Chat {
+                batcher,
+                tokenizer,
+                speculate,
+                ..
+            } => (batcher, tokenizer, speculate),
             Loaded::Embed { id, embedder } => {
                 let what = match embedder.lock().map(|e| e.kind()) {
                     Ok(ModelKind::Reranker) => "a reranking model",
@@ -213,6 +261,11 @@ impl Engine for Loaded {
         generate.sampling = sampling;
         generate.stop = request.stop;
         generate.grammar = request.grammar;
+        generate.speculation = speculate.clone();
+        if let Some(text) = request.prediction.as_deref().filter(|t| !t.is_empty()) {
+            let tokens = tokenizer.encode(text, false).map_err(|e| e.to_string())?;
+            generate.speculation.prediction = Some(tokens);
+        }
         let done = batcher
             .generate(generate, |event| {
                 emit(event.text, event.token.unwrap_or(u32::MAX))
@@ -223,12 +276,27 @@ impl Engine for Loaded {
             FinishReason::Length => "length",
             FinishReason::Cancelled => "cancelled",
         };
-        Ok(GenerateOutcome::new(
+        let outcome = GenerateOutcome::new(
             finish_reason,
             done.usage.prompt_tokens as u32,
             done.usage.completion_tokens as u32,
         )
-        .with_cached_tokens(done.usage.cached_prompt_tokens as u32))
+        .with_cached_tokens(done.usage.cached_prompt_tokens as u32);
+        let spec = done.speculation;
+        Ok(match spec.verifications {
+            0 => outcome,
+            _ => outcome.with_speculation(
+                SpeculationUsage::new(
+                    spec.verifications as u32,
+                    spec.proposed as u32,
+                    spec.accepted as u32,
+                )
+                .with_prediction(
+                    spec.accepted_prediction as u32,
+                    spec.rejected_prediction as u32,
+                ),
+            ),
+        })
     }
 }
 

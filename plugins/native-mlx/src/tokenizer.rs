@@ -9,6 +9,7 @@ use crate::config::token_ids;
 use crate::error::{Error, Result};
 
 /// A Hugging Face tokenizer with the ids that end a generation.
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     eos: BTreeSet<u32>,

@@ -236,6 +236,9 @@ impl Served {
             if let Some(Value::String(grammar)) = request.get(GRAMMAR_FIELD) {
                 generate.grammar = Some(grammar.clone());
             }
+            if route == Route::Chat {
+                generate.prediction = validate::prediction(request.get("prediction"))?;
+            }
             generate
         })
     }
@@ -263,13 +266,28 @@ struct Shape {
 }
 
 impl Shape {
+    /// OpenAI's usage; where the engine speculated, with OpenAI's
+    /// prediction counts and Hangar's `speculation` (passes, tokens
+    /// proposed and kept).
     fn usage(outcome: &GenerateOutcome) -> Value {
-        json!({
+        let mut usage = json!({
             "prompt_tokens": outcome.prompt_tokens,
             "completion_tokens": outcome.completion_tokens,
             "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
             "prompt_tokens_details": { "cached_tokens": outcome.cached_tokens },
-        })
+        });
+        if let Some(spec) = &outcome.speculation {
+            usage["completion_tokens_details"] = json!({
+                "accepted_prediction_tokens": spec.accepted_prediction_tokens,
+                "rejected_prediction_tokens": spec.rejected_prediction_tokens,
+            });
+            usage["speculation"] = json!({
+                "verifications": spec.verifications,
+                "proposed_tokens": spec.proposed_tokens,
+                "accepted_tokens": spec.accepted_tokens,
+            });
+        }
+        usage
     }
 
     fn finish(reason: &str) -> &str {

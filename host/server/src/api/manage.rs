@@ -280,13 +280,36 @@ pub(super) async fn sessions(State(app): State<Arc<App>>) -> Json<Value> {
         .sessions
         .list()
         .iter()
-        .map(|s| with_residency(json!(s.info()), &scheduler))
+        .map(|s| {
+            let mut view = with_residency(json!(s.info()), &scheduler);
+            view["speculation"] = speculation_view(&app, &s.model.id);
+            view
+        })
         .collect();
     Json(json!({
         "sessions": sessions,
         "models": model_states(&app),
         "scheduler": scheduler,
     }))
+}
+
+/// What speculative decoding did for `model` since the host started
+/// (`null` where it never speculated): passes, tokens proposed and kept,
+/// the share kept, and the tokens each pass gave (the kept ones and the
+/// model's own after them).
+fn speculation_view(app: &App, model: &str) -> Value {
+    let Some((verifications, proposed, accepted)) = app.sessions.metrics().speculation(model)
+    else {
+        return Value::Null;
+    };
+    let ratio = |n: u64, d: u64| (d > 0).then(|| n as f64 / d as f64);
+    json!({
+        "verifications": verifications,
+        "proposed_tokens": proposed,
+        "accepted_tokens": accepted,
+        "acceptance_rate": ratio(accepted, proposed),
+        "tokens_per_verification": ratio(accepted + verifications, verifications),
+    })
 }
 
 /// A session's view with its model's residency: `idle_seconds`, whether

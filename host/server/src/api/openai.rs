@@ -300,7 +300,8 @@ async fn forward(
             }
             rewrite_model(&mut value, &model_id);
             if let Some(usage) = value.get("usage") {
-                app.sessions.metrics().usage(&model_id, usage);
+                // By the model's id, whatever name (alias, profile) it was asked by.
+                app.sessions.metrics().usage(&session.model.id, usage);
             }
             Ok((status, Json(value)).into_response())
         }
@@ -436,7 +437,7 @@ fn sse(
     let state = Relay {
         body: Box::pin(upstream.bytes_stream()),
         ended: Box::pin(session.ended.clone().cancelled_owned()),
-        timings: sessions.metrics().stream(&model_id, started),
+        timings: sessions.metrics().stream(&session.model.id, started),
         streaming: session.monitor.as_ref().map(|m| m.stream()),
         sessions,
         session,

@@ -276,6 +276,50 @@ pub(super) struct ChatRequest {
     /// `json_object` and `json_schema` need the engine's
     /// `structured_output` capability.
     response_format: Option<ResponseFormat>,
+    /// Text the answer is expected to resemble (Predicted Outputs): an
+    /// engine that speculates verifies its tokens several per pass; the
+    /// answer is the same. Others ignore it.
+    prediction: Option<Prediction>,
+}
+
+/// OpenAI's `prediction`.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Prediction {
+    #[serde(rename = "type")]
+    kind: PredictionType,
+    content: PredictionContent,
+}
+
+/// The one kind of prediction.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum PredictionType {
+    Content,
+}
+
+/// A prediction's text: a string, or text parts.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum PredictionContent {
+    Text(String),
+    Parts(Vec<PredictionPart>),
+}
+
+/// One text part of a prediction.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PredictionPart {
+    #[serde(rename = "type")]
+    kind: TextType,
+    text: String,
+}
+
+/// The one kind of prediction part.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum TextType {
+    Text,
 }
 
 /// A function the model may call.
@@ -414,6 +458,25 @@ pub(super) struct Usage {
     prompt_tokens: u64,
     completion_tokens: u64,
     total_tokens: u64,
+    /// Where a prediction was verified: its tokens kept and rejected.
+    completion_tokens_details: Option<CompletionTokensDetails>,
+    /// Where the engine speculated: verifying passes, tokens proposed and kept.
+    speculation: Option<SpeculationCounts>,
+}
+
+/// OpenAI's `usage.completion_tokens_details`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct CompletionTokensDetails {
+    accepted_prediction_tokens: Option<u64>,
+    rejected_prediction_tokens: Option<u64>,
+}
+
+/// Hangar's `usage.speculation`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct SpeculationCounts {
+    verifications: u64,
+    proposed_tokens: u64,
+    accepted_tokens: u64,
 }
 
 /// A whole chat answer (a stream is `text/event-stream` of

@@ -79,6 +79,7 @@ pub(crate) fn check(route: Route, request: &Map<String, Value>) -> Result<(), Ap
         Route::Chat => {
             messages(request.get("messages"))?;
             super::tools::read(request)?;
+            prediction(request.get("prediction"))?;
         }
         Route::Completion => prompt(request.get("prompt"))?,
     }
@@ -223,6 +224,64 @@ pub(crate) fn stop(value: Option<&Value>) -> Result<Vec<String>, ApiError> {
                 _ => vec![],
             })
         }
+    }
+}
+
+/// The text of OpenAI's `prediction` (Predicted Outputs:
+/// `{"type": "content", "content": TEXT}`, the content a string or a list
+/// of text parts), or `None` when absent.
+pub(crate) fn prediction(value: Option<&Value>) -> Result<Option<String>, ApiError> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let refuse = |message: String, field| Err(ApiError::bad_request(message, Some(field)));
+    let Value::Object(fields) = value else {
+        return refuse(
+            format!("'prediction' must be an object {{\"type\": \"content\", \"content\": ...}}, got {value}"),
+            "prediction",
+        );
+    };
+    if let Some(unknown) = fields.keys().find(|k| *k != "type" && *k != "content") {
+        return refuse(
+            format!(
+                "'prediction' has an unknown field '{unknown}' (it takes 'type' and 'content')"
+            ),
+            "prediction",
+        );
+    }
+    match fields.get("type") {
+        Some(Value::String(t)) if t == "content" => {}
+        other => {
+            return refuse(
+                format!(
+                    "'prediction.type' must be \"content\", got {}",
+                    other.map_or("nothing".to_string(), ToString::to_string)
+                ),
+                "prediction.type",
+            )
+        }
+    }
+    match fields.get("content") {
+        Some(Value::String(text)) => Ok(Some(text.clone())),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .enumerate()
+            .map(|(i, part)| match (part.get("type").and_then(Value::as_str), part.get("text")) {
+                (Some("text"), Some(Value::String(text))) => Ok(text.as_str()),
+                _ => Err(ApiError::bad_request(
+                    format!("'prediction.content[{i}]' must be a text part {{\"type\": \"text\", \"text\": ...}}, got {part}"),
+                    Some("prediction.content"),
+                )),
+            })
+            .collect::<Result<Vec<&str>, ApiError>>()
+            .map(|texts| Some(texts.concat())),
+        other => refuse(
+            format!(
+                "'prediction.content' must be a string or a list of text parts, got {}",
+                other.map_or("nothing".to_string(), ToString::to_string)
+            ),
+            "prediction.content",
+        ),
     }
 }
 
