@@ -128,9 +128,11 @@ fn speculate_settings(
         None => false,
         Some(Value::String(kind)) if kind == "prompt_lookup" => true,
         Some(Value::String(kind)) if kind == "off" => false,
-        Some(other) => return Err(format!(
+        Some(other) => {
+            return Err(format!(
             "setting 'draft_kind' of native-mlx must be \"off\" or \"prompt_lookup\", got {other}"
-        )),
+        ))
+        }
     };
     let k = match settings.get("draft_tokens") {
         None => 0,

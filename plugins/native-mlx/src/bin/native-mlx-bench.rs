@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Parser;
 use hangar_native_mlx::{
-    probe, BatchOptions, Batcher, GenerateRequest, LoadOptions, Prompt, Session, StepStats,
+    probe, BatchOptions, Batcher, ChatMessage, ChatOptions, GenerateRequest, LoadOptions, Prompt,
+    Session, SpecUsage, Speculation, StepStats,
 };
 
 /// mimalloc replaces malloc for the whole process, MLX included (feature
@@ -85,6 +86,24 @@ struct Args {
     /// The batching engine's token budget per step (`BatchOptions::step_tokens`).
     #[arg(long, default_value_t = BatchOptions::default().step_tokens)]
     step_tokens: usize,
+    /// Instead: single-stream decode through the batching engine with each
+    /// of these proposers, in interleaved rounds (A B A B): `off`,
+    /// `lookup` (prompt lookup), `oracle` (the plain answer as a predicted
+    /// output: acceptance 1.0, the verification machinery's ceiling); a
+    /// table of the median decode tokens/s, its spread, the median ratio
+    /// to `off` per round, acceptance, tokens per pass, and whether the
+    /// ids equal plain decoding's.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["concurrent", "ids", "embed"])]
+    speculate: Option<Vec<String>>,
+    /// With `--speculate`: tokens proposed per pass (0: adapted to the
+    /// acceptance rate).
+    #[arg(long, default_value_t = 0)]
+    draft_tokens: usize,
+    /// A chat prompt instead of the pseudo-random token prompt: this user
+    /// message (a file's text with `@FILE`), rendered with the model's
+    /// chat template; generation ends at end-of-sequence or `--gen-tokens`.
+    #[arg(long)]
+    chat: Option<String>,
 }
 
 /// The batching engine's options for `args`.
@@ -122,8 +141,25 @@ fn load(args: &Args, dir: &Path) -> Result<Session> {
     Session::load_with(dir, &options).with_context(|| format!("loading {}", dir.display()))
 }
 
-/// The bench prompt as a greedy request that ignores end-of-sequence.
+/// The bench prompt as a greedy request: the pseudo-random token prompt,
+/// ignoring end-of-sequence, or the `--chat` message.
 fn request(args: &Args, session: &Session) -> GenerateRequest {
+    if let Some(chat) = &args.chat {
+        let text = match chat.strip_prefix('@') {
+            Some(file) => {
+                std::fs::read_to_string(file).unwrap_or_else(|e| panic!("--chat @{file}: {e}"))
+            }
+            None => chat.clone(),
+        };
+        let prompt = Prompt::Chat {
+            messages: vec![ChatMessage::new("user", text)],
+            options: ChatOptions {
+                add_generation_prompt: true,
+                ..ChatOptions::default()
+            },
+        };
+        return GenerateRequest::new(prompt, args.gen_tokens);
+    }
     let vocab = session.model().config().vocab_size as u32;
     GenerateRequest {
         ignore_eos: true,
@@ -132,6 +168,133 @@ fn request(args: &Args, session: &Session) -> GenerateRequest {
             args.gen_tokens,
         )
     }
+}
+
+/// The text of `request`'s answer.
+fn batcher_text(batcher: &Batcher, request: &GenerateRequest) -> Result<String> {
+    Ok(batcher
+        .generate(request.clone(), |_| ControlFlow::Continue(()))?
+        .text)
+}
+
+/// One speculation round's figures.
+struct SpecRun {
+    decode_tps: f64,
+    usage: SpecUsage,
+    ids: Vec<u32>,
+}
+
+/// Single-stream decode with each proposer of `modes`, in interleaved
+/// rounds; prints the table `--speculate` describes.
+fn speculation(args: &Args, dir: &Path, modes: &[String]) -> Result<()> {
+    let session = load(args, dir)?;
+    let base = request(args, &session);
+    let batcher = Batcher::start(session, batch_options(args));
+    let run = |spec: Speculation| -> Result<SpecRun> {
+        let mut request = base.clone();
+        request.speculation = spec;
+        let started = Instant::now();
+        let mut first = None;
+        let done = batcher.generate(request, |_| {
+            first.get_or_insert_with(Instant::now);
+            ControlFlow::Continue(())
+        })?;
+        let first = first.unwrap_or(started);
+        let n = done.usage.completion_tokens.saturating_sub(1).max(1);
+        Ok(SpecRun {
+            decode_tps: n as f64 / first.elapsed().as_secs_f64(),
+            usage: done.speculation,
+            ids: done.token_ids,
+        })
+    };
+    // Warm-up, and the plain answer the oracle predicts.
+    let plain = run(Speculation::default())?.ids;
+    if args.chat.is_some() {
+        let text = batcher_text(&batcher, &base)?;
+        println!("answer: {text:?}");
+    }
+    let spec_of = |mode: &str| -> Result<Speculation> {
+        let k = args.draft_tokens;
+        Ok(match mode {
+            "off" => Speculation::default(),
+            "lookup" => Speculation {
+                prompt_lookup: true,
+                k,
+                ..Speculation::default()
+            },
+            "oracle" => Speculation {
+                prediction: Some(plain.clone()),
+                k,
+                ..Speculation::default()
+            },
+            other => anyhow::bail!("--speculate: unknown proposer '{other}' (off, lookup, oracle)"),
+        })
+    };
+    let specs = modes
+        .iter()
+        .map(|m| spec_of(m))
+        .collect::<Result<Vec<_>>>()?;
+    let mut rounds: Vec<Vec<SpecRun>> = (0..modes.len()).map(|_| Vec::new()).collect();
+    for _ in 0..args.runs.max(1) {
+        for (i, spec) in specs.iter().enumerate() {
+            rounds[i].push(run(spec.clone())?);
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    let off = modes.iter().position(|m| m == "off");
+    println!(
+        "{} ({} tokens, k {}, {} rounds)",
+        dir.display(),
+        plain.len(),
+        if args.draft_tokens == 0 {
+            "auto".to_string()
+        } else {
+            args.draft_tokens.to_string()
+        },
+        args.runs.max(1)
+    );
+    println!(
+        "{:<8} {:>12} {:>17} {:>9} {:>11} {:>10} {:>9}",
+        "proposer", "decode tok/s", "spread", "vs off", "acceptance", "tok/pass", "same ids"
+    );
+    for (i, mode) in modes.iter().enumerate() {
+        let runs = &rounds[i];
+        let (tps, lo, hi) = median(runs.iter().map(|r| r.decode_tps).collect());
+        let ratio = off.map(|o| {
+            median(
+                runs.iter()
+                    .zip(&rounds[o])
+                    .map(|(r, p)| r.decode_tps / p.decode_tps)
+                    .collect(),
+            )
+            .0
+        });
+        let total = runs.iter().fold(SpecUsage::default(), |mut t, r| {
+            t.verifications += r.usage.verifications;
+            t.proposed += r.usage.proposed;
+            t.accepted += r.usage.accepted;
+            t
+        });
+        let acceptance = match total.proposed {
+            0 => "-".to_string(),
+            p => format!("{:.2}", total.accepted as f64 / p as f64),
+        };
+        let per_pass = match total.verifications {
+            0 => "-".to_string(),
+            v => format!("{:.2}", (total.accepted + v) as f64 / v as f64),
+        };
+        let same = runs.iter().all(|r| r.ids == plain);
+        println!(
+            "{mode:<8} {tps:>12.1} {:>17} {:>9} {acceptance:>11} {per_pass:>10} {:>9}",
+            format!("{lo:.1}-{hi:.1}"),
+            ratio.map_or("-".to_string(), |r| format!("{r:.2}x")),
+            if same { "yes" } else { "NO" }
+        );
+    }
+    Ok(())
 }
 
 /// The greedy ids of the bench request: from a session, then from the
@@ -465,7 +628,7 @@ fn main() -> Result<()> {
         }
         return Ok(());
     }
-    if !args.json && !args.ids {
+    if !args.json && !args.ids && args.speculate.is_none() {
         println!(
             "native-mlx on MLX {} ({}), prompt {} tokens, {} generated, {} runs",
             mlx.version, mlx.device, args.prompt_tokens, args.gen_tokens, args.runs
@@ -482,6 +645,10 @@ fn main() -> Result<()> {
         }
         if let Some(n) = args.concurrent {
             batched(&args, dir, n)?;
+            continue;
+        }
+        if let Some(modes) = &args.speculate {
+            speculation(&args, dir, modes)?;
             continue;
         }
         let m = measure(&args, dir)?;
