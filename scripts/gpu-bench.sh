@@ -24,6 +24,9 @@
 #   SINGLE_GEN (tokens of the single-stream runs, 256), IDS=0 and SINGLE=0
 #   skip the ids check and the single-stream runs (to split a run in parts),
 #   RESULTS_FILE (keep the raw results, one JSON object a line, there too),
+#   SPECULATE (native-mlx's proposers to compare single-stream, as
+#   "off,oracle,lookup"; oracle is the plain answer as a predicted output,
+#   acceptance 1.0: the verification machinery's ceiling), DRAFT_TOKENS (4),
 #   NATIVE_ARGS (more options of native-mlx-bench's batched runs, as
 #   "--step-tokens 1024").
 set -euo pipefail
@@ -106,6 +109,14 @@ print(json.dumps({"shape": shape, "kind": "ids", "prompt": prompt, "comparisons"
 }}))
 PYTHON
   done
+
+  # Speculative decoding, single stream: native-mlx's own interleaved
+  # rounds of each proposer in one process (its table goes to stdout).
+  if [[ -n "${SPECULATE:-}" ]]; then
+    echo "gpu-bench: $shape speculation ($SPECULATE, k ${DRAFT_TOKENS:-4})" >&2
+    "$BIN" --speculate "$SPECULATE" --draft-tokens "${DRAFT_TOKENS:-4}" --runs "$ROUNDS" \
+      --prompt-tokens 128 --gen-tokens "$SINGLE_GEN" "$model" || echo "gpu-bench: $shape speculation: no result" >&2
+  fi
 
   for round in $(seq "$ROUNDS"); do
     if [[ "${SINGLE:-1}" != 0 ]]; then
