@@ -365,8 +365,11 @@ pub(crate) enum RefusalKind {
     /// A field of the request is wrong: the field's name (`repo`,
     /// `revision`, `include`).
     BadInput(&'static str),
-    /// The hub wants a token, or one that may read the repository.
+    /// The hub wants a token, or one that may read the repository (its
+    /// 401).
     Unauthorized,
+    /// The hub refused the token (its 403).
+    Forbidden,
     /// No such repository or revision on the hub.
     NotFound,
     /// No installed plugin serves it.
@@ -488,9 +491,14 @@ impl Hub {
 
     /// Why the hub refused `what`, for statuses a user can act on.
     pub(crate) fn refusal(&self, status: reqwest::StatusCode, repo: &str, what: &str) -> Refusal {
+        let auth = if status == reqwest::StatusCode::FORBIDDEN {
+            RefusalKind::Forbidden
+        } else {
+            RefusalKind::Unauthorized
+        };
         let (kind, message) = match status.as_u16() {
             401 | 403 if self.token.is_none() => (
-                RefusalKind::Unauthorized,
+                auth,
                 format!(
                     "{} answered {status} for {what}: repository {repo} is gated or private; \
                      set HF_TOKEN to an access token that may read it (and accept its terms on the hub)",
@@ -498,7 +506,7 @@ impl Hub {
                 ),
             ),
             401 | 403 => (
-                RefusalKind::Unauthorized,
+                auth,
                 format!(
                     "{} answered {status} for {what}: the token in HF_TOKEN may not read repository {repo}; \
                      accept the repository's terms on the hub or use a token with access",

@@ -14,6 +14,8 @@
 //! | `GET /api/models` | discovered models, their state, size on disk, path, source, session, and folders that are not models |
 //! | `POST /api/models/rescan` | scan the model dirs now (they are also watched), then as `GET /api/models` |
 //! | `POST /api/models/{id}/load`, `POST /api/models/{id}/unload` | load or stop a model (`/` in ids as `%2F`) |
+//! | `POST /api/models/pull` | pull a model from the hub into the Hugging Face cache (as `hangar pull`), as a task: 202 with its status |
+//! | `GET /api/models/pulls`, `GET/DELETE /api/models/pulls/{id}`, `GET /api/models/pulls/{id}/events` | the pulls; one's status, cancel (kept for resume), progress as server-sent events |
 //! | `DELETE /api/models/{id}[?force=true]` | remove a model from disk (409 while loaded unless `force`, which unloads first), then rescan |
 //! | `GET/PUT /api/settings` | app defaults, default engines, engine settings |
 //! | `GET/PUT /api/models/{id}/settings`, `GET /api/models/{id}/settings/schema` | one model's settings, and what its engine supports now |
@@ -42,6 +44,7 @@ pub(crate) mod ollama;
 mod openai;
 mod openapi;
 mod pieces;
+pub(crate) mod pull;
 mod remove;
 pub(crate) mod responses;
 mod schema;
@@ -81,6 +84,8 @@ pub(crate) struct App {
     pub api_key: Option<String>,
     /// The stored responses of `/v1/responses`.
     pub responses: Arc<responses::Store>,
+    /// The pulls of `POST /api/models/pull`.
+    pub pulls: Arc<pull::Pulls>,
 }
 
 impl App {
@@ -157,6 +162,13 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/api/models/{id}/load", post(manage::load))
         .route("/api/models/{id}/unload", post(manage::unload))
         .route("/api/models/{id}", delete(remove::remove))
+        .route("/api/models/pull", post(pull::start))
+        .route("/api/models/pulls", get(pull::list))
+        .route(
+            "/api/models/pulls/{id}",
+            get(pull::status).delete(pull::cancel),
+        )
+        .route("/api/models/pulls/{id}/events", get(pull::events))
         .route(
             "/api/settings",
             get(settings::get_app).put(settings::put_app),
