@@ -197,7 +197,7 @@ fn safe_path(path: &str) -> bool {
 }
 
 /// Percent-encodes a URL path segment list: `/` is kept when `keep_slash`.
-fn encode(text: &str, keep_slash: bool) -> String {
+pub(crate) fn encode(text: &str, keep_slash: bool) -> String {
     let mut out = String::new();
     for b in text.bytes() {
         match b {

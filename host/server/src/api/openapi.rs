@@ -54,6 +54,8 @@ clients, Ollama's API under /ollama, management routes for operators. When the h
         super::pull::status,
         super::pull::cancel,
         super::pull::events,
+        super::hub::search,
+        super::hub::model,
         super::settings::get_app,
         super::settings::put_app,
         super::settings::get_model,

@@ -315,7 +315,7 @@ fn now() -> u64 {
 }
 
 /// The API's answer to a pull the planner refused.
-fn refused(refusal: pull::Refusal) -> ApiError {
+pub(super) fn refused(refusal: pull::Refusal) -> ApiError {
     let (status, code, param) = match refusal.kind {
         RefusalKind::BadInput(field) => (StatusCode::BAD_REQUEST, "invalid_request", Some(field)),
         RefusalKind::Unauthorized => (StatusCode::UNAUTHORIZED, "hub_unauthorized", None),
