@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Server, http, wait_until
+from test_admin import browser  # noqa: F401  (the headless Chromium fixture)
 from test_pull import Hub, repos  # noqa: F401  (the module fixture of the stand-in's repositories)
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -187,3 +188,39 @@ def test_the_hub_is_searched_and_a_repository_shown_before_a_pull(host, hub):
     status, answer = api(host, "/api/hub/models/org/missing")
     assert status == 404, answer
     assert "model.onnx" not in hub.served()
+
+
+def test_the_admin_page_browses_pulls_and_cancels(host, hub, browser):
+    from test_admin import console_errors, css, click, text, wait
+
+    b = browser
+    b.get(host.url + "/admin")
+    wait("the page to start", lambda: "host" in text(b, "#status"))
+    css(b, "#browse-search").send_keys("o")
+    click(b, "#browse-form button[type=submit]")
+    wait("the search results", lambda: css(b, "#browse-results tr[data-repo='org/tiny']"))
+    assert hub.url in text(b, "#browse-hub")
+
+    # A servable repository: its files and engine, then a pull to the end.
+    click(b, "#browse-results tr[data-repo='org/tiny'] button.show")
+    detail = wait("the detail", lambda: css(b, "#browse-detail div[data-repo='org/tiny']"))
+    assert "served by mlx-lm" in detail.text and "model.safetensors" in detail.text, detail.text
+    click(b, "#browse-detail button.pull")
+    wait("the pull to finish", lambda: css(b, "#pulls-body tr:last-child td.state").text == "done")
+    bar = css(b, "#pulls-body tr:last-child progress")
+    assert bar.get_attribute("value") == bar.get_attribute("max"), bar.get_attribute("outerHTML")
+
+    # An unservable one needs force; throttled, it is cancelled midway.
+    http(hub.url + "/_throttle?bps=20000")
+    try:
+        click(b, "#browse-results tr[data-repo='org/onnx'] button.show")
+        detail = wait("the onnx detail", lambda: css(b, "#browse-detail div[data-repo='org/onnx']"))
+        assert "no installed plugin serves it" in detail.text, detail.text
+        click(b, "#browse-detail input.force")
+        click(b, "#browse-detail button.pull")
+        wait("the onnx pull to run", lambda: css(b, "#pulls-body tr:last-child td.state").text == "running")
+        click(b, "#pulls-body tr:last-child button.cancel")
+        wait("the cancel", lambda: css(b, "#pulls-body tr:last-child td.state").text == "cancelled")
+    finally:
+        http(hub.url + "/_throttle?bps=0")
+    assert console_errors(b) == []
