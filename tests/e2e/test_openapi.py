@@ -22,6 +22,7 @@ import subprocess
 import sys
 
 from conftest import Server, http
+from test_pull import Hub
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -55,7 +56,13 @@ def test_schemathesis_finds_no_5xx_and_no_mismatch(env, tmp_path):
     args[args.index("--model-dir") + 1] = str(tmp_path / "models")
     args[args.index("--config") + 1] = str(config)
     args[args.index("--state-dir") + 1] = str(tmp_path / "state")
-    srv = Server("hangar (schemathesis)", args, env["proc_env"])
+    # The pull routes ask a hub: the stand-in, with no repositories, so a
+    # fuzzed pull is a quick 404 and nothing is fetched from anywhere.
+    (tmp_path / "hub-repos").mkdir()
+    hub = Hub(tmp_path / "hub-repos")
+    proc_env = dict(env["proc_env"], HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "hf-cache"))
+    proc_env.pop("HF_TOKEN", None)
+    srv = Server("hangar (schemathesis)", args, proc_env)
     try:
         schemathesis = os.path.join(os.path.dirname(sys.executable), "schemathesis")
         run = subprocess.run(
@@ -81,7 +88,9 @@ def test_schemathesis_finds_no_5xx_and_no_mismatch(env, tmp_path):
         assert (tmp_path / "models" / "tiny-llama").is_dir()
     finally:
         problems = srv.stop()
+        hub.stop()
     assert not problems, problems
+    assert not (tmp_path / "hf-cache").exists()
 
 
 def test_what_schemathesis_found_stays_fixed(server):

@@ -4,11 +4,14 @@ hub's public API documentation (huggingface.co/docs/hub/api and the
 `huggingface_hub` download guide), stdlib only.
 
     python3 hub_server.py --repos DIR [--port 0] [--gated ORG/NAME] [--token T]
-        [--corrupt PATH] [--break-after N] [--huge ORG/NAME]
+        [--corrupt PATH] [--break-after N] [--huge ORG/NAME] [--throttle BYTES_PER_S]
 
 DIR holds one folder per repository, `DIR/ORG/NAME/` (its files are the
 repository's files at one commit, whose hash is the SHA-1 of the file list).
 Routes:
+- `GET /api/models?search=TEXT&limit=N`: the repositories whose id holds
+  TEXT (case-insensitive), `[{"id", "modelId", "downloads", "likes",
+  "private", "tags"}]`, at most N (default 20), as the hub's model search.
 - `GET /api/models/ORG/NAME[/revision/REV][?blobs=true]`: model info,
   `{"id", "sha", "siblings": [{"rfilename", "size", "blobId", "lfs"?}]}`;
   files over 1 KiB (and every *.safetensors / *.gguf) are "LFS" files with
@@ -20,12 +23,14 @@ Routes:
   serves the bytes with `ETag`, `Accept-Ranges: bytes` and `Range: bytes=N-`
   (206 with `Content-Range`; 416 past the end).
 - `GET /_stats`: `{"bytes": {PATH: bytes served}, "requests": [...]}`, for tests.
+- `GET /_throttle?bps=N`: serve file bytes at N bytes per second from now on
+  (0: at full speed), for tests that need a pull still running.
 Options: `--gated REPO` answers 401 to that repository without
 `Authorization: Bearer TOKEN` (`--token`, default `hf_test`); `--corrupt PATH`
 flips one byte of PATH as served (its metadata stays right); `--break-after N`
 makes the first download of an LFS file stop after N bytes (the connection
 closes; `--break-mode stall` keeps it open and silent instead); `--huge REPO`
-lists every file of REPO as 1 PiB. The listening line is `hub: listening on
+lists every file of REPO as 1 PiB; `--throttle N` starts as `/_throttle?bps=N`. The listening line is `hub: listening on
 http://HOST:PORT`.
 """
 from __future__ import annotations
@@ -38,7 +43,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 LFS_MIN = 1024
 CHUNK = 1 << 20
@@ -85,6 +90,7 @@ class State:
         self.served: dict[str, int] = {}
         self.requests: list[str] = []
         self.broken: set[str] = set()
+        self.throttle: int = args.throttle
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -136,6 +142,18 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/_stats":
             with st.lock:
                 return self.send_json(200, {"bytes": st.served, "requests": st.requests})
+        query = parse_qs(url.query)
+        if path == "/_throttle":
+            with st.lock:
+                st.throttle = int(query.get("bps", ["0"])[0])
+            return self.send_json(200, {"bps": st.throttle})
+        if path in ("/api/models", "/api/models/"):
+            text = query.get("search", [""])[0].lower()
+            limit = int(query.get("limit", ["20"])[0])
+            found = [{"_id": r.commit[:24], "id": r.name, "modelId": r.name, "downloads": 0, "likes": 0,
+                      "private": False, "tags": []}
+                     for r in st.repos.values() if text in r.name.lower()]
+            return self.send_json(200, found[:limit])
         if path.startswith("/api/models/"):
             rest = path[len("/api/models/"):]
             repo, _, rev = rest.partition("/revision/")
@@ -215,9 +233,13 @@ class Handler(BaseHTTPRequestHandler):
         view = memoryview(body)
         try:
             while sent < limit:
-                n = min(CHUNK, limit - sent)
+                throttle = st.throttle
+                n = min(CHUNK if throttle <= 0 else max(1, throttle // 10), limit - sent)
                 self.wfile.write(view[sent:sent + n])
                 sent += n
+                if throttle > 0:
+                    self.wfile.flush()
+                    time.sleep(n / throttle)
                 with st.lock:
                     st.served[rel] = st.served.get(rel, 0) + n
             if breaking:
@@ -241,6 +263,7 @@ def main():
     p.add_argument("--break-after", type=int)
     p.add_argument("--break-mode", choices=["close", "stall"], default="close")
     p.add_argument("--huge", action="append", default=[])
+    p.add_argument("--throttle", type=int, default=0)
     args = p.parse_args()
     Handler.state = State(args)
     server = ThreadingHTTPServer((args.host, args.port), Handler)

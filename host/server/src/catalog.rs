@@ -23,7 +23,8 @@ const SETTLE: Duration = Duration::from_millis(300);
 
 /// The models of the model dirs, as last scanned.
 pub(crate) struct Catalog {
-    dirs: Vec<PathBuf>,
+    /// The model dirs, and any cache a pull filled outside them.
+    dirs: RwLock<Vec<PathBuf>>,
     /// The recognition rules (the registry's), fixed for the host's life.
     rules: Vec<Rule>,
     current: RwLock<Arc<Discovery>>,
@@ -44,7 +45,7 @@ impl Catalog {
     /// was found.
     pub(crate) fn open(dirs: Vec<PathBuf>, rules: Vec<Rule>) -> Arc<Catalog> {
         let catalog = Arc::new(Catalog {
-            dirs,
+            dirs: RwLock::new(dirs),
             rules,
             current: RwLock::new(Arc::default()),
             chats: RwLock::new(Arc::default()),
@@ -75,8 +76,34 @@ impl Catalog {
     }
 
     /// The model dirs.
-    pub(crate) fn dirs(&self) -> &[PathBuf] {
-        &self.dirs
+    pub(crate) fn dirs(&self) -> Vec<PathBuf> {
+        self.dirs.read().expect("catalog lock").clone()
+    }
+
+    /// Makes the catalog read `cache` (a Hugging Face cache a pull filled)
+    /// from the next scan on, and watch it, unless a model dir is that
+    /// cache or the Hugging Face home holding it; returns whether it was
+    /// added.
+    pub(crate) fn read_too(&self, cache: PathBuf) -> bool {
+        let same =
+            |a: &std::path::Path, b: &std::path::Path| match (a.canonicalize(), b.canonicalize()) {
+                (Ok(a), Ok(b)) => a == b,
+                _ => a == b,
+            };
+        let mut dirs = self.dirs.write().expect("catalog lock");
+        if dirs
+            .iter()
+            .any(|d| same(d, &cache) || same(&d.join("hub"), &cache))
+        {
+            return false;
+        }
+        if let Some(watcher) = self.watcher.lock().expect("watcher lock").as_mut() {
+            if let Err(e) = watcher.watch(&cache, notify::RecursiveMode::Recursive) {
+                tracing::warn!(dir = %cache.display(), "cannot watch the pull cache ({e}); POST /api/models/rescan picks up its changes");
+            }
+        }
+        dirs.push(cache);
+        true
     }
 
     /// Scans the model dirs again (off the async threads) and returns what
@@ -92,7 +119,7 @@ impl Catalog {
     /// The one place the model dirs are read.
     fn scan(&self) -> Arc<Discovery> {
         let _one_at_a_time = self.scanning.lock().expect("scan lock");
-        let discovery = Arc::new(hangar_engine::models::discover(&self.dirs, &self.rules));
+        let discovery = Arc::new(hangar_engine::models::discover(&self.dirs(), &self.rules));
         let chats: HashMap<String, ChatTraits> = discovery
             .models
             .iter()
@@ -134,7 +161,7 @@ impl Catalog {
                 return;
             }
         };
-        for dir in &self.dirs {
+        for dir in &self.dirs() {
             if let Err(e) = watcher.watch(dir, notify::RecursiveMode::Recursive) {
                 tracing::warn!(dir = %dir.display(), "cannot watch model dir ({e}); POST /api/models/rescan picks up its changes");
             }

@@ -31,7 +31,6 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
@@ -126,7 +125,12 @@ impl RepoRef {
 
     /// The repository's folder in the cache: `models--ORG--NAME`.
     pub(crate) fn folder_name(&self) -> String {
-        format!("models--{}", self.repo.replace('/', "--"))
+        RepoRef::folder_name_of(&self.repo)
+    }
+
+    /// The cache folder of repository `repo` (`ORG/NAME`).
+    pub(crate) fn folder_name_of(repo: &str) -> String {
+        format!("models--{}", repo.replace('/', "--"))
     }
 }
 
@@ -193,7 +197,7 @@ fn safe_path(path: &str) -> bool {
 }
 
 /// Percent-encodes a URL path segment list: `/` is kept when `keep_slash`.
-fn encode(text: &str, keep_slash: bool) -> String {
+pub(crate) fn encode(text: &str, keep_slash: bool) -> String {
     let mut out = String::new();
     for b in text.bytes() {
         match b {
@@ -234,14 +238,14 @@ struct Lfs {
 
 /// One file to fetch.
 #[derive(Debug, Clone, Serialize)]
-struct File {
-    path: String,
-    size: u64,
+pub(crate) struct File {
+    pub(crate) path: String,
+    pub(crate) size: u64,
     /// The blob's name in the cache: the LFS SHA-256, else the git blob id.
-    blob: String,
+    pub(crate) blob: String,
     /// The SHA-256 the file must have (LFS files).
     #[serde(skip_serializing_if = "Option::is_none")]
-    sha256: Option<String>,
+    pub(crate) sha256: Option<String>,
 }
 
 fn is_hex(s: &str) -> bool {
@@ -287,14 +291,17 @@ impl File {
 // ---------------------------------------------------------------------------
 // events
 
-/// What `--json` prints, one object per line.
-#[derive(Debug, Serialize)]
+/// What a pull reports as it goes: `--json` prints one per line, the server
+/// keeps them for a pull's status and event stream.
+#[derive(Debug, Clone, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
-enum Event<'a> {
+pub(crate) enum Event<'a> {
     Plan(&'a Plan),
     Progress {
         bytes: u64,
         total: u64,
+        /// Bytes fetched per second since the pull started.
+        bytes_per_second: u64,
     },
     File {
         path: &'a str,
@@ -311,27 +318,79 @@ enum Event<'a> {
     },
 }
 
+/// Where a pull's progress goes: the CLI's bar, plain lines or JSON, or
+/// the server's record of the pull.
+pub(crate) trait Sink: Send + Sync {
+    /// `n` more bytes arrived; called for every chunk, so it must be cheap.
+    fn added(&self, _n: u64) {}
+    /// Something worth reporting happened.
+    fn event(&self, event: &Event<'_>);
+}
+
 /// What the pull will do, before it does it.
-#[derive(Debug, Serialize)]
-struct Plan {
-    repo: String,
-    revision: String,
-    commit: String,
-    endpoint: String,
-    files: Vec<File>,
-    total_bytes: u64,
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Plan {
+    pub(crate) repo: String,
+    pub(crate) revision: String,
+    pub(crate) commit: String,
+    pub(crate) endpoint: String,
+    pub(crate) files: Vec<File>,
+    pub(crate) total_bytes: u64,
     /// Bytes not yet in the cache.
-    to_fetch: u64,
-    format: Option<String>,
-    rule: Option<String>,
-    engine: Option<String>,
+    pub(crate) to_fetch: u64,
+    pub(crate) format: Option<String>,
+    pub(crate) rule: Option<String>,
+    pub(crate) engine: Option<String>,
     /// Why the engine was chosen, or why none can serve it.
-    reason: String,
+    pub(crate) reason: String,
     /// The memory estimate (weights + KV cache for the default context).
-    need_bytes: u64,
-    ceiling_bytes: Option<u64>,
-    fits: Option<bool>,
-    cache: PathBuf,
+    pub(crate) need_bytes: u64,
+    pub(crate) ceiling_bytes: Option<u64>,
+    pub(crate) fits: Option<bool>,
+    pub(crate) cache: PathBuf,
+}
+
+/// Why a pull cannot start: typed, so that the CLI prints the message and
+/// the API answers the status that fits.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub(crate) struct Refusal {
+    pub(crate) kind: RefusalKind,
+    pub(crate) message: String,
+}
+
+/// What kind of [`Refusal`] it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RefusalKind {
+    /// A field of the request is wrong: the field's name (`repo`,
+    /// `revision`, `include`).
+    BadInput(&'static str),
+    /// The hub wants a token, or one that may read the repository (its
+    /// 401).
+    Unauthorized,
+    /// The hub refused the token (its 403).
+    Forbidden,
+    /// No such repository or revision on the hub.
+    NotFound,
+    /// No installed plugin serves it.
+    Unservable,
+    /// It does not fit under the memory guard's ceiling.
+    TooBig,
+    /// The cache's disk has not enough free space.
+    NoDisk,
+    /// The hub cannot be reached, or answered what a hub does not.
+    Hub,
+    /// The host itself failed (no cache folder, no HTTP client).
+    Host,
+}
+
+impl Refusal {
+    fn new(kind: RefusalKind, message: impl Into<String>) -> Refusal {
+        Refusal {
+            kind,
+            message: message.into(),
+        }
+    }
 }
 
 /// How progress is shown: a bar on a terminal, plain lines otherwise, or
@@ -381,14 +440,48 @@ pub(crate) fn run(
     }
 }
 
-struct Hub {
+/// A Hugging Face-compatible hub, as `HF_ENDPOINT` and `HF_TOKEN` name it.
+pub(crate) struct Hub {
     client: reqwest::Client,
-    endpoint: String,
+    pub(crate) endpoint: String,
     token: Option<String>,
 }
 
 impl Hub {
-    fn get(&self, url: &str) -> reqwest::RequestBuilder {
+    /// The hub `HF_ENDPOINT` names (default [`DEFAULT_ENDPOINT`]), with
+    /// `HF_TOKEN` as its bearer token.
+    pub(crate) fn from_env() -> Result<Hub, Refusal> {
+        let env = |k: &str| std::env::var(k).ok();
+        let endpoint = env("HF_ENDPOINT")
+            .filter(|e| !e.trim().is_empty())
+            .unwrap_or_else(|| DEFAULT_ENDPOINT.into())
+            .trim_end_matches('/')
+            .to_string();
+        if !endpoint.starts_with("http://") && !endpoint.starts_with("https://") {
+            return Err(Refusal::new(
+                RefusalKind::Host,
+                format!("HF_ENDPOINT '{endpoint}' is not an http:// or https:// URL"),
+            ));
+        }
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(30))
+            .read_timeout(Duration::from_secs(60))
+            .user_agent(concat!("hangar/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| {
+                Refusal::new(
+                    RefusalKind::Host,
+                    format!("cannot build the HTTP client: {e}"),
+                )
+            })?;
+        Ok(Hub {
+            client,
+            endpoint,
+            token: env("HF_TOKEN").filter(|t| !t.is_empty()),
+        })
+    }
+
+    pub(crate) fn get(&self, url: &str) -> reqwest::RequestBuilder {
         let request = self.client.get(url);
         match &self.token {
             Some(t) => request.bearer_auth(t),
@@ -397,96 +490,136 @@ impl Hub {
     }
 
     /// Why the hub refused `what`, for statuses a user can act on.
-    fn refusal(&self, status: reqwest::StatusCode, repo: &str, what: &str) -> anyhow::Error {
-        match status.as_u16() {
-            401 | 403 if self.token.is_none() => anyhow!(
-                "{} answered {status} for {what}: repository {repo} is gated or private; \
-                 set HF_TOKEN to an access token that may read it (and accept its terms on the hub)",
-                self.endpoint
+    pub(crate) fn refusal(&self, status: reqwest::StatusCode, repo: &str, what: &str) -> Refusal {
+        let auth = if status == reqwest::StatusCode::FORBIDDEN {
+            RefusalKind::Forbidden
+        } else {
+            RefusalKind::Unauthorized
+        };
+        let (kind, message) = match status.as_u16() {
+            401 | 403 if self.token.is_none() => (
+                auth,
+                format!(
+                    "{} answered {status} for {what}: repository {repo} is gated or private; \
+                     set HF_TOKEN to an access token that may read it (and accept its terms on the hub)",
+                    self.endpoint
+                ),
             ),
-            401 | 403 => anyhow!(
-                "{} answered {status} for {what}: the token in HF_TOKEN may not read repository {repo}; \
-                 accept the repository's terms on the hub or use a token with access",
-                self.endpoint
+            401 | 403 => (
+                auth,
+                format!(
+                    "{} answered {status} for {what}: the token in HF_TOKEN may not read repository {repo}; \
+                     accept the repository's terms on the hub or use a token with access",
+                    self.endpoint
+                ),
             ),
-            404 => anyhow!(
-                "{} answered 404 for {what}: no repository {repo} at that revision (check the name, \
-                 the revision and HF_ENDPOINT)",
-                self.endpoint
+            404 => (
+                RefusalKind::NotFound,
+                format!(
+                    "{} answered 404 for {what}: no repository {repo} at that revision (check the name, \
+                     the revision and HF_ENDPOINT)",
+                    self.endpoint
+                ),
             ),
-            _ => anyhow!("{} answered {status} for {what}", self.endpoint),
+            _ => (
+                RefusalKind::Hub,
+                format!("{} answered {status} for {what}", self.endpoint),
+            ),
+        };
+        Refusal::new(kind, message)
+    }
+
+    /// `url`'s JSON, or the refusal that says why not.
+    pub(crate) async fn json<T: serde::de::DeserializeOwned>(
+        &self,
+        url: &str,
+        repo: &str,
+        what: &str,
+    ) -> Result<T, Refusal> {
+        let response = self.get(url).send().await.map_err(|e| {
+            Refusal::new(
+                RefusalKind::Hub,
+                format!(
+                    "cannot reach the hub at {} (set HF_ENDPOINT for a mirror): {e}",
+                    self.endpoint
+                ),
+            )
+        })?;
+        if !response.status().is_success() {
+            return Err(self.refusal(response.status(), repo, what));
         }
+        response.json().await.map_err(|e| {
+            Refusal::new(
+                RefusalKind::Hub,
+                format!("{url} did not answer {what} as a hub does: {e}"),
+            )
+        })
     }
 }
 
-async fn pull(
-    args: &PullArgs,
-    registry: &Registry,
-    default_engines: &BTreeMap<String, String>,
-    mode: Mode,
-) -> anyhow::Result<ExitCode> {
-    let target = RepoRef::parse(&args.repo).map_err(anyhow::Error::msg)?;
-    let include = Include::new(&args.include).map_err(anyhow::Error::msg)?;
+/// The cache `hangar pull` fills: [`cache_dir`] of this process's
+/// environment.
+pub(crate) fn default_cache() -> Result<PathBuf, Refusal> {
     let env = |k: &str| std::env::var(k).ok();
-    let endpoint = env("HF_ENDPOINT")
-        .filter(|e| !e.trim().is_empty())
-        .unwrap_or_else(|| DEFAULT_ENDPOINT.into())
-        .trim_end_matches('/')
-        .to_string();
-    if !endpoint.starts_with("http://") && !endpoint.starts_with("https://") {
-        bail!("HF_ENDPOINT '{endpoint}' is not an http:// or https:// URL");
-    }
-    let cache = cache_dir(
+    cache_dir(
         env("HF_HUB_CACHE").as_deref(),
         env("HF_HOME").as_deref(),
         dirs::home_dir().as_deref(),
     )
     .ok_or_else(|| {
-        anyhow!("no Hugging Face cache: set HF_HUB_CACHE or HF_HOME (there is no home folder)")
-    })?;
-    let hub = Hub {
-        client: reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(30))
-            .read_timeout(Duration::from_secs(60))
-            .user_agent(concat!("hangar/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .context("cannot build the HTTP client")?,
-        endpoint,
-        token: env("HF_TOKEN").filter(|t| !t.is_empty()),
-    };
+        Refusal::new(
+            RefusalKind::Host,
+            "no Hugging Face cache: set HF_HUB_CACHE or HF_HOME (there is no home folder)",
+        )
+    })
+}
 
-    // What the repository holds.
+/// What a pull is asked to fetch, and against which memory ceiling.
+pub(crate) struct Wanted<'a> {
+    pub(crate) target: &'a RepoRef,
+    pub(crate) include: &'a [String],
+    pub(crate) guard: Guard,
+    /// The memory guard's byte limit, when one was set.
+    pub(crate) memory_limit: Option<u64>,
+}
+
+/// Asks the hub what `wanted` holds and works out what Hangar makes of it;
+/// nothing is written.
+pub(crate) async fn plan(
+    hub: &Hub,
+    cache: &Path,
+    wanted: &Wanted<'_>,
+    registry: &Registry,
+    default_engines: &BTreeMap<String, String>,
+) -> Result<Plan, Refusal> {
+    let target = wanted.target;
+    let include = Include::new(wanted.include)
+        .map_err(|e| Refusal::new(RefusalKind::BadInput("include"), e))?;
     let info_url = format!(
         "{}/api/models/{}/revision/{}?blobs=true",
         hub.endpoint,
         encode(&target.repo, true),
         encode(&target.revision, false)
     );
-    let response = hub.get(&info_url).send().await.with_context(|| {
-        format!(
-            "cannot reach the hub at {} (set HF_ENDPOINT for a mirror)",
-            hub.endpoint
-        )
-    })?;
-    if !response.status().is_success() {
-        return Err(hub.refusal(
-            response.status(),
+    let info: ModelInfo = hub
+        .json(
+            &info_url,
             &target.repo,
             &format!("the model info of {}@{}", target.repo, target.revision),
-        ));
-    }
-    let info: ModelInfo = response.json().await.with_context(|| {
-        format!("{info_url} did not answer the hub's model info (JSON with sha and siblings)")
+        )
+        .await?;
+    let bad_hub = |message: String| Refusal::new(RefusalKind::Hub, message);
+    let commit = info.sha.filter(|c| is_hex(c)).ok_or_else(|| {
+        bad_hub(format!(
+            "{info_url} gives no commit hash (`sha`) for the revision"
+        ))
     })?;
-    let commit = info
-        .sha
-        .filter(|c| is_hex(c))
-        .ok_or_else(|| anyhow!("{info_url} gives no commit hash (`sha`) for the revision"))?;
     let all: Vec<File> = info
         .siblings
         .into_iter()
         .map(File::from_sibling)
-        .collect::<anyhow::Result<_>>()?;
+        .collect::<anyhow::Result<_>>()
+        .map_err(|e| bad_hub(format!("{e:#}")))?;
     let files: Vec<File> = all
         .iter()
         .filter(|f| include.matches(&f.path))
@@ -494,16 +627,19 @@ async fn pull(
         .collect();
     if files.is_empty() {
         let names: Vec<&str> = all.iter().map(|f| f.path.as_str()).collect();
-        bail!(
-            "no file of {} matches --include {}; its files are: {}",
-            target.repo,
-            args.include.join(" "),
-            if names.is_empty() {
-                "none".into()
-            } else {
-                names.join(", ")
-            }
-        );
+        return Err(Refusal::new(
+            RefusalKind::BadInput("include"),
+            format!(
+                "no file of {} matches --include {}; its files are: {}",
+                target.repo,
+                wanted.include.join(" "),
+                if names.is_empty() {
+                    "none".into()
+                } else {
+                    names.join(", ")
+                }
+            ),
+        ));
     }
 
     // What Hangar makes of it.
@@ -547,34 +683,30 @@ async fn pull(
             ),
         ),
     };
-    let repo_dir = cache.join(target.folder_name());
-    let blobs = repo_dir.join("blobs");
+    let blobs = cache.join(target.folder_name()).join("blobs");
     let config = match files.iter().find(|f| f.path == "config.json") {
         Some(f) if recognised.is_some() && f.size <= MAX_CONFIG_BYTES => {
             // The cached copy when there is one: a pull of what is already
             // here fetches nothing.
             match std::fs::read(blobs.join(&f.blob)) {
                 Ok(text) if text.len() as u64 == f.size => serde_json::from_slice(&text).ok(),
-                _ => fetch_small(&hub, &target.repo, &commit, &f.path).await,
+                _ => fetch_small(hub, &target.repo, &commit, &f.path).await,
             }
         }
         _ => None,
     };
     let need = crate::scheduler::estimate::from_config(config.as_ref(), weights, None).total();
     let ceiling = ceiling(
-        args.memory_guard,
-        None,
+        wanted.guard,
+        wanted.memory_limit,
         crate::scheduler::readings::machine(false),
         0,
     );
-    let mut to_fetch = 0;
-    for f in &files {
-        to_fetch += missing_bytes(&blobs, f);
-    }
-    let plan = Plan {
+    let to_fetch = files.iter().map(|f| missing_bytes(&blobs, f)).sum();
+    Ok(Plan {
         repo: target.repo.clone(),
         revision: target.revision.clone(),
-        commit: commit.clone(),
+        commit,
         endpoint: hub.endpoint.clone(),
         total_bytes: files.iter().map(|f| f.size).sum(),
         to_fetch,
@@ -586,60 +718,125 @@ async fn pull(
         need_bytes: need,
         ceiling_bytes: ceiling,
         fits: ceiling.map(|c| need <= c),
-        cache: cache.clone(),
-    };
-    show_plan(&plan, args.memory_guard, mode)?;
-    if plan.engine.is_none() && !args.force {
-        bail!(
-            "refusing to pull {}: no installed plugin can serve it ({}); pass --force to download it anyway",
-            plan.repo,
-            plan.reason
-        );
+        cache: cache.to_path_buf(),
+    })
+}
+
+impl Plan {
+    /// The refusal of a repository no installed plugin serves; `force`
+    /// says how to pull it anyway.
+    pub(crate) fn unservable(&self, force: &str) -> Option<Refusal> {
+        self.engine.is_none().then(|| {
+            Refusal::new(
+                RefusalKind::Unservable,
+                format!(
+                    "refusing to pull {}: no installed plugin can serve it ({}); pass {force} to download it anyway",
+                    self.repo, self.reason
+                ),
+            )
+        })
     }
 
-    // Room for it, before anything is written.
-    let free = free_space(&cache)?;
-    if plan.to_fetch > free.1 {
-        bail!(
-            "not enough disk space to pull {}: it needs {} ({} bytes) more, and {} has {} ({} bytes) free; \
-             free some space or set HF_HUB_CACHE to a folder on a larger disk",
-            plan.repo,
-            bytes(plan.to_fetch),
-            plan.to_fetch,
-            free.0.display(),
-            bytes(free.1),
-            free.1
-        );
+    /// The refusal of a model that does not fit under the memory guard's
+    /// ceiling; `force` says how to pull it anyway.
+    pub(crate) fn too_big(&self, guard: Guard, force: &str) -> Option<Refusal> {
+        let ceiling = self.ceiling_bytes.filter(|c| self.need_bytes > *c)?;
+        Some(Refusal::new(
+            RefusalKind::TooBig,
+            format!(
+                "refusing to pull {}: it needs about {} of memory, more than the {guard} memory guard's \
+                 ceiling of {}; pass {force} to download it anyway",
+                self.repo,
+                bytes(self.need_bytes),
+                bytes(ceiling)
+            ),
+        ))
     }
+
+    /// Whether the cache's disk has room for what is still to fetch.
+    pub(crate) fn check_disk(&self) -> Result<(), Refusal> {
+        let free = free_space(&self.cache)
+            .map_err(|e| Refusal::new(RefusalKind::Host, format!("{e:#}")))?;
+        if self.to_fetch > free.1 {
+            return Err(Refusal::new(
+                RefusalKind::NoDisk,
+                format!(
+                    "not enough disk space to pull {}: it needs {} ({} bytes) more, and {} has {} ({} bytes) free; \
+                     free some space or set HF_HUB_CACHE to a folder on a larger disk",
+                    self.repo,
+                    bytes(self.to_fetch),
+                    self.to_fetch,
+                    free.0.display(),
+                    bytes(free.1),
+                    free.1
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a finished pull made.
+pub(crate) struct Pulled {
+    /// The snapshot folder: the model.
+    pub(crate) snapshot: PathBuf,
+    /// The bytes this pull fetched (the rest was in the cache).
+    pub(crate) fetched: u64,
+}
+
+/// Fetches the files of `plan`, `jobs` at a time, reporting to `sink`, and
+/// publishes the snapshot once every file is complete. Safe to drop at any
+/// await: what arrived stays in `.incomplete` files for the next pull.
+pub(crate) async fn execute(
+    hub: &Hub,
+    plan: &Plan,
+    jobs: usize,
+    sink: &dyn Sink,
+) -> anyhow::Result<Pulled> {
+    let repo_dir = plan.cache.join(RepoRef::folder_name_of(&plan.repo));
+    let blobs = repo_dir.join("blobs");
     std::fs::create_dir_all(&blobs)
         .with_context(|| format!("cannot create {}", blobs.display()))?;
-
-    // The files, a few at a time.
-    let progress = Progress::new(mode, plan.total_bytes, plan.total_bytes - plan.to_fetch);
-    let ticker = progress.ticker();
+    let progress = Progress {
+        sink,
+        done: AtomicU64::new(plan.total_bytes - plan.to_fetch),
+        already: plan.total_bytes - plan.to_fetch,
+        total: plan.total_bytes,
+        started: Instant::now(),
+    };
     let fetched = AtomicU64::new(0);
     // A failed file does not stop the others: what they fetch is kept for
     // the next pull either way, and finishing them leaves less to resume.
     let failures = std::sync::Mutex::new(Vec::new());
-    futures_util::stream::iter(&plan.files)
-        .for_each_concurrent(usize::from(args.jobs), |file| {
-            let (hub, progress, fetched, failures) = (&hub, &progress, &fetched, &failures);
-            let (repo, commit, blobs) = (&plan.repo, &plan.commit, &blobs);
-            async move {
-                let result = fetch(hub, repo, commit, blobs, file, progress)
-                    .await
-                    .and_then(|got| {
-                        fetched.fetch_add(got, Ordering::Relaxed);
-                        Ok(progress.file_done(file, got)?)
+    let files = futures_util::stream::iter(&plan.files).for_each_concurrent(jobs, |file| {
+        let (progress, fetched, failures, blobs) = (&progress, &fetched, &failures, &blobs);
+        async move {
+            match fetch(hub, &plan.repo, &plan.commit, blobs, file, progress).await {
+                Ok(got) => {
+                    fetched.fetch_add(got, Ordering::Relaxed);
+                    sink.event(&Event::File {
+                        path: &file.path,
+                        size: file.size,
+                        fetched: got,
                     });
-                if let Err(e) = result {
-                    failures.lock().expect("no panics hold it").push(e);
                 }
+                Err(e) => failures.lock().expect("no panics hold it").push(e),
             }
-        })
-        .await;
-    ticker.abort();
-    progress.finish();
+        }
+    });
+    // Progress every second while the files arrive.
+    let ticks = async {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            progress.report();
+        }
+    };
+    tokio::select! {
+        () = files => {}
+        () = ticks => unreachable!("the ticker never ends"),
+    }
     let mut failures = failures.into_inner().expect("no panics hold it");
     if let Some(first) = failures.pop() {
         let others: Vec<String> = failures.iter().map(|e| format!("{e:#}")).collect();
@@ -653,24 +850,54 @@ async fn pull(
             ))
         });
     }
+    progress.report();
 
     // Only now is it a model.
-    let snapshot = publish(&repo_dir, &plan.commit, &target.revision, &plan.files)?;
+    let snapshot = publish(&repo_dir, &plan.commit, &plan.revision, &plan.files)?;
     let fetched = fetched.load(Ordering::Relaxed);
-    match mode {
-        Mode::Json => emit(&Event::Done {
-            path: &snapshot,
-            commit: &plan.commit,
-            fetched,
-        })?,
-        _ => outln!(
+    sink.event(&Event::Done {
+        path: &snapshot,
+        commit: &plan.commit,
+        fetched,
+    });
+    Ok(Pulled { snapshot, fetched })
+}
+
+async fn pull(
+    args: &PullArgs,
+    registry: &Registry,
+    default_engines: &BTreeMap<String, String>,
+    mode: Mode,
+) -> anyhow::Result<ExitCode> {
+    let target = RepoRef::parse(&args.repo).map_err(anyhow::Error::msg)?;
+    let cache = default_cache()?;
+    let hub = Hub::from_env()?;
+    let wanted = Wanted {
+        target: &target,
+        include: &args.include,
+        guard: args.memory_guard,
+        memory_limit: None,
+    };
+    let plan = plan(&hub, &cache, &wanted, registry, default_engines).await?;
+    show_plan(&plan, args.memory_guard, mode)?;
+    if let Some(refusal) = plan.unservable("--force").filter(|_| !args.force) {
+        return Err(refusal.into());
+    }
+    // Room for it, before anything is written.
+    plan.check_disk()?;
+    let sink = Cli::new(mode, &plan);
+    let pulled = execute(&hub, &plan, usize::from(args.jobs), &sink).await;
+    sink.finish();
+    let pulled = pulled?;
+    if mode != Mode::Json {
+        outln!(
             "pulled {}@{} ({}) into {} ({} fetched)",
             plan.repo,
             plan.revision,
             plan.commit,
-            snapshot.display(),
-            bytes(fetched)
-        )?,
+            pulled.snapshot.display(),
+            bytes(pulled.fetched)
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -786,7 +1013,7 @@ async fn fetch(
     commit: &str,
     blobs: &Path,
     file: &File,
-    progress: &Progress,
+    progress: &Progress<'_>,
 ) -> anyhow::Result<u64> {
     let done = blobs.join(&file.blob);
     if std::fs::metadata(&done).is_ok_and(|m| m.len() == file.size) {
@@ -815,7 +1042,9 @@ async fn fetch(
         if status == reqwest::StatusCode::RANGE_NOT_SATISFIABLE {
             // The partial may be whole already; checked below.
         } else if !status.is_success() {
-            return Err(hub.refusal(status, repo, &format!("file {}", file.path)));
+            return Err(hub
+                .refusal(status, repo, &format!("file {}", file.path))
+                .into());
         } else {
             if status != reqwest::StatusCode::PARTIAL_CONTENT && have > 0 {
                 // The server ignored the range: start over.
@@ -829,7 +1058,7 @@ async fn fetch(
                 .open(&partial_path)
                 .with_context(|| format!("cannot write {}", partial_path.display()))?;
             if have > 0 {
-                hash_file(&partial_path, &mut hasher)?;
+                hasher = hash_file(&partial_path, hasher).await?;
             }
             // Unbuffered: what arrived is on disk, so a killed pull resumes
             // after it.
@@ -880,8 +1109,7 @@ async fn fetch(
     if let Some(want) = &file.sha256 {
         if fetched == 0 {
             // The whole file was already there: hash it now.
-            hasher = Sha256::new();
-            hash_file(&partial_path, &mut hasher)?;
+            hasher = hash_file(&partial_path, Sha256::new()).await?;
         }
         let got = hex(&hasher.finalize());
         if &got != want {
@@ -898,19 +1126,26 @@ async fn fetch(
     Ok(fetched)
 }
 
-fn hash_file(path: &Path, hasher: &mut Sha256) -> anyhow::Result<()> {
-    let mut f =
-        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f
-            .read(&mut buf)
+/// `hasher` fed with the file at `path`, read off the async threads (a
+/// resumed file may be gigabytes).
+async fn hash_file(path: &Path, mut hasher: Sha256) -> anyhow::Result<Sha256> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let mut f = std::fs::File::open(&path)
             .with_context(|| format!("cannot read {}", path.display()))?;
-        if n == 0 {
-            return Ok(());
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f
+                .read(&mut buf)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            if n == 0 {
+                return Ok(hasher);
+            }
+            hasher.update(&buf[..n]);
         }
-        hasher.update(&buf[..n]);
-    }
+    })
+    .await
+    .context("the hashing task failed")?
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -975,90 +1210,102 @@ fn publish(
 // ---------------------------------------------------------------------------
 // progress
 
-struct Progress {
-    mode: Mode,
-    bar: Option<indicatif::ProgressBar>,
-    done: Arc<AtomicU64>,
+/// The bytes a pull has so far, told to its sink.
+struct Progress<'a> {
+    sink: &'a dyn Sink,
+    done: AtomicU64,
+    /// What was in the cache before the pull began.
+    already: u64,
     total: u64,
     started: Instant,
 }
 
-impl Progress {
-    fn new(mode: Mode, total: u64, already: u64) -> Progress {
+impl Progress<'_> {
+    fn add(&self, n: u64) {
+        self.done.fetch_add(n, Ordering::Relaxed);
+        self.sink.added(n);
+    }
+
+    fn report(&self) {
+        let now = self.done.load(Ordering::Relaxed);
+        let seconds = self.started.elapsed().as_secs_f64().max(0.001);
+        self.sink.event(&Event::Progress {
+            bytes: now,
+            total: self.total,
+            bytes_per_second: ((now - self.already) as f64 / seconds) as u64,
+        });
+    }
+}
+
+/// How `hangar pull` shows progress: a bar on a terminal, a line every
+/// five seconds otherwise, or every event as JSON.
+struct Cli {
+    mode: Mode,
+    bar: Option<indicatif::ProgressBar>,
+    last_line: std::sync::Mutex<Instant>,
+}
+
+impl Cli {
+    fn new(mode: Mode, plan: &Plan) -> Cli {
         let bar = (mode == Mode::Bar).then(|| {
-            let bar = indicatif::ProgressBar::new(total);
+            let bar = indicatif::ProgressBar::new(plan.total_bytes);
             bar.set_style(
                 indicatif::ProgressStyle::with_template(
                     "{bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
                 )
                 .expect("the template parses"),
             );
-            bar.set_position(already);
+            bar.set_position(plan.total_bytes - plan.to_fetch);
             bar
         });
-        Progress {
+        Cli {
             mode,
             bar,
-            done: Arc::new(AtomicU64::new(already)),
-            total,
-            started: Instant::now(),
+            last_line: std::sync::Mutex::new(Instant::now()),
         }
-    }
-
-    fn add(&self, n: u64) {
-        self.done.fetch_add(n, Ordering::Relaxed);
-        if let Some(bar) = &self.bar {
-            bar.inc(n);
-        }
-    }
-
-    fn file_done(&self, file: &File, fetched: u64) -> std::io::Result<()> {
-        match self.mode {
-            Mode::Json => emit(&Event::File {
-                path: &file.path,
-                size: file.size,
-                fetched,
-            }),
-            Mode::Plain => {
-                eprintln!("pull: {} done ({})", file.path, bytes(file.size));
-                Ok(())
-            }
-            Mode::Bar => Ok(()),
-        }
-    }
-
-    /// Reports progress every second (JSON) or five (plain lines) until aborted.
-    fn ticker(&self) -> tokio::task::JoinHandle<()> {
-        let (mode, done, total, started) = (self.mode, self.done.clone(), self.total, self.started);
-        tokio::spawn(async move {
-            let every = if mode == Mode::Json { 1 } else { 5 };
-            let mut tick = tokio::time::interval(Duration::from_secs(every));
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let now = done.load(Ordering::Relaxed);
-                match mode {
-                    Mode::Json => {
-                        let _ = emit(&Event::Progress { bytes: now, total });
-                    }
-                    Mode::Plain => {
-                        let rate = now as f64 / started.elapsed().as_secs_f64().max(0.001);
-                        eprintln!(
-                            "pull: {} of {} ({}/s)",
-                            bytes(now),
-                            bytes(total),
-                            bytes(rate as u64)
-                        );
-                    }
-                    Mode::Bar => {}
-                }
-            }
-        })
     }
 
     fn finish(&self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
+        }
+    }
+}
+
+impl Sink for Cli {
+    fn added(&self, n: u64) {
+        if let Some(bar) = &self.bar {
+            bar.inc(n);
+        }
+    }
+
+    fn event(&self, event: &Event<'_>) {
+        match (self.mode, event) {
+            // A closed stdout ends the pull at its next line, not here.
+            (Mode::Json, event) => drop(emit(event)),
+            (Mode::Plain, Event::File { path, size, .. }) => {
+                eprintln!("pull: {path} done ({})", bytes(*size));
+            }
+            (
+                Mode::Plain,
+                Event::Progress {
+                    bytes: now,
+                    total,
+                    bytes_per_second,
+                },
+            ) => {
+                let mut last = self.last_line.lock().expect("no panics hold it");
+                if last.elapsed() >= Duration::from_secs(5) {
+                    *last = Instant::now();
+                    eprintln!(
+                        "pull: {} of {} ({}/s)",
+                        bytes(*now),
+                        bytes(*total),
+                        bytes(*bytes_per_second)
+                    );
+                }
+            }
+            _ => {}
         }
     }
 }

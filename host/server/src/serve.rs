@@ -124,6 +124,7 @@ pub(crate) fn run(
             catalog,
             api_key: args.api_key,
             responses,
+            pulls: Arc::default(),
         });
         let discovery = app.discovery();
         for bad in &discovery.rejected {

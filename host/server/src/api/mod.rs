@@ -14,6 +14,9 @@
 //! | `GET /api/models` | discovered models, their state, size on disk, path, source, session, and folders that are not models |
 //! | `POST /api/models/rescan` | scan the model dirs now (they are also watched), then as `GET /api/models` |
 //! | `POST /api/models/{id}/load`, `POST /api/models/{id}/unload` | load or stop a model (`/` in ids as `%2F`) |
+//! | `POST /api/models/pull` | pull a model from the hub into the Hugging Face cache (as `hangar pull`), as a task: 202 with its status |
+//! | `GET /api/models/pulls`, `GET/DELETE /api/models/pulls/{id}`, `GET /api/models/pulls/{id}/events` | the pulls; one's status, cancel (kept for resume), progress as server-sent events |
+//! | `GET /api/hub/models?search=TEXT`, `GET /api/hub/models/{owner}/{name}[?revision=REV]` | the hub's model search; a repository's files, sizes and what Hangar would serve it with (the admin page's Browse tab) |
 //! | `DELETE /api/models/{id}[?force=true]` | remove a model from disk (409 while loaded unless `force`, which unloads first), then rescan |
 //! | `GET/PUT /api/settings` | app defaults, default engines, engine settings |
 //! | `GET/PUT /api/models/{id}/settings`, `GET /api/models/{id}/settings/schema` | one model's settings, and what its engine supports now |
@@ -32,6 +35,7 @@
 mod admin;
 mod embeddings;
 mod error;
+mod hub;
 pub(crate) mod inprocess;
 pub(crate) use embeddings::{worker_embeddings, worker_rerank};
 pub(crate) mod listen;
@@ -42,6 +46,7 @@ pub(crate) mod ollama;
 mod openai;
 mod openapi;
 mod pieces;
+pub(crate) mod pull;
 mod remove;
 pub(crate) mod responses;
 mod schema;
@@ -82,6 +87,8 @@ pub(crate) struct App {
     pub api_key: Option<String>,
     /// The stored responses of `/v1/responses`.
     pub responses: Arc<responses::Store>,
+    /// The pulls of `POST /api/models/pull`.
+    pub pulls: Arc<pull::Pulls>,
 }
 
 impl App {
@@ -198,6 +205,15 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/api/models/{id}/load", post(manage::load))
         .route("/api/models/{id}/unload", post(manage::unload))
         .route("/api/models/{id}", delete(remove::remove))
+        .route("/api/models/pull", post(pull::start))
+        .route("/api/models/pulls", get(pull::list))
+        .route(
+            "/api/models/pulls/{id}",
+            get(pull::status).delete(pull::cancel),
+        )
+        .route("/api/models/pulls/{id}/events", get(pull::events))
+        .route("/api/hub/models", get(hub::search))
+        .route("/api/hub/models/{owner}/{name}", get(hub::model))
         .route(
             "/api/settings",
             get(settings::get_app).put(settings::put_app),

@@ -550,6 +550,16 @@ impl Driver {
             .collect()
     }
 
+    /// The limits the scheduler was started with.
+    pub(crate) fn limits(&self) -> Limits {
+        self.inner
+            .lock()
+            .expect("scheduler lock")
+            .machine
+            .limits()
+            .clone()
+    }
+
     /// The scheduler's state for `/api/sessions`.
     pub(crate) fn view(&self) -> SchedulerView {
         let inner = self.inner.lock().expect("scheduler lock");

@@ -157,9 +157,10 @@ async function changeStored(id, change) {
 }
 
 async function act(what, run) {
+  let result;
   try {
     status(`${what}…`);
-    const result = await run();
+    result = await run();
     // A settings change says when it takes effect (stored settings apply
     // from the model's next load).
     status(`${what}: done${result?.applies ? `; applies ${result.applies}` : ""}`);
@@ -167,6 +168,7 @@ async function act(what, run) {
     status(`${what}: ${e.message}`, true);
   }
   await refresh();
+  return result;
 }
 
 async function showModels() {
@@ -478,6 +480,123 @@ async function chat(event) {
   }
 }
 
+// ----------------------------------------------------------------- browse
+
+/** Searches the hub (through the host, which knows HF_ENDPOINT and HF_TOKEN). */
+async function browse(event) {
+  event.preventDefault();
+  const text = $("browse-search").value.trim();
+  const found = await act("search", () => api(`/api/hub/models?search=${encodeURIComponent(text)}`));
+  if (!found) return;
+  $("browse-hub").textContent = `at ${found.endpoint}`;
+  $("browse-results").replaceChildren(
+    ...(found.models.length
+      ? found.models.map((m) =>
+          el(
+            "tr",
+            { "data-repo": m.id },
+            el("td", {}, m.id),
+            el("td", {}, m.downloads ?? ""),
+            el("td", {}, m.likes ?? ""),
+            el("td", {}, el("button", { type: "button", class: "show", onclick: () => showRepo(m.id) }, "Show")),
+          ),
+        )
+      : [el("tr", {}, el("td", { colspan: 4 }, `nothing on the hub matches '${text}'`))]),
+  );
+}
+
+/** A repository's files, sizes and engine, with a Pull button. */
+async function showRepo(repo) {
+  const path = repo.split("/").map(encodeURIComponent).join("/");
+  const plan = await act("look-up", () => api(`/api/hub/models/${path}`));
+  if (!plan) return;
+  const servable = plan.engine !== null;
+  const fits = plan.fits !== false;
+  const force = el("input", { type: "checkbox", class: "force" });
+  $("browse-detail").replaceChildren(
+    el(
+      "div",
+      { "data-repo": plan.repo },
+      el("h3", {}, `${plan.repo}@${plan.revision} `, el("small", {}, plan.commit)),
+      el(
+        "p",
+        { class: servable ? "ok engine" : "error engine" },
+        servable ? `format ${plan.format}, served by ${plan.engine} (${plan.reason})` : `no installed plugin serves it: ${plan.reason}`,
+      ),
+      el(
+        "p",
+        { class: fits ? "" : "error" },
+        `${bytes(plan.total_bytes)} in ${plan.files.length} file(s), ${bytes(plan.to_fetch)} to fetch; ` +
+          `needs about ${bytes(plan.need_bytes)} of memory` +
+          (plan.ceiling_bytes === null ? "" : fits ? `, fits under ${bytes(plan.ceiling_bytes)}` : `, more than the ceiling of ${bytes(plan.ceiling_bytes)}`),
+      ),
+      el(
+        "table",
+        { class: "files" },
+        el("thead", {}, el("tr", {}, el("th", {}, "file"), el("th", {}, "size"), el("th", {}, "cached"))),
+        el(
+          "tbody",
+          {},
+          plan.files.map((f) => el("tr", {}, el("td", {}, f.path), el("td", {}, bytes(f.size)), el("td", {}, f.cached ? "yes" : ""))),
+        ),
+      ),
+      el(
+        "p",
+        {},
+        servable && fits ? "" : el("label", {}, force, " pull anyway (force) "),
+        el("button", { type: "button", class: "pull", onclick: () => startPull(plan.repo, plan.revision, force.checked) }, "Pull"),
+      ),
+    ),
+  );
+}
+
+async function startPull(repo, revision, force) {
+  const pull = await act("pull", () => api("/api/models/pull", "POST", { repo, revision, force }));
+  if (pull) followPull(pull);
+}
+
+/** The pull's row, kept up to date from its event stream until it ends. */
+function followPull(pull) {
+  const bar = el("progress", { max: pull.bytes_total || 1, value: pull.bytes_done });
+  const state = el("td", { class: "state" }, pull.state);
+  const rate = el("td", {}, "");
+  const cancel = el("button", { type: "button", class: "cancel", onclick: () => act("cancel", () => api(`/api/models/pulls/${pull.id}`, "DELETE")) }, "Cancel");
+  const row = el("tr", { "data-pull": pull.id }, el("td", {}, pull.id), el("td", {}, pull.repo), state, el("td", {}, bar), rate, el("td", {}, cancel));
+  document.querySelector(`#pulls-body tr[data-pull='${pull.id}']`)?.remove();
+  $("pulls-body").append(row);
+  const ended = (text, bad = false) => {
+    state.textContent = text;
+    state.className = bad ? "state error" : "state ok";
+    cancel.remove();
+  };
+  if (["done", "failed", "cancelled"].includes(pull.state)) {
+    bar.value = pull.state === "done" ? bar.max : pull.bytes_done;
+    return ended(pull.error ? `${pull.state}: ${pull.error}` : pull.state, pull.state === "failed");
+  }
+  follow(`/api/models/pulls/${pull.id}/events`, (_name, data) => {
+    const event = JSON.parse(data);
+    if (event.event === "progress") {
+      state.textContent = "running";
+      bar.value = event.bytes;
+      rate.textContent = `${bytes(event.bytes_per_second)}/s`;
+    } else if (event.event === "done") {
+      bar.value = bar.max;
+      ended("done");
+      refresh();
+    } else if (event.event === "failed") {
+      ended(`failed: ${event.message}`, true);
+    } else if (event.event === "cancelled") {
+      ended("cancelled");
+    }
+  }).catch((e) => ended(`lost: ${e.message}`, true));
+}
+
+async function showPulls() {
+  const { pulls } = await api("/api/models/pulls");
+  $("pulls-body").replaceChildren();
+  pulls.forEach(followPull);
+}
+
 // ------------------------------------------------------------------ start
 
 async function refresh() {
@@ -501,7 +620,7 @@ async function start() {
   }
   status(`host ${health.status}`);
   try {
-    await Promise.all([showEngines(), showModels()]);
+    await Promise.all([showEngines(), showModels(), showPulls()]);
     await showSettings();
   } catch (e) {
     status(e.message, true);
@@ -526,6 +645,7 @@ $("rescan").addEventListener("click", () => act("rescan", () => api("/api/models
 $("settings-model").addEventListener("change", showSettings);
 $("settings-json-save").addEventListener("click", saveJson);
 $("chat-form").addEventListener("submit", chat);
+$("browse-form").addEventListener("submit", browse);
 $("chat-clear").addEventListener("click", () => {
   history.length = 0;
   $("chat-log").replaceChildren();
