@@ -306,9 +306,9 @@ pub(super) enum PredictionContent {
     Parts(Vec<PredictionPart>),
 }
 
-/// One text part of a prediction.
+/// One text part of a prediction (other fields are ignored, as in
+/// message content parts).
 #[derive(Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
 pub(super) struct PredictionPart {
     #[serde(rename = "type")]
     kind: TextType,
