@@ -61,7 +61,7 @@ impl Plugin for NativeMlx {
             .map_err(|e| format!("model '{}': {e}", request.model_id))?;
         Ok(Box::new(Loaded::Chat {
             id: request.model_id,
-            tokenizer: session.tokenizer().clone(),
+            tokenizer: Box::new(session.tokenizer().clone()),
             speculate,
             batcher: Batcher::start(session, options),
         }))
@@ -160,7 +160,7 @@ enum Loaded {
         id: String,
         batcher: Batcher,
         /// For predicted outputs, tokenised per request.
-        tokenizer: Tokenizer,
+        tokenizer: Box<Tokenizer>,
         /// The model's speculation settings.
         speculate: Speculation,
     },
