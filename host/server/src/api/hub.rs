@@ -156,19 +156,7 @@ pub(super) async fn model(
         }
         None => target,
     };
-    let hub = pull::Hub::from_env().map_err(refused)?;
-    let cache = pull::default_cache().map_err(refused)?;
-    let limits = app.scheduler.limits();
-    let wanted = pull::Wanted {
-        target: &target,
-        include: &[],
-        guard: limits.guard,
-        memory_limit: limits.memory_limit,
-    };
-    let defaults = app.sessions.settings().get().default_engines;
-    let plan = pull::plan(&hub, &cache, &wanted, app.sessions.registry(), &defaults)
-        .await
-        .map_err(refused)?;
+    let (_, cache, plan) = super::pull::plan_of(&app, &target, &[]).await?;
     let blobs = cache.join(target.folder_name()).join("blobs");
     let files = plan
         .files

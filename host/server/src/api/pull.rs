@@ -315,6 +315,30 @@ fn now() -> u64 {
 }
 
 /// The API's answer to a pull the planner refused.
+/// What pulling `target` (its files matching `include`) into the
+/// server's cache would do, as the hub and the installed plugins say; with
+/// the hub and the cache it is planned for.
+pub(super) async fn plan_of(
+    app: &App,
+    target: &RepoRef,
+    include: &[String],
+) -> Result<(pull::Hub, std::path::PathBuf, pull::Plan), ApiError> {
+    let hub = pull::Hub::from_env().map_err(refused)?;
+    let cache = pull::default_cache().map_err(refused)?;
+    let limits = app.scheduler.limits();
+    let wanted = pull::Wanted {
+        target,
+        include,
+        guard: limits.guard,
+        memory_limit: limits.memory_limit,
+    };
+    let defaults = app.sessions.settings().get().default_engines;
+    let plan = pull::plan(&hub, &cache, &wanted, app.sessions.registry(), &defaults)
+        .await
+        .map_err(refused)?;
+    Ok((hub, cache, plan))
+}
+
 pub(super) fn refused(refusal: pull::Refusal) -> ApiError {
     let (status, code, param) = match refusal.kind {
         RefusalKind::BadInput(field) => (StatusCode::BAD_REQUEST, "invalid_request", Some(field)),
@@ -457,24 +481,12 @@ pub(super) async fn start(
     if let Some(job) = app.pulls.active(&asked.target.repo) {
         return Err(already_pulling(&job));
     }
-    let hub = pull::Hub::from_env().map_err(refused)?;
-    let cache = pull::default_cache().map_err(refused)?;
-    let limits = app.scheduler.limits();
-    let wanted = pull::Wanted {
-        target: &asked.target,
-        include: &asked.include,
-        guard: limits.guard,
-        memory_limit: limits.memory_limit,
-    };
-    let defaults = app.sessions.settings().get().default_engines;
-    let plan = pull::plan(&hub, &cache, &wanted, app.sessions.registry(), &defaults)
-        .await
-        .map_err(refused)?;
+    let (hub, _, plan) = plan_of(&app, &asked.target, &asked.include).await?;
     let force = "\"force\": true";
     if !asked.force {
         if let Some(refusal) = plan
             .unservable(force)
-            .or_else(|| plan.too_big(limits.guard, force))
+            .or_else(|| plan.too_big(app.scheduler.limits().guard, force))
         {
             return Err(refused(refusal));
         }
