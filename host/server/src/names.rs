@@ -25,15 +25,7 @@ use serde_json::{Map, Value};
 use crate::settings::{SettingMap, Stored};
 use hangar_engine::models::{Discovery, Model};
 
-/// The setting that holds a model's aliases.
-pub(crate) const ALIASES: &str = "aliases";
-/// The setting that holds a model's profiles.
-pub(crate) const PROFILES: &str = "profiles";
-
-/// Whether `name` is [`ALIASES`] or [`PROFILES`].
-pub(crate) fn is_name_setting(name: &str) -> bool {
-    name == ALIASES || name == PROFILES
-}
+pub(crate) use crate::settings::{ALIASES, PROFILES};
 
 /// The request fields a profile may set: OpenAI's sampling and length
 /// fields, filled into each request that lacks them.

@@ -288,7 +288,17 @@ pub(crate) struct Residency {
 /// Whether `name` is one of the host's own per-model settings, which never
 /// reach the engine: the [`residency`] settings, aliases and profiles.
 pub(crate) fn is_host_own(name: &str) -> bool {
-    is_residency(name) || crate::names::is_name_setting(name)
+    is_residency(name) || is_name_setting(name)
+}
+
+/// The setting that holds a model's aliases (see `names`).
+pub(crate) const ALIASES: &str = "aliases";
+/// The setting that holds a model's profiles (see `names`).
+pub(crate) const PROFILES: &str = "profiles";
+
+/// Whether `name` is [`ALIASES`] or [`PROFILES`].
+fn is_name_setting(name: &str) -> bool {
+    name == ALIASES || name == PROFILES
 }
 
 fn is_residency(name: &str) -> bool {
@@ -321,7 +331,7 @@ pub(crate) fn residency_of(stored: &Stored, model: &str) -> Residency {
 
 /// Checks a model's settings map: the host's [`residency`] settings by
 /// type and range, the rest against the plugin and its engine (aliases and
-/// profiles are [`crate::names::check`]'s).
+/// profiles are checked by the `names` module).
 pub(crate) fn check_model_map(
     entry: &PluginEntry,
     engine: &Engine,
@@ -331,7 +341,7 @@ pub(crate) fn check_model_map(
     let (host, rest): (SettingMap, SettingMap) = map
         .clone()
         .into_iter()
-        .filter(|(name, _)| !crate::names::is_name_setting(name))
+        .filter(|(name, _)| !is_name_setting(name))
         .partition(|(name, _)| is_residency(name));
     let mut problems: Vec<String> = host
         .iter()
