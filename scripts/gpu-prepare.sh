@@ -60,13 +60,16 @@ for line in sys.stdin:
 
 if [[ "${SERVE:-0}" == 1 ]]; then
   # For scripts/serving-bench.sh on the device (`hangar serve`, both
-  # engines, the openai client): the host (stripped, xz), the plugins folder
+  # engines, the openai client): the host (release, stripped, xz), the plugins folder
   # with native-mlx linked against MLX for CUDA, and wheels of the openai
   # client's needs that the image lacks (at the venv's versions), in .dev/c.
   echo "gpu-prepare: the host, its plugins and the openai client's wheels for serving-bench.sh" >&2
   PY="$(scripts/python-env.sh)"
-  plugins="$(HANGAR_NO_NATIVE_MLX=1 scripts/build-plugins.sh | tail -1)"
-  cargo build --quiet -p hangar
+  plugins="$(HANGAR_NO_NATIVE_MLX=1 HANGAR_NO_WASM=1 scripts/build-plugins.sh --release | tail -1)"
+  # A release host, as operators run it (scripts/demo.sh): a debug build's
+  # request path (the worker's and the host's JSON and SSE per token) is
+  # several times slower, and at 32-64 streams it is measured, not the engine.
+  cargo build --quiet --release -p hangar
   (cd plugins/native-mlx && MLX_PREFIX="$REPO/$PREFIX/mlx" CARGO_TARGET_DIR="$target" \
     RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined" cargo build --quiet --release --lib)
   rm -rf .dev/c
@@ -76,7 +79,7 @@ if [[ "${SERVE:-0}" == 1 ]]; then
   done
   cp plugins/native-mlx/plugin.toml "$target/release/libhangar_native_mlx.so" .dev/c/plugins/native-mlx/
   find .dev/c/plugins -name '*.so' -exec strip --strip-debug {} +
-  strip -o .dev/c/hangar target/debug/hangar
+  strip -o .dev/c/hangar target/release/hangar
   xz -T0 -f .dev/c/hangar
   wheels=()
   for name in openai httpx2 httpcore2 truststore jiter pydantic pydantic-core annotated-types \

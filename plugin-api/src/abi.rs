@@ -115,6 +115,14 @@ mod objects {
             let _ = request;
             RResult::RErr(RString::from("this engine reranks nothing"))
         }
+
+        /// What the engine decided at load that an operator should know,
+        /// as a JSON list of sentences (a draft model it does not use, and
+        /// why); the host shows them with the session and records each as
+        /// an event. Added in 1.6: an engine built before it has none.
+        fn notes(&self) -> RString {
+            RString::from("[]")
+        }
     }
 }
 

@@ -13,7 +13,9 @@
 //! `rerank`), as plainly: an input's vector counts its words by a hash of
 //! each into eight buckets, normalised; a document's score is how many of
 //! the query's words it holds. An input of more than 32 words is refused,
-//! as a model refuses one longer than it reads.
+//! as a model refuses one longer than it reads. A model folder with an
+//! `echo-note.txt` gives that text as the engine's note (plugin-api 1.6),
+//! as an engine says what it decided at load.
 
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -44,13 +46,24 @@ impl Plugin for Echo {
         {
             return Err(format!("{} has no config.json", request.model_path));
         }
-        Ok(Box::new(EchoEngine))
+        let note = std::fs::read_to_string(
+            std::path::Path::new(&request.model_path).join("echo-note.txt"),
+        );
+        Ok(Box::new(EchoEngine {
+            notes: note.into_iter().map(|n| n.trim().to_string()).collect(),
+        }))
     }
 }
 
-struct EchoEngine;
+struct EchoEngine {
+    notes: Vec<String>,
+}
 
 impl Engine for EchoEngine {
+    fn notes(&self) -> Vec<String> {
+        self.notes.clone()
+    }
+
     fn generate(
         &self,
         request: GenerateRequest,

@@ -127,6 +127,14 @@ pub trait Engine: Send + Sync + 'static {
         let _ = request;
         Err("this engine reranks nothing".into())
     }
+
+    /// What the engine decided at load that an operator should know, one
+    /// sentence each (a draft model it does not use, and why): the host
+    /// shows them with the session (`/api/sessions`) and records each as
+    /// an `engine_note` event (plugin-api 1.6). The default has none.
+    fn notes(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// A [`Description`] for the plugin's package: id and version from the

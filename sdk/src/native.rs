@@ -92,6 +92,12 @@ pub mod __private {
         fn rerank(&self, request: RStr<'_>) -> RResult<RString, RString> {
             guarded("rerank", || self.0.rerank(decode(request)?))
         }
+
+        fn notes(&self) -> RString {
+            // A panicking `notes` has nothing to say.
+            let notes = catch_unwind(AssertUnwindSafe(|| self.0.notes())).unwrap_or_default();
+            RString::from(serde_json::to_string(&notes).expect("strings serialize"))
+        }
     }
 
     fn panic_message() -> String {

@@ -72,8 +72,10 @@ pub(crate) fn run(plugin_dir: &Path, request: &Path) -> anyhow::Result<ExitCode>
     })
 }
 
+/// Ready, with what the engine decided at load (the host shows its notes
+/// with the session).
 async fn health(State(served): State<Arc<Served>>) -> Json<Value> {
-    Json(json!({ "status": "ok", "model": served.model_id }))
+    Json(json!({ "status": "ok", "model": served.model_id, "notes": served.engine_notes() }))
 }
 
 async fn models(State(served): State<Arc<Served>>) -> Json<Value> {

@@ -37,6 +37,7 @@ use mlx_rs::{with_stream, Array, Dtype};
 use crate::cache::KvCache;
 use crate::constraint::{Constraint, Grammars, Unpack};
 use crate::disk::DiskTier;
+use crate::draft::Drafter;
 use crate::error::{Error, Result};
 use crate::indexing::IndexOnStream;
 use crate::model::{Chunks, Decode, Group, Packed};
@@ -155,6 +156,16 @@ pub struct Batcher {
 impl Batcher {
     /// Moves `session` to a new engine thread.
     pub fn start(session: Session, options: BatchOptions) -> Self {
+        Self::start_with_drafter(session, options, None)
+    }
+
+    /// Moves `session` to a new engine thread, with a draft model for the
+    /// requests that speculate with one (`Speculation::draft_model`).
+    pub fn start_with_drafter(
+        session: Session,
+        options: BatchOptions,
+        drafter: Option<Drafter>,
+    ) -> Self {
         let (jobs, inbox) = mpsc::channel();
         let stats = Arc::new(Mutex::new(StepStats::default()));
         let engine_stats = stats.clone();
@@ -163,7 +174,7 @@ impl Batcher {
             .spawn(move || {
                 let stream = session.stream.0.clone();
                 with_stream(&stream, || {
-                    Engine::new(session, options, inbox, engine_stats).run()
+                    Engine::new(session, drafter, options, inbox, engine_stats).run()
                 });
             })
             .expect("the OS starts a thread");
@@ -327,6 +338,7 @@ struct InFlight {
 
 struct Engine {
     session: Session,
+    drafter: Option<Drafter>,
     options: BatchOptions,
     inbox: mpsc::Receiver<Job>,
     waiting: VecDeque<Job>,
@@ -354,6 +366,7 @@ struct Engine {
 impl Engine {
     fn new(
         session: Session,
+        drafter: Option<Drafter>,
         options: BatchOptions,
         inbox: mpsc::Receiver<Job>,
         stats: Arc<Mutex<StepStats>>,
@@ -365,6 +378,7 @@ impl Engine {
         let prefix = PrefixCache::new(options.prefix_cache_bytes, disk);
         Self {
             session,
+            drafter,
             options,
             inbox,
             waiting: VecDeque::new(),
@@ -462,8 +476,10 @@ impl Engine {
                 Ok(parts) => {
                     let (prompt, hashes, pages, filled, sampler, constraint) = parts;
                     let stops = StopMatcher::new(&job.request.stop);
-                    let spec = &job.request.speculation;
-                    let proposer = spec.is_on().then(|| Proposer::new(spec.clone()));
+                    let mut spec = job.request.speculation.clone();
+                    // Without a drafter that fits, a draft model proposes nothing.
+                    spec.draft_model &= self.drafter.is_some();
+                    let proposer = spec.is_on().then(|| Proposer::new(spec));
                     self.active.push(Seq {
                         job,
                         prompt,
@@ -639,7 +655,7 @@ impl Engine {
             .proposer
             .as_mut()
             .expect("a speculating sequence proposes");
-        let proposal = proposer.propose(&context, answer, room);
+        let proposal = proposer.propose(&context, answer, room, self.drafter.as_ref())?;
         let mut input = Vec::with_capacity(proposal.tokens.len() + 1);
         input.push(last);
         input.extend_from_slice(&proposal.tokens);

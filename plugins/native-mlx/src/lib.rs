@@ -33,6 +33,7 @@ mod chat;
 mod config;
 mod constraint;
 mod disk;
+mod draft;
 mod embed;
 mod error;
 mod ffi;
@@ -53,6 +54,7 @@ pub use chat::{ChatMessage, ChatOptions, ChatTemplate};
 pub use config::{
     Family, ModelConfig, QuantParams, Quantization, RopeScaling, SUPPORTED_MODEL_TYPES,
 };
+pub use draft::{DraftLoad, Drafter};
 pub use embed::{model_kind, Answer, Embedder, ModelKind, Pooling};
 pub use error::{Error, Result};
 pub use model::{LoadOptions, Model};

@@ -19,9 +19,9 @@ use hangar_sdk::{export_plugin, Engine, Plugin};
 use serde_json::Value;
 
 use crate::{
-    model_kind, Answer, BatchOptions, Batcher, ChatMessage, ChatOptions, DeviceKind, Embedder,
-    FinishReason, GenerateRequest, LoadOptions, ModelKind, Prompt, SamplingParams, Session,
-    Speculation, Tokenizer, MAX_K,
+    model_kind, Answer, BatchOptions, Batcher, ChatMessage, ChatOptions, DeviceKind, DraftLoad,
+    Drafter, Embedder, FinishReason, GenerateRequest, LoadOptions, ModelKind, Prompt,
+    SamplingParams, Session, Speculation, Tokenizer, MAX_K,
 };
 
 struct NativeMlx;
@@ -56,14 +56,33 @@ impl Plugin for NativeMlx {
                 embedder: Box::new(std::sync::Mutex::new(embedder)),
             }));
         }
-        let speculate = speculate_settings(&request.settings)?;
+        let (mut speculate, draft_dir) = speculate_settings(&request.settings)?;
         let session = Session::load(Path::new(&request.model_path))
             .map_err(|e| format!("model '{}': {e}", request.model_id))?;
+        let mut notes = Vec::new();
+        let drafter = match draft_dir {
+            None => None,
+            Some(dir) => match Drafter::load(Path::new(&dir), &session)
+                .map_err(|e| format!("model '{}': draft model {dir}: {e}", request.model_id))?
+            {
+                DraftLoad::Fits(drafter) => Some(drafter),
+                DraftLoad::Unfit(why) => {
+                    // The model serves with plain decoding; the host shows
+                    // why with the session and as an event.
+                    notes.push(format!(
+                        "the draft model {dir} is not used, so requests decode without it: {why}"
+                    ));
+                    speculate.draft_model = false;
+                    None
+                }
+            },
+        };
         Ok(Box::new(Loaded::Chat {
             id: request.model_id,
             tokenizer: Box::new(session.tokenizer().clone()),
             speculate,
-            batcher: Batcher::start(session, options),
+            batcher: Batcher::start_with_drafter(session, options, drafter),
+            notes,
         }))
     }
 }
@@ -116,24 +135,44 @@ fn batch_options(
 }
 
 /// How the model's requests speculate, from the settings `draft_kind`
-/// (`off`, the default, or `prompt_lookup`; a request's prediction
-/// proposes either way) and `draft_tokens` (the most proposed per pass;
-/// unset, adapted to the acceptance rate). Off by default: a speculating
-/// sequence reads each step before building the next, which costs the
-/// overlap of host and device work where lookup finds nothing to propose.
+/// (`off`, `prompt_lookup` or `draft_model`; a request's prediction
+/// proposes either way), `draft_model` (the folder of a draft model, which
+/// makes `draft_model` the default kind) and `draft_tokens` (the most
+/// proposed per pass; unset, adapted to the acceptance rate); and the
+/// draft model's folder, when one is to be loaded. Off by default: a
+/// speculating sequence reads each step before building the next, which
+/// costs the overlap of host and device work where nothing is proposed.
 fn speculate_settings(
     settings: &std::collections::BTreeMap<String, Value>,
-) -> Result<Speculation, String> {
-    let prompt_lookup = match settings.get("draft_kind") {
-        None => false,
-        Some(Value::String(kind)) if kind == "prompt_lookup" => true,
-        Some(Value::String(kind)) if kind == "off" => false,
+) -> Result<(Speculation, Option<String>), String> {
+    let draft_dir = match settings.get("draft_model") {
+        None => None,
+        Some(Value::String(dir)) if !dir.is_empty() => Some(dir.clone()),
         Some(other) => {
             return Err(format!(
-            "setting 'draft_kind' of native-mlx must be \"off\" or \"prompt_lookup\", got {other}"
+                "setting 'draft_model' of native-mlx must be the path of an MLX model folder, got {other}"
+            ))
+        }
+    };
+    let kind = match settings.get("draft_kind") {
+        None if draft_dir.is_some() => "draft_model",
+        None => "off",
+        Some(Value::String(kind))
+            if matches!(kind.as_str(), "off" | "prompt_lookup" | "draft_model") =>
+        {
+            kind.as_str()
+        }
+        Some(other) => {
+            return Err(format!(
+            "setting 'draft_kind' of native-mlx must be \"off\", \"prompt_lookup\" or \"draft_model\", got {other}"
         ))
         }
     };
+    if kind == "draft_model" && draft_dir.is_none() {
+        return Err(
+            "setting 'draft_kind' of native-mlx is \"draft_model\" but no 'draft_model' names the draft model's folder".into(),
+        );
+    }
     let k = match settings.get("draft_tokens") {
         None => 0,
         Some(v) => match v.as_u64() {
@@ -145,11 +184,17 @@ fn speculate_settings(
             }
         },
     };
-    Ok(Speculation {
-        prompt_lookup,
-        prediction: None,
-        k,
-    })
+    let draft_model = kind == "draft_model";
+    Ok((
+        Speculation {
+            prompt_lookup: kind == "prompt_lookup",
+            prediction: None,
+            draft_model,
+            k,
+        },
+        // An explicit other kind leaves the drafter unloaded.
+        draft_dir.filter(|_| draft_model),
+    ))
 }
 
 /// A loaded model: a chat model behind its batcher, or an embedder or
@@ -163,6 +208,8 @@ enum Loaded {
         tokenizer: Box<Tokenizer>,
         /// The model's speculation settings.
         speculate: Speculation,
+        /// What the load decided that the operator should know.
+        notes: Vec<String>,
     },
     Embed {
         id: String,
@@ -184,6 +231,13 @@ impl Loaded {
 }
 
 impl Engine for Loaded {
+    fn notes(&self) -> Vec<String> {
+        match self {
+            Loaded::Chat { notes, .. } => notes.clone(),
+            Loaded::Embed { .. } => Vec::new(),
+        }
+    }
+
     fn embed(&self, request: EmbedRequest) -> Result<EmbedOutcome, String> {
         let embedder = self.embedder()?;
         let inputs = request

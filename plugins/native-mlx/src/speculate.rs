@@ -13,15 +13,19 @@
 //! target's probability `p(d)`, and on a rejection the token is drawn from
 //! `p` without `d`.
 //!
-//! The proposers need no extra weights: prompt lookup (the tokens that
-//! followed the latest earlier occurrence of the last few tokens, in the
-//! prompt or the answer so far) and a predicted output (OpenAI's
-//! `prediction`: text the answer is expected to resemble, followed where
-//! the answer so far matches it).
+//! The proposers: prompt lookup (the tokens that followed the latest
+//! earlier occurrence of the last few tokens, in the prompt or the answer
+//! so far), a predicted output (OpenAI's `prediction`: text the answer is
+//! expected to resemble, followed where the answer so far matches it),
+//! both without extra weights, and a draft model (`draft`: a small model of
+//! the same tokenizer, decoding greedily a few tokens ahead).
 //!
 //! Speculation pays where the step is memory-bound: a sequence decoding
 //! alone. The batcher speculates only then; with company, the batch
 //! already shares each weight read among its rows.
+
+use crate::draft::{DraftState, Drafter};
+use crate::error::Result;
 
 /// How a request proposes tokens to verify. The default proposes nothing.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -30,6 +34,9 @@ pub struct Speculation {
     pub prompt_lookup: bool,
     /// Token ids the answer is expected to resemble (a predicted output).
     pub prediction: Option<Vec<u32>>,
+    /// Propose with the engine's draft model (where it has one that fits;
+    /// see [`crate::Drafter`]).
+    pub draft_model: bool,
     /// Most tokens proposed per verification; 0 chooses (and adapts to the
     /// acceptance rate) up to [`MAX_K`].
     pub k: usize,
@@ -38,7 +45,9 @@ pub struct Speculation {
 impl Speculation {
     /// Whether anything proposes.
     pub fn is_on(&self) -> bool {
-        self.prompt_lookup || self.prediction.as_ref().is_some_and(|p| !p.is_empty())
+        self.prompt_lookup
+            || self.draft_model
+            || self.prediction.as_ref().is_some_and(|p| !p.is_empty())
     }
 }
 
@@ -70,6 +79,8 @@ pub(crate) struct Proposer {
     cursor: usize,
     /// The acceptance rate so far (an exponential average), for `k = 0`.
     rate: f32,
+    /// The draft model's cache of this sequence.
+    draft: DraftState,
     pub(crate) usage: SpecUsage,
 }
 
@@ -78,6 +89,18 @@ pub(crate) struct Proposal {
     pub tokens: Vec<u32>,
     /// From the prediction (its cursor after them), or from lookup.
     from_prediction: Option<usize>,
+    /// From the draft model, which had seen this many tokens of context.
+    drafted_after: Option<usize>,
+}
+
+impl Proposal {
+    fn none() -> Self {
+        Self {
+            tokens: Vec::new(),
+            from_prediction: None,
+            drafted_after: None,
+        }
+    }
 }
 
 impl Proposer {
@@ -86,6 +109,7 @@ impl Proposer {
             spec,
             cursor: 0,
             rate: 0.5,
+            draft: DraftState::default(),
             usage: SpecUsage::default(),
         }
     }
@@ -104,14 +128,19 @@ impl Proposer {
     }
 
     /// Up to `limit` tokens to follow `context` (the prompt and the answer
-    /// so far), from `answer_len` tokens of answer.
-    pub(crate) fn propose(&mut self, context: &[u32], answer_len: usize, limit: usize) -> Proposal {
+    /// so far), from `answer_len` tokens of answer; `drafter` is the
+    /// engine's draft model, if it has one. A prediction that the answer
+    /// follows comes first.
+    pub(crate) fn propose(
+        &mut self,
+        context: &[u32],
+        answer_len: usize,
+        limit: usize,
+        drafter: Option<&Drafter>,
+    ) -> Result<Proposal> {
         let k = self.k().min(limit);
         if k == 0 {
-            return Proposal {
-                tokens: Vec::new(),
-                from_prediction: None,
-            };
+            return Ok(Proposal::none());
         }
         if let Some(prediction) = self.spec.prediction.as_deref().filter(|p| !p.is_empty()) {
             let at = if answer_len == 0 {
@@ -122,26 +151,40 @@ impl Proposer {
             };
             if let Some(at) = at.filter(|&at| at < prediction.len()) {
                 let end = (at + k).min(prediction.len());
-                return Proposal {
+                return Ok(Proposal {
                     tokens: prediction[at..end].to_vec(),
                     from_prediction: Some(end),
-                };
+                    drafted_after: None,
+                });
             }
+        }
+        if let Some(drafter) = drafter.filter(|_| self.spec.draft_model) {
+            return Ok(Proposal {
+                tokens: drafter.propose(&mut self.draft, context, k)?,
+                from_prediction: None,
+                drafted_after: Some(context.len()),
+            });
         }
         let tokens = if self.spec.prompt_lookup {
             lookup(context, k)
         } else {
             Vec::new()
         };
-        Proposal {
+        Ok(Proposal {
             tokens,
-            from_prediction: None,
-        }
+            ..Proposal::none()
+        })
     }
 
     /// Counts a verification of `proposal` of which `accepted` were kept.
     pub(crate) fn record(&mut self, proposal: &Proposal, accepted: usize) {
         let proposed = proposal.tokens.len();
+        if let Some(context) = proposal.drafted_after {
+            // The drafter saw every proposal but its last: it keeps those
+            // the target kept.
+            self.draft
+                .keep(context + accepted.min(proposed.saturating_sub(1)));
+        }
         if proposed == 0 {
             return;
         }
@@ -287,13 +330,16 @@ mod tests {
         });
         let prompt = [1, 2];
         // No answer yet: the prediction's head.
-        assert_eq!(p.propose(&prompt, 0, 8).tokens, vec![10, 11, 12]);
+        assert_eq!(
+            p.propose(&prompt, 0, 8, None).unwrap().tokens,
+            vec![10, 11, 12]
+        );
         // The answer took 10 11 then went its own way (20): nothing
         // matches 20, and lookup is off.
-        let proposal = p.propose(&[1, 2, 10, 11, 20], 3, 8);
+        let proposal = p.propose(&[1, 2, 10, 11, 20], 3, 8, None).unwrap();
         assert!(proposal.tokens.is_empty());
         // Back on it at 13: the prediction goes on after it.
-        let proposal = p.propose(&[1, 2, 10, 11, 20, 13], 4, 2);
+        let proposal = p.propose(&[1, 2, 10, 11, 20, 13], 4, 2, None).unwrap();
         assert_eq!(proposal.tokens, vec![14, 15]);
         p.record(&proposal, 1);
         assert_eq!(p.usage.accepted_prediction, 1);
@@ -308,7 +354,7 @@ mod tests {
         });
         let proposal = |n| Proposal {
             tokens: vec![0; n],
-            from_prediction: None,
+            ..Proposal::none()
         };
         for _ in 0..20 {
             p.record(&proposal(4), 4);

@@ -6,6 +6,7 @@
 //! resident memory, and notices engines that went away on their own.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,7 @@ use tokio::sync::{oneshot, Notify};
 
 use hangar_engine::models::Model;
 
-use super::estimate::{estimate, local_share};
+use super::estimate::{draft_estimate, estimate, local_share};
 use super::machine::{
     Decision, Event, Limits, Millis, Policy, Refusal, Residency, Scheduler, Ticket,
 };
@@ -46,7 +47,8 @@ struct Inner {
     /// The models the scheduler has seen, for the loads it starts.
     models: HashMap<String, Model>,
     /// Estimates by model id and context, so that no request reads files.
-    estimates: HashMap<(String, Option<u64>), u64>,
+    /// By model, context length and draft model folder.
+    estimates: HashMap<(String, Option<u64>, Option<String>), u64>,
     /// Pinned models at start, and how their load went.
     pinned: Vec<(String, Result<bool, String>)>,
     /// Idle unload times a client asked for (Ollama's `keep_alive`), by
@@ -208,10 +210,22 @@ impl Driver {
                     .get(hangar_plugin_api::wire::settings::CONTEXT_LENGTH)
             })
             .and_then(serde_json::Value::as_u64);
+        // A draft model (speculative decoding) is loaded with the model.
+        let draft = stored
+            .models
+            .get(&model.id)
+            .and_then(|m| m.get(hangar_plugin_api::wire::settings::DRAFT_MODEL))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned);
         let need = *inner
             .estimates
-            .entry((model.id.clone(), context))
-            .or_insert_with(|| estimate(&model.path, model.size_bytes, context).total());
+            .entry((model.id.clone(), context, draft.clone()))
+            .or_insert_with(|| {
+                let drafter = draft.map_or(0, |dir| draft_estimate(Path::new(&dir), context));
+                estimate(&model.path, model.size_bytes, context)
+                    .total()
+                    .saturating_add(drafter)
+            });
         let need = local_share(
             need,
             &self.sessions.registry().config().clusters,

@@ -89,6 +89,23 @@ pub fn local_share(
     (need / all).saturating_mul(local) + (need % all).min(local)
 }
 
+/// What a draft model at `dir` (speculative decoding: loaded beside the
+/// model, setting `draft_model`) adds: its `.safetensors` files and its KV
+/// cache for `context` tokens. A folder that cannot be read adds nothing
+/// (the engine refuses or ignores it at load).
+pub fn draft_estimate(dir: &Path, context: Option<u64>) -> u64 {
+    let weights = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+        // A regular file's size, never a FIFO's or a device's.
+        .filter_map(|e| e.metadata().ok().filter(|m| m.is_file()))
+        .map(|m| m.len())
+        .sum();
+    estimate(dir, weights, context).total()
+}
+
 fn read_config(path: &Path) -> Option<Value> {
     let file = std::fs::File::open(path).ok()?;
     if !file.metadata().ok()?.is_file() {
@@ -187,6 +204,22 @@ mod tests {
             expect![[
                 r#"Estimate { weights: 1000, kv_cache: 0, context: 8192, declared: None } total=1000"#
             ]],
+        );
+    }
+
+    #[test]
+    fn a_draft_model_adds_its_weight_files_and_its_kv_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = json!({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16});
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        std::fs::write(dir.path().join("model.safetensors"), vec![0u8; 3000]).unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), vec![0u8; 500]).unwrap();
+        // 3000 bytes of weights (not the tokenizer), KV of 2 layers x 4
+        // heads x 16 x 100 tokens x 2 (keys, values) x 2 bytes.
+        assert_eq!(super::draft_estimate(dir.path(), Some(100)), 3000 + 51200);
+        assert_eq!(
+            super::draft_estimate(&dir.path().join("absent"), Some(100)),
+            0
         );
     }
 }

@@ -452,6 +452,13 @@ impl Sessions {
         events.push_back(event);
     }
 
+    /// Records each of an engine's notes as an `engine_note` event.
+    fn record_engine_notes(&self, model: &str, notes: &[String]) {
+        for note in notes {
+            self.record("engine_note", model, None, note.clone());
+        }
+    }
+
     /// The recorded events and every later one as it happens.
     pub(crate) fn subscribe_events(&self) -> (Vec<Event>, tokio::sync::broadcast::Receiver<Event>) {
         let events = self.events.lock().expect("events lock");
@@ -644,15 +651,19 @@ impl Sessions {
             served: AtomicU64::new(0),
             work_dir: work_dir.clone(),
         };
-        let (plan, program, mapper) = match planned.how {
-            How::InProcess { served, notes } => {
-                return Ok(Arc::new(session(Backend::InProcess(served), notes)))
+        let (plan, program, mapper, worker) = match planned.how {
+            How::InProcess { served, mut notes } => {
+                let engine_notes = served.engine_notes();
+                self.record_engine_notes(&model.id, &engine_notes);
+                notes.extend(engine_notes);
+                return Ok(Arc::new(session(Backend::InProcess(served), notes)));
             }
             How::Launch {
                 plan,
                 program,
                 mapper,
-            } => (plan, program, mapper),
+                worker,
+            } => (plan, program, mapper, worker),
         };
         let start_err = |reason: String| LoadError::Start {
             plugin: planned.plugin.clone(),
@@ -702,13 +713,19 @@ impl Sessions {
             self.client.clone(),
             self.settings.get().serving,
         ));
+        let mut notes = plan.notes.clone();
+        if worker {
+            let engine_notes = worker_notes(&self.client, &base_url).await;
+            self.record_engine_notes(&model.id, &engine_notes);
+            notes.extend(engine_notes);
+        }
         let backend = Backend::Process {
             process,
             base_url,
             upstream_model: plan.upstream_model.clone(),
             mapper,
         };
-        let mut session = session(backend, plan.notes.clone());
+        let mut session = session(backend, notes);
         session.monitor = Some(monitor);
         session.ranks = ranks;
         let session = Arc::new(session);
@@ -921,4 +938,22 @@ fn now() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// The notes of the in-process engine a `hangar worker` at `base_url`
+/// hosts, from its `/health` (none when it does not answer with them).
+async fn worker_notes(client: &reqwest::Client, base_url: &str) -> Vec<String> {
+    let health = client
+        .get(format!("{base_url}/health"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await;
+    let Ok(body) = health.and_then(|r| r.error_for_status()) else {
+        return Vec::new();
+    };
+    body.json::<serde_json::Value>()
+        .await
+        .ok()
+        .and_then(|mut v| serde_json::from_value(v["notes"].take()).ok())
+        .unwrap_or_default()
 }

@@ -32,6 +32,9 @@ pub(super) enum How {
         /// The WebAssembly plugin that maps the session's requests and
         /// responses, when the plan came from one.
         mapper: Option<WasmPlugin>,
+        /// The program is `hangar worker` hosting an in-process engine,
+        /// whose `/health` also carries the engine's notes.
+        worker: bool,
     },
     /// The engine is loaded in the host already.
     InProcess {
@@ -175,6 +178,7 @@ pub(super) fn plan(
             plan: Box::new(plan),
             program: keeper.to_path_buf(),
             mapper: None,
+            worker: true,
         }));
     }
     let mut plan = engine.plugin.plan_launch(&request).map_err(plan_err)?;
@@ -216,6 +220,7 @@ pub(super) fn plan(
         plan: Box::new(plan),
         program,
         mapper: engine.plugin.wasm().cloned(),
+        worker: false,
     }))
 }
 

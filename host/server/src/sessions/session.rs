@@ -52,6 +52,13 @@ impl Served {
             gate: Arc::new(tokio::sync::Semaphore::new(at_once as usize)),
         }
     }
+
+    /// What the engine decided at load that an operator should know
+    /// (plugin-api 1.6; none from older engines, or from a list that does
+    /// not parse).
+    pub(crate) fn engine_notes(&self) -> Vec<String> {
+        serde_json::from_str(self.engine.notes().as_str()).unwrap_or_default()
+    }
 }
 
 /// A served model: its engine process and everything the API needs to

@@ -153,3 +153,38 @@ fn isolation_none_runs_the_engine_inside_the_host() {
     assert_eq!(events.last().unwrap(), &Value::String("[DONE]".into()));
     let _ = kill9; // (crashes in-process take the host down by design)
 }
+
+/// What an engine decided at load (plugin-api 1.6 notes) shows with its
+/// session and as an `engine_note` event, from a worker and from an engine
+/// inside the host alike.
+#[test]
+fn an_engines_notes_show_with_its_session_and_as_events() {
+    for isolation in [None, Some("none")] {
+        let server = Server::with(|s| {
+            echo(s, isolation);
+            let model = s.root.path().join("models").join("tiny");
+            std::fs::create_dir_all(&model).unwrap();
+            std::fs::write(model.join("echo-note.txt"), "the draft model is not used\n").unwrap();
+        });
+        let (status, body) = chat(&server, "hello", json!({"max_tokens": 1}));
+        assert_eq!(status, 200, "{isolation:?}: {body}");
+        let (_, sessions) = server.get("/api/sessions");
+        let notes = &sessions["sessions"][0]["notes"];
+        assert!(
+            notes
+                .as_array()
+                .unwrap()
+                .contains(&json!("the draft model is not used")),
+            "{isolation:?}: {notes}"
+        );
+        let (_, events) = server.get("/api/events");
+        let note = events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["kind"] == "engine_note")
+            .unwrap_or_else(|| panic!("{isolation:?}: no engine_note in {events}"));
+        assert_eq!(note["model"], "tiny");
+        assert_eq!(note["message"], "the draft model is not used");
+    }
+}

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Parser;
 use hangar_native_mlx::{
-    probe, BatchOptions, Batcher, ChatMessage, ChatOptions, GenerateRequest, LoadOptions, Prompt,
-    Session, SpecUsage, Speculation, StepStats,
+    probe, BatchOptions, Batcher, ChatMessage, ChatOptions, DraftLoad, Drafter, GenerateRequest,
+    LoadOptions, Prompt, Session, SpecUsage, Speculation, StepStats,
 };
 
 /// mimalloc replaces malloc for the whole process, MLX included (feature
@@ -89,7 +89,8 @@ struct Args {
     /// Instead: single-stream decode through the batching engine with each
     /// of these proposers, in interleaved rounds (A B A B): `off`,
     /// `lookup` (prompt lookup), `oracle` (the plain answer as a predicted
-    /// output: acceptance 1.0, the verification machinery's ceiling); a
+    /// output: acceptance 1.0, the verification machinery's ceiling),
+    /// `draft` (the model of `--draft-model`, greedily ahead); a
     /// table of the median decode tokens/s, its spread, the median ratio
     /// to `off` per round, acceptance, tokens per pass, and whether the
     /// ids equal plain decoding's.
@@ -99,6 +100,10 @@ struct Args {
     /// acceptance rate).
     #[arg(long, default_value_t = 0)]
     draft_tokens: usize,
+    /// With `--speculate draft`: the draft model's folder (the same
+    /// tokenizer as the model's).
+    #[arg(long)]
+    draft_model: Option<PathBuf>,
     /// A chat prompt instead of the pseudo-random token prompt: this user
     /// message (a file's text with `@FILE`), rendered with the model's
     /// chat template; generation ends at end-of-sequence or `--gen-tokens`.
@@ -189,7 +194,19 @@ struct SpecRun {
 fn speculation(args: &Args, dir: &Path, modes: &[String]) -> Result<()> {
     let session = load(args, dir)?;
     let base = request(args, &session);
-    let batcher = Batcher::start(session, batch_options(args));
+    let drafter = match &args.draft_model {
+        None => None,
+        Some(draft) => match Drafter::load(draft, &session)? {
+            DraftLoad::Fits(drafter) => Some(drafter),
+            DraftLoad::Unfit(why) => {
+                anyhow::bail!("--draft-model {}: does not fit: {why}", draft.display())
+            }
+        },
+    };
+    if modes.iter().any(|m| m == "draft") && drafter.is_none() {
+        anyhow::bail!("--speculate draft needs --draft-model DIR");
+    }
+    let batcher = Batcher::start_with_drafter(session, batch_options(args), drafter);
     let run = |spec: Speculation| -> Result<SpecRun> {
         let mut request = base.clone();
         request.speculation = spec;
@@ -227,7 +244,16 @@ fn speculation(args: &Args, dir: &Path, modes: &[String]) -> Result<()> {
                 k,
                 ..Speculation::default()
             },
-            other => anyhow::bail!("--speculate: unknown proposer '{other}' (off, lookup, oracle)"),
+            "draft" => Speculation {
+                draft_model: true,
+                k,
+                ..Speculation::default()
+            },
+            other => {
+                anyhow::bail!(
+                    "--speculate: unknown proposer '{other}' (off, lookup, oracle, draft)"
+                )
+            }
         })
     };
     let specs = modes
