@@ -11,7 +11,7 @@
 #   shape; qwen05, qwen7: Qwen2.5-0.5B and 7B dimensions, bfloat16 (for a
 #   GPU, as scripts/gpu-bench.sh).
 # Env: BENCH_DIR (models, default /tmp/hangar-serving-bench), HANGAR_BIN (the
-#   hangar binary; default: target/debug/hangar, built here), PYTHON (an
+#   hangar binary; default: target/release/hangar, built here), PYTHON (an
 #   interpreter with mlx, mlx-lm and the openai client; default: the venv
 #   of scripts/python-env.sh), PLUGINS_DIR (a plugins folder; default: the
 #   one scripts/build-plugins.sh builds). With all three set nothing is
@@ -25,11 +25,14 @@ BENCH_DIR="${BENCH_DIR:-/tmp/hangar-serving-bench}"
 shape="${1:-smol}"
 [[ $# -gt 0 ]] && shift
 
+# Release builds, as operators run them (scripts/demo.sh): a debug host's
+# request path (JSON and SSE per token, in the host and the worker) is
+# several times slower and, at many streams, it is what gets measured.
 PLUGINS="${PLUGINS_DIR:-}"
-[[ -n "$PLUGINS" ]] || PLUGINS="$("$REPO/scripts/build-plugins.sh" | tail -1)"
+[[ -n "$PLUGINS" ]] || PLUGINS="$("$REPO/scripts/build-plugins.sh" --release | tail -1)"
 if [[ -z "${HANGAR_BIN:-}" ]]; then
-  (cd "$REPO" && cargo build --quiet -p hangar)
-  HANGAR_BIN="$REPO/target/debug/hangar"
+  (cd "$REPO" && cargo build --quiet --release -p hangar)
+  HANGAR_BIN="$REPO/target/release/hangar"
 fi
 
 model="$BENCH_DIR/$shape"
