@@ -281,6 +281,28 @@ pub(crate) fn compare(
                 HigherIsBetter,
             );
         }
+        // Records written before speculation was measured, and engines
+        // that did not speculate, have none: nothing to compare.
+        push(
+            "acceptance rate".into(),
+            old.speculation
+                .as_ref()
+                .and_then(|s| s.acceptance_rate.as_ref()),
+            e.speculation
+                .as_ref()
+                .and_then(|s| s.acceptance_rate.as_ref()),
+            HigherIsBetter,
+        );
+        push(
+            "tokens/verification".into(),
+            old.speculation
+                .as_ref()
+                .and_then(|s| s.tokens_per_verification.as_ref()),
+            e.speculation
+                .as_ref()
+                .and_then(|s| s.tokens_per_verification.as_ref()),
+            HigherIsBetter,
+        );
         push(
             "peak RSS bytes".into(),
             old.peak_rss_bytes.as_ref(),
@@ -342,7 +364,7 @@ pub(crate) fn render(c: &Comparison) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fixtures::{engine, model, report};
+    use super::super::fixtures::{engine, model, report, speculating};
     use super::*;
     use expect_test::{expect, Expect};
 
@@ -434,6 +456,50 @@ mod tests {
               config.json: 10 B file aaaaaaaaaaaa | 10 B file aaaaaaaaaaaa
               model.safetensors: 99 B header 333333333333 | 99 B header 111111111111
             (pass --allow-different-files to both runs to compare them anyway); run again with the earlier run's options"#]],
+        );
+    }
+
+    #[test]
+    fn speculation_compares_where_both_runs_measured_it() {
+        let m = model("tiny", "1111111111111111");
+        let plain = || engine("native-mlx", m.clone(), &[100.0, 110.0], &[0.010, 0.012]);
+        let spec = |rounds: &[(u64, u64, u64)]| speculating(plain(), rounds);
+        let run = |a: Vec<EngineResult>, b: Vec<EngineResult>| {
+            compare(&report(true, 16, a), "old.json", &report(true, 16, b)).map(|c| render(&c))
+        };
+        // An earlier record without speculation (an older hangar's, or an
+        // engine that did not speculate) compares on the other measures.
+        check(
+            run(
+                vec![plain()],
+                vec![
+                    spec(&[(10, 40, 20), (10, 40, 24)]),
+                    engine("mlx-lm", m.clone(), &[50.0], &[0.05]),
+                ],
+            ),
+            expect![[r#"
+                 engine              measure          earlier   now       change                            
+                 native-mlx on tiny  load s           1.0500    1.0500    +0.0%   noise (within the spread) 
+                 native-mlx on tiny  TTFT cold s @8   0.0110    0.0110    +0.0%   noise (within the spread) 
+                 native-mlx on tiny  decode tok/s @8  105.0000  105.0000  +0.0%   noise (within the spread) 
+                - mlx-lm on tiny (only in this run)"#]],
+        );
+        check(
+            run(
+                vec![
+                    spec(&[(10, 40, 20), (10, 40, 24)]),
+                    engine("mlx-lm", m.clone(), &[50.0], &[0.05]),
+                ],
+                vec![spec(&[(10, 40, 30), (10, 40, 32)])],
+            ),
+            expect![[r#"
+                 engine              measure              earlier   now       change                            
+                 native-mlx on tiny  load s               1.0500    1.0500    +0.0%   noise (within the spread) 
+                 native-mlx on tiny  TTFT cold s @8       0.0110    0.0110    +0.0%   noise (within the spread) 
+                 native-mlx on tiny  decode tok/s @8      105.0000  105.0000  +0.0%   noise (within the spread) 
+                 native-mlx on tiny  acceptance rate      0.5500    0.7750    +40.9%  better                    
+                 native-mlx on tiny  tokens/verification  3.2000    4.1000    +28.1%  better                    
+                - mlx-lm on tiny (only in old.json)"#]],
         );
     }
 }

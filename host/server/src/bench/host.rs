@@ -15,6 +15,8 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use super::report::SpeculationCounts;
+
 /// How long the host may take to bind.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// The host's last lines kept for error messages.
@@ -40,6 +42,8 @@ pub(crate) struct Timed {
     pub tokens: u64,
     /// The prompt tokens the engine counted, if it said.
     pub prompt_tokens: Option<u64>,
+    /// What speculative decoding did, where the engine speculated.
+    pub speculation: Option<SpeculationCounts>,
 }
 
 impl Timed {
@@ -205,6 +209,7 @@ impl Host {
         let mut buf = Vec::new();
         let (mut first, mut last) = (None, None);
         let (mut chunks, mut usage_tokens, mut prompt_tokens) = (0u64, None, None);
+        let mut speculation = None;
         'read: while let Some(bytes) = stream.next().await {
             let bytes = bytes.with_context(|| format!("reading {model}'s stream"))?;
             buf.extend_from_slice(&bytes);
@@ -232,6 +237,7 @@ impl Host {
                 if let Some(u) = event.get("usage").filter(|u| !u.is_null()) {
                     usage_tokens = u["completion_tokens"].as_u64();
                     prompt_tokens = u["prompt_tokens"].as_u64();
+                    speculation = speculation_of(u);
                 }
             }
         }
@@ -241,6 +247,7 @@ impl Host {
             decode: (last.unwrap_or(first) - first).as_secs_f64(),
             tokens: usage_tokens.unwrap_or(chunks),
             prompt_tokens,
+            speculation,
         })
     }
 
@@ -259,5 +266,44 @@ impl Host {
         {
             let _ = self.child.kill().await;
         }
+    }
+}
+
+/// The speculation counts of a usage chunk: Hangar's `usage.speculation`,
+/// which the host writes only where the engine speculated. Counts of
+/// another shape (an engine of its own making) are none, not an error: the
+/// answer was still timed.
+fn speculation_of(usage: &Value) -> Option<SpeculationCounts> {
+    serde_json::from_value(usage.get("speculation")?.clone()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use expect_test::{expect, Expect};
+
+    fn check(usage: Value, expected: Expect) {
+        expected.assert_eq(&format!("{:?}", speculation_of(&usage)));
+    }
+
+    #[test]
+    fn usage_chunks_carry_speculation_where_the_engine_speculated() {
+        check(
+            json!({"prompt_tokens": 8, "completion_tokens": 16, "total_tokens": 24}),
+            expect!["None"],
+        );
+        check(
+            json!({
+                "completion_tokens": 16,
+                "completion_tokens_details": {"accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
+                "speculation": {"verifications": 6, "proposed_tokens": 24, "accepted_tokens": 10},
+            }),
+            expect!["Some(SpeculationCounts { verifications: 6, proposed_tokens: 24, accepted_tokens: 10 })"],
+        );
+        check(json!({"speculation": null}), expect!["None"]);
+        check(
+            json!({"speculation": {"verifications": "six"}}),
+            expect!["None"],
+        );
     }
 }

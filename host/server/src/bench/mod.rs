@@ -4,9 +4,10 @@
 //! is asked through its API; after a warm-up, rounds run interleaved
 //! (A B A B …), each loading the engine afresh: load time, time to first
 //! token of a never-seen prompt (cold) and of the same prompt again
-//! (warm), decode tokens/s, aggregate tokens/s at each concurrency, and the
+//! (warm), decode tokens/s, aggregate tokens/s at each concurrency, the
 //! peak resident and GPU memory of the engine's processes (for an engine
-//! inside the host, the host's).
+//! inside the host, the host's), and, where the engine speculated, the
+//! share of proposed tokens it kept and the tokens per verifying pass.
 //! Every measure is a median with its min–max; the record keeps the
 //! provenance (versions, platform, settings, model files, prompts, times).
 
@@ -37,7 +38,9 @@ use hangar_engine::models::{self, Model};
 use hangar_engine::registry::resolve::Verdict;
 use hangar_engine::registry::Registry;
 use host::Host;
-use report::{EngineResult, ModelInfo, PromptInfo, Protocol, Report};
+use report::{
+    EngineResult, ModelInfo, PromptInfo, Protocol, Report, Speculation, SpeculationCounts,
+};
 use stats::Summary;
 
 /// Options of `hangar bench`.
@@ -502,6 +505,8 @@ struct Samples {
     aggregate: BTreeMap<u32, Vec<f64>>,
     rss: Vec<f64>,
     gpu: Vec<f64>,
+    /// Per round that speculated: the counts over its measured answers.
+    speculation: Vec<SpeculationCounts>,
     short: u32,
     in_host: bool,
     settings: Value,
@@ -610,6 +615,7 @@ async fn rounds(
             let in_host = load(host, c).await?;
             s.load.push(started.elapsed().as_secs_f64());
             s.in_host = in_host;
+            let mut speculated: Vec<SpeculationCounts> = Vec::new();
             for &p in &protocol.prompt_tokens {
                 bar.set_message(format!("{label}: prompt of {p} words"));
                 let text = take_prompt(format!("round-{round}-p{p}"), p);
@@ -625,6 +631,7 @@ async fn rounds(
                 if let Some(n) = cold.prompt_tokens {
                     s.prompt_counted.insert(p, n);
                 }
+                speculated.extend(cold.speculation.into_iter().chain(warm.speculation));
             }
             let p0 = protocol.prompt_tokens[0];
             for &n in &protocol.concurrency {
@@ -645,8 +652,12 @@ async fn rounds(
                     let r = r?;
                     s.short += u32::from(r.tokens < u64::from(gen));
                     tokens += r.tokens;
+                    speculated.extend(r.speculation);
                 }
                 s.aggregate.entry(n).or_default().push(tokens as f64 / wall);
+            }
+            if !speculated.is_empty() {
+                s.speculation.push(speculated.into_iter().sum());
             }
             unload(host, c).await?;
             let peaks = sampler.finish(in_host);
@@ -684,6 +695,7 @@ async fn rounds(
             } else {
                 "engine process tree (under its keeper)".into()
             },
+            speculation: Speculation::of(&s.speculation),
         })
         .collect();
     Ok((results, prompts.into_values().collect()))
@@ -795,7 +807,25 @@ pub(crate) mod fixtures {
             peak_gpu_bytes: None,
             answers_short: 0,
             rss_of: "engine process tree".into(),
+            speculation: None,
         }
+    }
+
+    /// `e` with speculation counts for each round, `(verifications,
+    /// proposed, accepted)`.
+    pub(crate) fn speculating(mut e: EngineResult, rounds: &[(u64, u64, u64)]) -> EngineResult {
+        let rounds: Vec<SpeculationCounts> = rounds
+            .iter()
+            .map(
+                |&(verifications, proposed_tokens, accepted_tokens)| SpeculationCounts {
+                    verifications,
+                    proposed_tokens,
+                    accepted_tokens,
+                },
+            )
+            .collect();
+        e.speculation = Speculation::of(&rounds);
+        e
     }
 
     pub(crate) fn report(warmup: bool, gen: u32, engines: Vec<EngineResult>) -> Report {

@@ -133,6 +133,82 @@ pub(crate) struct EngineResult {
     pub answers_short: u32,
     /// What the memory measures: `engine process tree` or `host process`.
     pub rss_of: String,
+    /// What speculative decoding did, where the engine speculated (absent
+    /// where it did not, and in records written before it was measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<Speculation>,
+}
+
+/// The host's `usage.speculation` of one answer, or summed over several:
+/// what speculative decoding did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SpeculationCounts {
+    /// The model's passes that verified proposed tokens.
+    pub verifications: u64,
+    /// Tokens proposed for verification.
+    pub proposed_tokens: u64,
+    /// Proposed tokens the model kept.
+    pub accepted_tokens: u64,
+}
+
+impl SpeculationCounts {
+    /// The share of the proposed tokens the model kept (`None` where none
+    /// was proposed).
+    pub(crate) fn acceptance_rate(&self) -> Option<f64> {
+        (self.proposed_tokens > 0)
+            .then(|| self.accepted_tokens as f64 / self.proposed_tokens as f64)
+    }
+
+    /// The tokens each verifying pass gave: the kept ones, and the model's
+    /// own token after them (`None` without a pass).
+    pub(crate) fn tokens_per_verification(&self) -> Option<f64> {
+        (self.verifications > 0)
+            .then(|| (self.accepted_tokens + self.verifications) as f64 / self.verifications as f64)
+    }
+}
+
+impl std::iter::Sum for SpeculationCounts {
+    fn sum<I: Iterator<Item = SpeculationCounts>>(iter: I) -> SpeculationCounts {
+        iter.fold(SpeculationCounts::default(), |a, b| SpeculationCounts {
+            verifications: a.verifications + b.verifications,
+            proposed_tokens: a.proposed_tokens + b.proposed_tokens,
+            accepted_tokens: a.accepted_tokens + b.accepted_tokens,
+        })
+    }
+}
+
+/// Speculative decoding over an engine's measured answers. The rates are
+/// taken per round, over every measured answer of the round (cold, warm
+/// and concurrent), so that they are medians of rounds like every other
+/// measure.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Speculation {
+    /// The counts over every round.
+    #[serde(flatten)]
+    pub total: SpeculationCounts,
+    /// Per round: the share of the proposed tokens the model kept.
+    pub acceptance_rate: Option<Summary>,
+    /// Per round: the tokens each verifying pass gave (the kept ones and
+    /// the model's own after them).
+    pub tokens_per_verification: Option<Summary>,
+}
+
+impl Speculation {
+    /// The record of the counts of the rounds that speculated, one per
+    /// round; `None` where none did.
+    pub(crate) fn of(rounds: &[SpeculationCounts]) -> Option<Speculation> {
+        if rounds.is_empty() {
+            return None;
+        }
+        let per_round = |rate: fn(&SpeculationCounts) -> Option<f64>| {
+            Summary::of(&rounds.iter().filter_map(rate).collect::<Vec<_>>())
+        };
+        Some(Speculation {
+            total: rounds.iter().copied().sum(),
+            acceptance_rate: per_round(SpeculationCounts::acceptance_rate),
+            tokens_per_verification: per_round(SpeculationCounts::tokens_per_verification),
+        })
+    }
 }
 
 /// A model, as measured.
@@ -207,6 +283,28 @@ fn columns(report: &Report) -> Vec<Column> {
             Box::new(move |e: &EngineResult| cell(e.aggregate_tps.get(&c), 1.0, 1)),
         ));
     }
+    if speculated(report) {
+        cols.push((
+            "accepted %".into(),
+            Box::new(|e: &EngineResult| {
+                let rate = e
+                    .speculation
+                    .as_ref()
+                    .and_then(|s| s.acceptance_rate.as_ref());
+                cell(rate, 100.0, 1)
+            }),
+        ));
+        cols.push((
+            "tok/pass".into(),
+            Box::new(|e: &EngineResult| {
+                let per_pass = e
+                    .speculation
+                    .as_ref()
+                    .and_then(|s| s.tokens_per_verification.as_ref());
+                cell(per_pass, 1.0, 2)
+            }),
+        ));
+    }
     cols.push((
         "peak RSS MiB".into(),
         Box::new(|e: &EngineResult| cell(e.peak_rss_bytes.as_ref(), 1.0 / 1048576.0, 0)),
@@ -218,6 +316,12 @@ fn columns(report: &Report) -> Vec<Column> {
         ));
     }
     cols
+}
+
+/// Whether any engine of the run speculated: only then does the table
+/// show speculation's columns.
+fn speculated(report: &Report) -> bool {
+    report.engines.iter().any(|e| e.speculation.is_some())
 }
 
 /// The lines under either table: what was measured, and how.
@@ -243,6 +347,14 @@ fn footer(report: &Report) -> Vec<String> {
             report.ended_at
         ),
     ];
+    if speculated(report) {
+        lines.push(
+            "accepted %: the proposed tokens the engine kept; tok/pass: the tokens each verifying pass gave \
+             (the kept ones and the engine's own after them); per round over every measured answer, \
+             where the engine speculated"
+                .into(),
+        );
+    }
     for e in report.engines.iter().filter(|e| e.answers_short > 0) {
         lines.push(format!(
             "{} on {}: {} answer(s) ended before {} tokens (end of sequence); its rates cover fewer tokens",
@@ -321,7 +433,7 @@ pub(crate) fn markdown(report: &Report) -> String {
     out.push_str("\n## Provenance\n\n");
     for e in &report.engines {
         out.push_str(&format!(
-            "- **{}** (plugin {}, engine {}) on `{}` ({}, `{}`); settings `{}`; prompt tokens the engine counted: {}; memory of the {}\n",
+            "- **{}** (plugin {}, engine {}) on `{}` ({}, `{}`); settings `{}`; prompt tokens the engine counted: {}; memory of the {}{}\n",
             e.engine,
             e.plugin_version,
             e.engine_version.as_deref().unwrap_or("unknown"),
@@ -338,7 +450,11 @@ pub(crate) fn markdown(report: &Report) -> String {
                     .collect::<Vec<_>>()
                     .join(", ")
             },
-            e.rss_of
+            e.rss_of,
+            e.speculation.as_ref().map_or(String::new(), |s| format!(
+                "; speculation over all rounds: {} verifying passes, {} tokens proposed, {} kept",
+                s.total.verifications, s.total.proposed_tokens, s.total.accepted_tokens
+            ))
         ));
         for f in &e.model.files {
             out.push_str(&format!(
@@ -373,7 +489,7 @@ pub(crate) fn markdown(report: &Report) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fixtures::{engine, model, report};
+    use super::super::fixtures::{engine, model, report, speculating};
     use super::*;
     use expect_test::expect;
 
@@ -414,5 +530,79 @@ mod tests {
             - prompts (seed 1): 
         "#]]
         .assert_eq(&markdown(&run));
+    }
+
+    #[test]
+    fn speculation_shows_where_an_engine_speculated() {
+        let m = model("tiny", "1111111111111111");
+        let spec = speculating(
+            engine("native-mlx", m.clone(), &[200.0, 220.0], &[0.010, 0.012]),
+            &[(10, 40, 25), (12, 48, 24)],
+        );
+        let plain = engine("mlx-lm", m, &[100.0, 120.0], &[0.0101, 0.0125]);
+        let run = report(true, 16, vec![spec, plain]);
+        expect![[r#"
+             engine            model  load s            TTFT cold ms @8   TTFT warm ms @8  decode tok/s @8      tok/s x1  accepted %        tok/pass          peak RSS MiB 
+             native-mlx 1.0.0  tiny   1.05 (1.00–1.10)  11.0 (10.0–12.0)  -                210.0 (200.0–220.0)  -         56.2 (50.0–62.5)  3.25 (3.00–3.50)  -            
+             mlx-lm 1.0.0      tiny   1.05 (1.00–1.10)  11.3 (10.1–12.5)  -                110.0 (100.0–120.0)  -         -                 -                 -            
+            median (min–max) of 2 interleaved round(s) after a warm-up; 16 tokens per answer, temperature 0, seed 1
+            hangar 0.1.0 on linux/x86_64/cpu (unknown CPU, 2 CPUs, ? MiB); t0 → t1
+            accepted %: the proposed tokens the engine kept; tok/pass: the tokens each verifying pass gave (the kept ones and the engine's own after them); per round over every measured answer, where the engine speculated"#]]
+        .assert_eq(&text_table(&run));
+        let md = markdown(&run);
+        expect![[r#"
+            | engine | model | load s | TTFT cold ms @8 | TTFT warm ms @8 | decode tok/s @8 | tok/s x1 | accepted % | tok/pass | peak RSS MiB |
+            | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+            | native-mlx 1.0.0 | tiny | 1.05 (1.00–1.10) | 11.0 (10.0–12.0) | - | 210.0 (200.0–220.0) | - | 56.2 (50.0–62.5) | 3.25 (3.00–3.50) | - |
+            | mlx-lm 1.0.0 | tiny | 1.05 (1.00–1.10) | 11.3 (10.1–12.5) | - | 110.0 (100.0–120.0) | - | - | - | - |
+            - **native-mlx** (plugin 0.1.0, engine 1.0.0) on `tiny` (mlx, `/m/tiny`); settings `{}`; prompt tokens the engine counted: not reported; memory of the engine process tree; speculation over all rounds: 22 verifying passes, 88 tokens proposed, 49 kept
+            - **mlx-lm** (plugin 0.1.0, engine 1.0.0) on `tiny` (mlx, `/m/tiny`); settings `{}`; prompt tokens the engine counted: not reported; memory of the engine process tree"#]]
+        .assert_eq(
+            &md.lines()
+                .filter(|l| l.starts_with("| ") || l.starts_with("- **"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        );
+    }
+
+    #[test]
+    fn records_carry_speculation_and_older_records_still_read() {
+        let m = model("tiny", "1111111111111111");
+        let plain = engine("mlx-lm", m.clone(), &[100.0], &[0.01]);
+        // A record of an engine that did not speculate, or one written
+        // before speculation was measured, has no `speculation` at all.
+        let old = serde_json::to_value(&plain).unwrap();
+        assert_eq!(old.get("speculation"), None);
+        let read: EngineResult = serde_json::from_value(old).unwrap();
+        assert_eq!(read.speculation, None);
+        // A round that proposed nothing has no rate; the totals count it.
+        let spec = speculating(plain, &[(4, 8, 6), (2, 0, 0)]);
+        let json = serde_json::to_value(&spec).unwrap();
+        expect![[r#"
+            {
+              "verifications": 6,
+              "proposed_tokens": 8,
+              "accepted_tokens": 6,
+              "acceptance_rate": {
+                "median": 0.75,
+                "min": 0.75,
+                "max": 0.75,
+                "samples": [
+                  0.75
+                ]
+              },
+              "tokens_per_verification": {
+                "median": 1.75,
+                "min": 1.0,
+                "max": 2.5,
+                "samples": [
+                  2.5,
+                  1.0
+                ]
+              }
+            }"#]]
+        .assert_eq(&serde_json::to_string_pretty(&spec.speculation).unwrap());
+        let read: EngineResult = serde_json::from_value(json).unwrap();
+        assert_eq!(read.speculation, spec.speculation);
     }
 }
