@@ -1,5 +1,6 @@
 //! A draft model: a small model of the target's tokenizer that proposes
-//! the tokens the target verifies (speculative decoding).
+//! the tokens the target verifies (speculative decoding), or the target's
+//! own first layers (self-speculation).
 //!
 //! The drafter decodes greedily on a cache of its own per sequence, a few
 //! tokens ahead of the target: its `k` steps are built as one lazy chain
@@ -46,7 +47,7 @@ pub struct Drafter {
 /// What became of a `draft_model` setting.
 pub enum DraftLoad {
     /// The drafter, ready.
-    Fits(Drafter),
+    Fits(Box<Drafter>),
     /// Not used, and why: the model serves with plain decoding.
     Unfit(String),
 }
@@ -80,14 +81,34 @@ impl Drafter {
                 Model::load(dir, config, &LoadOptions::default())
             })?
         };
-        Ok(DraftLoad::Fits(Self {
+        Ok(DraftLoad::Fits(Box::new(Self {
             model,
             dir: dir.to_owned(),
             target_vocab,
-        }))
+        })))
     }
 
-    /// The folder it was loaded from.
+    /// The target's own first `layers` blocks, its final norm and output
+    /// projection as the drafter (self-speculation: no other model, no
+    /// memory but the drafter's cache). `layers` must leave the target
+    /// some of its own: from 1 to its layer count less one.
+    pub fn first_layers(target: &Session, layers: usize) -> Result<Drafter> {
+        let all = target.model.config().num_layers;
+        if layers == 0 || layers >= all {
+            return Err(Error::InvalidRequest(format!(
+                "setting 'draft_layers' must be from 1 to {} (the model has {all} layers), got {layers}",
+                all.saturating_sub(1)
+            )));
+        }
+        Ok(Self {
+            model: target.model.first_layers(layers),
+            dir: target.dir.clone(),
+            target_vocab: target.model.config().vocab_size as u32,
+        })
+    }
+
+    /// The folder it was loaded from (the target's own, for a drafter of
+    /// its first layers).
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -56,16 +56,20 @@ impl Plugin for NativeMlx {
                 embedder: Box::new(std::sync::Mutex::new(embedder)),
             }));
         }
-        let (mut speculate, draft_dir) = speculate_settings(&request.settings)?;
+        let (mut speculate, draft) = speculate_settings(&request.settings)?;
         let session = Session::load(Path::new(&request.model_path))
             .map_err(|e| format!("model '{}': {e}", request.model_id))?;
         let mut notes = Vec::new();
-        let drafter = match draft_dir {
+        let drafter = match draft {
             None => None,
-            Some(dir) => match Drafter::load(Path::new(&dir), &session)
+            Some(DraftSource::Layers(layers)) => Some(
+                Drafter::first_layers(&session, layers)
+                    .map_err(|e| format!("model '{}': {e}", request.model_id))?,
+            ),
+            Some(DraftSource::Folder(dir)) => match Drafter::load(Path::new(&dir), &session)
                 .map_err(|e| format!("model '{}': draft model {dir}: {e}", request.model_id))?
             {
-                DraftLoad::Fits(drafter) => Some(drafter),
+                DraftLoad::Fits(drafter) => Some(*drafter),
                 DraftLoad::Unfit(why) => {
                     // The model serves with plain decoding; the host shows
                     // why with the session and as an event.
@@ -134,19 +138,30 @@ fn batch_options(
     Ok(options)
 }
 
+/// Where a model's drafter comes from.
+#[derive(Debug, Clone, PartialEq)]
+enum DraftSource {
+    /// Another model's folder (`draft_model`).
+    Folder(String),
+    /// The model's own first layers (`draft_layers`).
+    Layers(usize),
+}
+
 /// How the model's requests speculate, from the settings `draft_kind`
-/// (`off`, `prompt_lookup` or `draft_model`; a request's prediction
-/// proposes either way), `draft_model` (the folder of a draft model, which
-/// makes `draft_model` the default kind) and `draft_tokens` (the most
-/// proposed per pass; unset, adapted to the acceptance rate); and the
-/// draft model's folder, when one is to be loaded. Off by default: a
-/// speculating sequence reads each step before building the next, which
-/// costs the overlap of host and device work where nothing is proposed.
+/// (`off`, `prompt_lookup`, `draft_model` or `draft_layers`; a request's
+/// prediction proposes either way), `draft_model` (a draft model's folder,
+/// which makes `draft_model` the default kind), `draft_layers` (the
+/// model's own first layers as its drafter, the default kind when set)
+/// and `draft_tokens` (the most proposed per pass; unset, adapted to the
+/// acceptance rate); and where the drafter comes from, when there is one.
+/// Off by default: a speculating sequence reads each step before building
+/// the next, which costs the overlap of host and device work where
+/// nothing is proposed.
 fn speculate_settings(
     settings: &std::collections::BTreeMap<String, Value>,
-) -> Result<(Speculation, Option<String>), String> {
-    let draft_dir = match settings.get("draft_model") {
-        None => None,
+) -> Result<(Speculation, Option<DraftSource>), String> {
+    let folder = match settings.get("draft_model") {
+        None | Some(Value::Null) => None,
         Some(Value::String(dir)) if !dir.is_empty() => Some(dir.clone()),
         Some(other) => {
             return Err(format!(
@@ -154,27 +169,53 @@ fn speculate_settings(
             ))
         }
     };
+    let layers = match settings.get("draft_layers") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(n @ 1..) => Some(n as usize),
+            _ => {
+                return Err(format!(
+                    "setting 'draft_layers' of native-mlx must be a positive integer (how many of the model's first layers draft), got {v}"
+                ))
+            }
+        },
+    };
+    if folder.is_some() && layers.is_some() {
+        return Err(
+            "settings 'draft_model' and 'draft_layers' of native-mlx name two drafters; set one"
+                .into(),
+        );
+    }
     let kind = match settings.get("draft_kind") {
-        None if draft_dir.is_some() => "draft_model",
-        None => "off",
+        None | Some(Value::Null) if folder.is_some() => "draft_model",
+        None | Some(Value::Null) if layers.is_some() => "draft_layers",
+        None | Some(Value::Null) => "off",
         Some(Value::String(kind))
-            if matches!(kind.as_str(), "off" | "prompt_lookup" | "draft_model") =>
+            if matches!(
+                kind.as_str(),
+                "off" | "prompt_lookup" | "draft_model" | "draft_layers"
+            ) =>
         {
             kind.as_str()
         }
         Some(other) => {
             return Err(format!(
-            "setting 'draft_kind' of native-mlx must be \"off\", \"prompt_lookup\" or \"draft_model\", got {other}"
+            "setting 'draft_kind' of native-mlx must be \"off\", \"prompt_lookup\", \"draft_model\" or \"draft_layers\", got {other}"
         ))
         }
     };
-    if kind == "draft_model" && draft_dir.is_none() {
-        return Err(
-            "setting 'draft_kind' of native-mlx is \"draft_model\" but no 'draft_model' names the draft model's folder".into(),
-        );
-    }
+    let source = match kind {
+        "draft_model" => Some(DraftSource::Folder(folder.ok_or(
+            "setting 'draft_kind' of native-mlx is \"draft_model\" but no 'draft_model' names the draft model's folder",
+        )?)),
+        "draft_layers" => Some(DraftSource::Layers(layers.ok_or(
+            "setting 'draft_kind' of native-mlx is \"draft_layers\" but no 'draft_layers' says how many of the model's layers draft",
+        )?)),
+        // An explicit other kind leaves the drafter unloaded.
+        _ => None,
+    };
     let k = match settings.get("draft_tokens") {
-        None => 0,
+        None | Some(Value::Null) => 0,
         Some(v) => match v.as_u64() {
             Some(k @ 1..) if k as usize <= MAX_K => k as usize,
             _ => {
@@ -184,16 +225,14 @@ fn speculate_settings(
             }
         },
     };
-    let draft_model = kind == "draft_model";
     Ok((
         Speculation {
             prompt_lookup: kind == "prompt_lookup",
             prediction: None,
-            draft_model,
+            draft_model: source.is_some(),
             k,
         },
-        // An explicit other kind leaves the drafter unloaded.
-        draft_dir.filter(|_| draft_model),
+        source,
     ))
 }
 
@@ -388,4 +427,64 @@ fn message(value: &Value) -> Result<ChatMessage, String> {
             .collect();
     }
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The speculation settings as a model's settings give them, or the
+    /// refusal's words.
+    fn check(settings: Value) -> Result<(Speculation, Option<DraftSource>), String> {
+        speculate_settings(&serde_json::from_value(settings).unwrap())
+    }
+
+    #[test]
+    fn a_drafter_setting_chooses_its_kind_and_clashes_are_refused() {
+        let (spec, source) = check(json!({})).unwrap();
+        assert!(!spec.is_on());
+        assert_eq!(source, None);
+        let (spec, source) = check(json!({"draft_model": "/m/draft"})).unwrap();
+        assert!(spec.draft_model);
+        assert_eq!(source, Some(DraftSource::Folder("/m/draft".into())));
+        let (spec, source) = check(json!({"draft_layers": 4, "draft_tokens": 3})).unwrap();
+        assert!(spec.draft_model && spec.k == 3);
+        assert_eq!(source, Some(DraftSource::Layers(4)));
+        // An explicit other kind leaves the drafter unloaded.
+        let (spec, source) =
+            check(json!({"draft_model": "/m/draft", "draft_kind": "prompt_lookup"})).unwrap();
+        assert!(spec.prompt_lookup && !spec.draft_model);
+        assert_eq!(source, None);
+        for (settings, words) in [
+            (
+                json!({"draft_model": "/a", "draft_layers": 2}),
+                "name two drafters",
+            ),
+            (
+                json!({"draft_kind": "draft_model"}),
+                "no 'draft_model' names",
+            ),
+            (
+                json!({"draft_kind": "draft_layers"}),
+                "no 'draft_layers' says",
+            ),
+            (
+                json!({"draft_layers": 0}),
+                "'draft_layers' of native-mlx must be a positive integer",
+            ),
+            (
+                json!({"draft_model": 3}),
+                "'draft_model' of native-mlx must be the path",
+            ),
+            (
+                json!({"draft_kind": "mtp"}),
+                "'draft_kind' of native-mlx must be",
+            ),
+            (json!({"draft_tokens": 9}), "from 1 to 8, got 9"),
+        ] {
+            let error = check(settings.clone()).unwrap_err();
+            assert!(error.contains(words), "{settings}: {error}");
+        }
+    }
 }

@@ -90,7 +90,8 @@ struct Args {
     /// of these proposers, in interleaved rounds (A B A B): `off`,
     /// `lookup` (prompt lookup), `oracle` (the plain answer as a predicted
     /// output: acceptance 1.0, the verification machinery's ceiling),
-    /// `draft` (the model of `--draft-model`, greedily ahead); a
+    /// `draft` (the model of `--draft-model`, or the model's own first
+    /// `--draft-layers`, greedily ahead); a
     /// table of the median decode tokens/s, its spread, the median ratio
     /// to `off` per round, acceptance, tokens per pass, and whether the
     /// ids equal plain decoding's.
@@ -102,8 +103,12 @@ struct Args {
     draft_tokens: usize,
     /// With `--speculate draft`: the draft model's folder (the same
     /// tokenizer as the model's).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "draft_layers")]
     draft_model: Option<PathBuf>,
+    /// With `--speculate draft`: the model's own first N layers draft
+    /// (self-speculation) instead.
+    #[arg(long)]
+    draft_layers: Option<usize>,
     /// A chat prompt instead of the pseudo-random token prompt: this user
     /// message (a file's text with `@FILE`), rendered with the model's
     /// chat template; generation ends at end-of-sequence or `--gen-tokens`.
@@ -194,17 +199,18 @@ struct SpecRun {
 fn speculation(args: &Args, dir: &Path, modes: &[String]) -> Result<()> {
     let session = load(args, dir)?;
     let base = request(args, &session);
-    let drafter = match &args.draft_model {
-        None => None,
-        Some(draft) => match Drafter::load(draft, &session)? {
-            DraftLoad::Fits(drafter) => Some(drafter),
+    let drafter = match (&args.draft_model, args.draft_layers) {
+        (Some(draft), _) => match Drafter::load(draft, &session)? {
+            DraftLoad::Fits(drafter) => Some(*drafter),
             DraftLoad::Unfit(why) => {
                 anyhow::bail!("--draft-model {}: does not fit: {why}", draft.display())
             }
         },
+        (None, Some(layers)) => Some(Drafter::first_layers(&session, layers)?),
+        (None, None) => None,
     };
     if modes.iter().any(|m| m == "draft") && drafter.is_none() {
-        anyhow::bail!("--speculate draft needs --draft-model DIR");
+        anyhow::bail!("--speculate draft needs --draft-model DIR or --draft-layers N");
     }
     let batcher = Batcher::start_with_drafter(session, batch_options(args), drafter);
     let run = |spec: Speculation| -> Result<SpecRun> {

@@ -83,6 +83,7 @@ pub(crate) struct Layout {
 }
 
 /// One block of output rows of a weight matrix `(out, in)`.
+#[derive(Clone)]
 enum Matrix {
     /// Dense: the right operand of `x @ rhs`, `W.T` as a strided view or a
     /// contiguous copy (see [`Layout::pretranspose`]).
@@ -144,6 +145,7 @@ impl Matrix {
 }
 
 /// A block of output rows with its bias rows.
+#[derive(Clone)]
 struct Shard {
     matrix: Matrix,
     bias: Option<Array>,
@@ -152,6 +154,7 @@ struct Shard {
 /// A weight matrix as a linear map whose products are spread over the CPU
 /// streams of the layout: decoding (one token) splits the matrix into row
 /// blocks, prefill (many tokens) splits the tokens.
+#[derive(Clone)]
 struct Sharded {
     /// Row block `i` runs on part `i`'s stream.
     shards: Vec<Shard>,
@@ -287,6 +290,7 @@ fn quantization_of(
 }
 
 /// A linear layer: a matrix and an optional bias.
+#[derive(Clone)]
 pub(crate) struct Linear(Sharded);
 
 impl Linear {
@@ -341,6 +345,7 @@ impl Linear {
 /// weights. Every output is still its own row's dot product with the input,
 /// but the product of a taller matrix may be computed by other kernels,
 /// which may round differently from mlx-lm's separate layers.
+#[derive(Clone)]
 pub(crate) enum Projections {
     /// One layer per output.
     Separate(Vec<Linear>),
@@ -439,6 +444,7 @@ impl Projections {
 }
 
 /// The token embedding table; with tied weights also the output projection.
+#[derive(Clone)]
 pub(crate) struct Embedding {
     /// The table `(vocab, hidden)`, dense or packed.
     table: Table,
@@ -446,6 +452,7 @@ pub(crate) struct Embedding {
     output: Option<Sharded>,
 }
 
+#[derive(Clone)]
 enum Table {
     Dense(Array),
     Quantized {

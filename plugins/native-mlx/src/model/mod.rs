@@ -60,6 +60,7 @@ impl Default for LoadOptions {
 }
 
 /// Rotary position embedding, as mlx-lm's `initialize_rope` configures it.
+#[derive(Clone)]
 struct Rope {
     dims: i32,
     traditional: bool,
@@ -224,6 +225,7 @@ fn llama3_freqs(
     Ok(freqs)
 }
 
+#[derive(Clone)]
 struct Attention {
     /// Queries, keys and values.
     qkv: Projections,
@@ -627,6 +629,7 @@ impl Attention {
     }
 }
 
+#[derive(Clone)]
 struct Mlp {
     /// The gate and up projections.
     gate_up: Projections,
@@ -668,6 +671,7 @@ fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
     })
 }
 
+#[derive(Clone)]
 struct Block {
     attention: Attention,
     mlp: Mlp,
@@ -732,6 +736,7 @@ fn layout_for(options: &LoadOptions) -> Result<(Layout, bool)> {
 }
 
 /// A loaded model: weights on the default device, ready to run.
+#[derive(Clone)]
 pub struct Model {
     config: ModelConfig,
     embed: Embedding,
@@ -835,6 +840,20 @@ impl Model {
     /// The configuration the model was built from.
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// The model cut after its first `layers` blocks, with its own final
+    /// norm and output projection: a drafter made of the model itself
+    /// (self-speculation). Its weights are the model's (arrays share their
+    /// memory), so it costs no memory but its cache.
+    pub fn first_layers(&self, layers: usize) -> Model {
+        let mut config = self.config.clone();
+        config.num_layers = layers.min(self.blocks.len());
+        Model {
+            config,
+            blocks: self.blocks[..layers.min(self.blocks.len())].to_vec(),
+            ..self.clone()
+        }
     }
 
     /// A fresh, empty cache with one entry per layer.

@@ -110,7 +110,7 @@ fn company_turns_speculation_off_midway_without_changing_ids() {
 fn with_drafter(draft: &str) -> Batcher {
     let session = Session::load(&fixtures().model("llama")).unwrap();
     let drafter = match Drafter::load(&fixtures().model(draft), &session).unwrap() {
-        DraftLoad::Fits(drafter) => drafter,
+        DraftLoad::Fits(drafter) => *drafter,
         DraftLoad::Unfit(why) => panic!("{draft} should fit the llama fixture: {why}"),
     };
     Batcher::start_with_drafter(session, BatchOptions::default(), Some(drafter))
@@ -207,4 +207,24 @@ fn a_drafter_that_does_not_fit_is_refused_with_the_reason() {
     let (got, usage) = ids(&b, &request(drafted(4), 20));
     assert_eq!(got, plain);
     assert_eq!(usage.verifications, 0, "{usage:?}");
+}
+
+/// The model's own first layer as its drafter (self-speculation): the
+/// ids are plain decoding's, and a layer count the model cannot spare is
+/// refused with the range.
+#[test]
+fn the_models_own_first_layers_draft() {
+    let session = Session::load(&fixtures().model("llama")).unwrap();
+    for bad in [0, 2] {
+        let error = Drafter::first_layers(&session, bad).err().expect("refused");
+        assert!(error.to_string().contains("from 1 to 1"), "{error}");
+    }
+    let drafter = Drafter::first_layers(&session, 1).unwrap();
+    let b = Batcher::start_with_drafter(session, BatchOptions::default(), Some(drafter));
+    let (plain, _) = ids(&b, &request(Speculation::default(), 40));
+    for k in [1, 4] {
+        let (got, usage) = ids(&b, &request(drafted(k), 40));
+        assert_eq!(got, plain, "k = {k}");
+        assert!(usage.proposed > 0, "{usage:?}");
+    }
 }
