@@ -71,7 +71,9 @@ def test_a_bad_body_is_a_400_naming_the_field(host):
                         ({"repo": "org/tiny", "revision": "../x"}, "revision"),
                         ({"repo": "org/tiny", "include": "*.json"}, "include"),
                         ({"repo": "org/tiny", "include": ["a["]}, "include"),
-                        ({"repo": "org/tiny", "force": "yes"}, "force")]:
+                        ({"repo": "org/tiny", "force": "yes"}, "force"),
+                        # A field a pull does not take is named as sent.
+                        ({"repo": "org/tiny", "mirror": "https://x"}, "mirror")]:
         status, answer = api(host, "/api/models/pull", "POST", body)
         assert status == 400 and answer["error"]["param"] == field, (body, answer)
     status, answer = api(host, "/api/models/pull", "POST", b"not json")

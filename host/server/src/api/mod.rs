@@ -132,7 +132,7 @@ impl App {
                 profile,
                 known,
             }) => Err(ApiError {
-                param: Some("model"),
+                param: Some("model".into()),
                 ..ApiError::not_found(format!(
                     "model '{model}' has no profile '{profile}' ({}); see GET /v1/models",
                     match known.is_empty() {

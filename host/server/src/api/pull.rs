@@ -360,8 +360,7 @@ pub(super) fn refused(refusal: pull::Refusal) -> ApiError {
         status,
         kind,
         code,
-        param,
-        ..ApiError::bad_request(refusal.message, None)
+        ..ApiError::bad_request(refusal.message, param)
     }
 }
 
@@ -389,9 +388,9 @@ fn read_body(body: &[u8]) -> Result<Asked, ApiError> {
     };
     for key in fields.keys() {
         if !matches!(key.as_str(), "repo" | "revision" | "include" | "force") {
-            return Err(ApiError::bad_request(
+            return Err(ApiError::unknown_field(
+                key,
                 format!("unknown field '{key}'; a pull takes repo, revision, include and force"),
-                None,
             ));
         }
     }
@@ -791,7 +790,7 @@ mod tests {
         check(
             r#"{"repo": "org/m", "mirror": "x"}"#,
             expect![[
-                r#"400 None: unknown field 'mirror'; a pull takes repo, revision, include and force"#
+                r#"400 Some("mirror"): unknown field 'mirror'; a pull takes repo, revision, include and force"#
             ]],
         );
         check(
