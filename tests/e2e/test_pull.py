@@ -113,10 +113,11 @@ def test_a_pulled_model_is_served_from_the_cache(env, hub_for, tmp_path):
     assert code == 0 and "(0 B fetched)" in out, out + err
     assert sum(hub.served().values()) == before
 
-    args = [a for a in env["base_args"]]
-    args[args.index("--model-dir") + 1] = str(cache)
-    srv = Server("hangar-pulled", args, env["proc_env"])
+    # Served from where the pull put it, the model dirs left as they were.
+    serve_env = dict(env["proc_env"], HF_HUB_CACHE=str(cache))
+    srv = Server("hangar-pulled", env["base_args"], serve_env)
     try:
+        assert f"reading the Hugging Face cache {cache} too" in srv.log(), srv.log()
         status, models = http(srv.url + "/v1/models")
         assert status == 200 and "org/tiny" in [m["id"] for m in models["data"]], models
         status, answer = http(srv.url + "/v1/chat/completions", "POST",
@@ -126,6 +127,49 @@ def test_a_pulled_model_is_served_from_the_cache(env, hub_for, tmp_path):
         assert answer["choices"][0]["message"]["content"] is not None
     finally:
         assert srv.stop() == []
+
+
+def hangar_cmd(env, *args: str, config: Path | None = None, **extra_env: str):
+    r = subprocess.run([str(HANGAR), *args, "--url", "http://127.0.0.1:9", "--model-dir", str(env["models"]),
+                        "--plugins-dir", env["plugins_dir"], "--config", str(config or env["config"])],
+                       env=dict(env["proc_env"], **extra_env), stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    return r.returncode, r.stdout, r.stderr
+
+
+def test_models_and_rm_see_the_pull_cache_and_the_config_can_leave_it_out(env, hub_for, tmp_path):
+    hub = hub_for()
+    cache = tmp_path / "hub"
+    code, out, err = pull(env, hub, cache, "org/tiny")
+    assert code == 0, out + err
+    code, out, err = hangar_cmd(env, "models", "--json", HF_HUB_CACHE=str(cache))
+    assert code == 0, err
+    listed = {m["id"]: m for m in json.loads(out)["models"]}
+    assert listed["org/tiny"]["source"] == "hf_cache" and "tiny-llama" in listed, listed
+    assert listed["org/tiny"]["path"].startswith(str(cache)), listed
+
+    # `hf_cache = false`: the model dirs alone, for serve, models and rm.
+    off = tmp_path / "config.toml"
+    off.write_text("hf_cache = false\n" + env["config"].read_text())
+    shutil.copy(env["config"].parent / "settings.toml", tmp_path / "settings.toml")
+    code, out, err = hangar_cmd(env, "models", "--json", config=off, HF_HUB_CACHE=str(cache))
+    assert code == 0, err
+    assert "org/tiny" not in [m["id"] for m in json.loads(out)["models"]], out
+    code, out, err = hangar_cmd(env, "rm", "org/tiny", "--yes", config=off, HF_HUB_CACHE=str(cache))
+    assert code != 0 and "no model 'org/tiny'" in err, err
+    args = list(env["base_args"])
+    args[args.index("--config") + 1] = str(off)
+    srv = Server("hangar (hf_cache = false)", args, dict(env["proc_env"], HF_HUB_CACHE=str(cache)))
+    try:
+        assert "Hugging Face cache" not in srv.log(), srv.log()
+        status, models = http(srv.url + "/v1/models")
+        assert "org/tiny" not in [m["id"] for m in models["data"]], models
+    finally:
+        assert srv.stop() == []
+
+    code, out, err = hangar_cmd(env, "rm", "org/tiny", "--yes", HF_HUB_CACHE=str(cache))
+    assert code == 0 and "removed 'org/tiny'" in out, out + err
+    assert not (cache / "models--org--tiny").exists()
 
 
 def test_json_events_one_per_line(env, hub_for, tmp_path):

@@ -606,9 +606,11 @@ async fn run(app: Arc<App>, job: Arc<Job>, hub: pull::Hub) {
             job.plan.repo,
             job.plan.revision,
             crate::scheduler::guard::bytes(pulled.fetched),
-            if added {
+            // Only with `hf_cache = false` is the cache not read at start.
+            if added && app.catalog.hf_cache().is_none() {
                 format!(
-                    "; the catalog now reads {} too (add it to the model dirs to keep it after a restart)",
+                    "; the catalog reads {} until the host stops (config.toml has hf_cache = false: \
+                     add the cache to model_dirs to serve it after a restart)",
                     job.plan.cache.display()
                 )
             } else {
