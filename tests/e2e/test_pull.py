@@ -266,11 +266,36 @@ def test_an_unservable_repo_is_refused_before_any_download(env, hub_for, tmp_pat
     assert hub.served()["model.onnx"] == 300_000
 
 
-def test_not_enough_disk_space_fails_cleanly(env, repos, tmp_path):
+def test_a_model_too_big_for_the_memory_guard_is_refused_unless_forced(env, repos, tmp_path):
+    # A petabyte of weights: above any machine's ceiling.
     hub = Hub(repos, "--huge", "org/tiny")
     try:
         cache = tmp_path / "hub"
         code, out, err = pull(env, hub, cache, "org/tiny")
+        assert code != 0
+        assert "does NOT fit under the balanced memory guard's ceiling" in out, out
+        assert re.search(r"refusing to pull org/tiny: it needs about \S+ TiB of memory, more than the "
+                         r"balanced memory guard's ceiling of .*; pass --force to download it anyway", err), err
+        code, out, err = pull(env, hub, cache, "org/tiny", "--json")
+        assert code != 0
+        events = [json.loads(line) for line in out.splitlines()]
+        assert [e["event"] for e in events] == ["plan", "error"] and events[0]["fits"] is False, events
+        assert "refusing to pull org/tiny" in events[1]["message"], events
+        assert hub.served() == {}
+        assert not cache.exists()
+        # Forced, it goes on to the next check (which no disk passes).
+        code, out, err = pull(env, hub, cache, "org/tiny", "--force")
+        assert code != 0 and "not enough disk space" in err, err
+    finally:
+        hub.stop()
+
+
+def test_not_enough_disk_space_fails_cleanly(env, repos, tmp_path):
+    hub = Hub(repos, "--huge", "org/tiny")
+    try:
+        cache = tmp_path / "hub"
+        # No memory guard: the disk is what refuses it.
+        code, out, err = pull(env, hub, cache, "org/tiny", "--memory-guard", "off")
         assert code != 0
         assert "not enough disk space to pull org/tiny" in err and "bytes) free" in err, err
         assert hub.served() == {}

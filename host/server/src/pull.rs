@@ -63,7 +63,8 @@ pub struct PullArgs {
     /// `*Q4_K_M*`); repeatable. Default: every file.
     #[arg(long = "include", value_name = "GLOB")]
     pub include: Vec<String>,
-    /// Download even what no installed plugin can serve.
+    /// Download even what no installed plugin can serve, or what does not
+    /// fit under the memory guard's ceiling.
     #[arg(long)]
     pub force: bool,
     /// The memory guard whose ceiling the model is compared with (as
@@ -132,19 +133,6 @@ impl RepoRef {
     pub(crate) fn folder_name_of(repo: &str) -> String {
         format!("models--{}", repo.replace('/', "--"))
     }
-}
-
-/// The Hugging Face hub cache: `HF_HUB_CACHE`, else `HF_HOME/hub`, else
-/// `~/.cache/huggingface/hub` (as `huggingface_hub` resolves it).
-pub(crate) fn cache_dir(
-    hub_cache: Option<&str>,
-    hf_home: Option<&str>,
-    home: Option<&Path>,
-) -> Option<PathBuf> {
-    let set = |v: Option<&str>| v.filter(|v| !v.is_empty()).map(PathBuf::from);
-    set(hub_cache)
-        .or_else(|| set(hf_home).map(|h| h.join("hub")))
-        .or_else(|| home.map(|h| h.join(".cache").join("huggingface").join("hub")))
 }
 
 /// The `--include` globs; no glob selects every file. A glob matches the
@@ -557,16 +545,10 @@ impl Hub {
     }
 }
 
-/// The cache `hangar pull` fills: [`cache_dir`] of this process's
-/// environment.
+/// The cache `hangar pull` fills: [`crate::model_store::hf_cache`], where
+/// `hangar serve` reads it too.
 pub(crate) fn default_cache() -> Result<PathBuf, Refusal> {
-    let env = |k: &str| std::env::var(k).ok();
-    cache_dir(
-        env("HF_HUB_CACHE").as_deref(),
-        env("HF_HOME").as_deref(),
-        dirs::home_dir().as_deref(),
-    )
-    .ok_or_else(|| {
+    crate::model_store::hf_cache().ok_or_else(|| {
         Refusal::new(
             RefusalKind::Host,
             "no Hugging Face cache: set HF_HUB_CACHE or HF_HOME (there is no home folder)",
@@ -723,9 +705,18 @@ pub(crate) async fn plan(
 }
 
 impl Plan {
+    /// Why this pull may not start unless forced, for `hangar pull` and
+    /// `POST /api/models/pull` alike: no installed plugin serves it, or it
+    /// does not fit under the `guard` memory guard's ceiling. `force` says
+    /// how to pull it anyway (`--force`, `"force": true`).
+    pub(crate) fn refusal(&self, guard: Guard, force: &str) -> Option<Refusal> {
+        self.unservable(force)
+            .or_else(|| self.too_big(guard, force))
+    }
+
     /// The refusal of a repository no installed plugin serves; `force`
     /// says how to pull it anyway.
-    pub(crate) fn unservable(&self, force: &str) -> Option<Refusal> {
+    fn unservable(&self, force: &str) -> Option<Refusal> {
         self.engine.is_none().then(|| {
             Refusal::new(
                 RefusalKind::Unservable,
@@ -739,7 +730,7 @@ impl Plan {
 
     /// The refusal of a model that does not fit under the memory guard's
     /// ceiling; `force` says how to pull it anyway.
-    pub(crate) fn too_big(&self, guard: Guard, force: &str) -> Option<Refusal> {
+    fn too_big(&self, guard: Guard, force: &str) -> Option<Refusal> {
         let ceiling = self.ceiling_bytes.filter(|c| self.need_bytes > *c)?;
         Some(Refusal::new(
             RefusalKind::TooBig,
@@ -880,7 +871,10 @@ async fn pull(
     };
     let plan = plan(&hub, &cache, &wanted, registry, default_engines).await?;
     show_plan(&plan, args.memory_guard, mode)?;
-    if let Some(refusal) = plan.unservable("--force").filter(|_| !args.force) {
+    if let Some(refusal) = plan
+        .refusal(args.memory_guard, "--force")
+        .filter(|_| !args.force)
+    {
         return Err(refusal.into());
     }
     // Room for it, before anything is written.
@@ -1348,22 +1342,37 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_is_found_as_the_hub_client_finds_it() {
-        let home = Path::new("/home/u");
-        let show = |c: Option<PathBuf>| c.map(|p| p.display().to_string()).unwrap_or("none".into());
-        expect!["/c/hub-cache"].assert_eq(&show(cache_dir(
-            Some("/c/hub-cache"),
-            Some("/h"),
-            Some(home),
-        )));
-        expect!["/h/hub"].assert_eq(&show(cache_dir(None, Some("/h"), Some(home))));
-        expect!["/h/hub"].assert_eq(&show(cache_dir(Some(""), Some("/h"), Some(home))));
-        expect!["/home/u/.cache/huggingface/hub"].assert_eq(&show(cache_dir(
-            None,
-            None,
-            Some(home),
-        )));
-        expect!["none"].assert_eq(&show(cache_dir(None, None, None)));
+    fn a_pull_is_refused_when_nothing_serves_it_or_it_outgrows_the_guard() {
+        let refusal = |engine: Option<&str>, need: u64, ceiling: Option<u64>| {
+            let plan = Plan {
+                repo: "org/m".into(),
+                revision: "main".into(),
+                commit: "abc".into(),
+                endpoint: DEFAULT_ENDPOINT.into(),
+                files: vec![],
+                total_bytes: 0,
+                to_fetch: 0,
+                format: Some("mlx".into()),
+                rule: None,
+                engine: engine.map(str::to_string),
+                reason: "no plugin serves format 'mlx' here".into(),
+                need_bytes: need,
+                ceiling_bytes: ceiling,
+                fits: ceiling.map(|c| need <= c),
+                cache: PathBuf::from("/c"),
+            };
+            match plan.refusal(Guard::Balanced, "--force") {
+                Some(r) => format!("{:?}: {}", r.kind, r.message),
+                None => "pulled".into(),
+            }
+        };
+        let gib = 1 << 30;
+        expect!["pulled"].assert_eq(&refusal(Some("mlx-lm"), gib, Some(2 * gib)));
+        expect!["pulled"].assert_eq(&refusal(Some("mlx-lm"), 8 * gib, None));
+        expect!["TooBig: refusing to pull org/m: it needs about 3.0 GiB of memory, more than the balanced memory guard's ceiling of 2.0 GiB; pass --force to download it anyway"]
+            .assert_eq(&refusal(Some("mlx-lm"), 3 * gib, Some(2 * gib)));
+        expect!["Unservable: refusing to pull org/m: no installed plugin can serve it (no plugin serves format 'mlx' here); pass --force to download it anyway"]
+            .assert_eq(&refusal(None, 3 * gib, Some(2 * gib)));
     }
 
     #[test]

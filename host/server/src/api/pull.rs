@@ -481,14 +481,11 @@ pub(super) async fn start(
         return Err(already_pulling(&job));
     }
     let (hub, _, plan) = plan_of(&app, &asked.target, &asked.include).await?;
-    let force = "\"force\": true";
-    if !asked.force {
-        if let Some(refusal) = plan
-            .unservable(force)
-            .or_else(|| plan.too_big(app.scheduler.limits().guard, force))
-        {
-            return Err(refused(refusal));
-        }
+    if let Some(refusal) = plan
+        .refusal(app.scheduler.limits().guard, "\"force\": true")
+        .filter(|_| !asked.force)
+    {
+        return Err(refused(refusal));
     }
     let check = plan.clone();
     tokio::task::spawn_blocking(move || check.check_disk())
