@@ -201,15 +201,26 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/api/plugins", get(manage::plugins))
         .route("/api/resolve", get(manage::resolve))
         .route("/api/models", get(manage::models))
-        .route("/api/models/rescan", post(manage::rescan))
+        .route(
+            "/api/models/rescan",
+            post(manage::rescan).merge(remove::at_fixed_path("rescan")),
+        )
         .route("/api/models/{id}/load", post(manage::load))
         .route("/api/models/{id}/unload", post(manage::unload))
         .route("/api/models/{id}", delete(remove::remove))
-        .route("/api/models/pull", post(pull::start))
-        .route("/api/models/pulls", get(pull::list))
+        .route(
+            "/api/models/pull",
+            post(pull::start).merge(remove::at_fixed_path("pull")),
+        )
+        .route(
+            "/api/models/pulls",
+            get(pull::list).merge(remove::at_fixed_path("pulls")),
+        )
         .route(
             "/api/models/pulls/{id}",
-            get(pull::status).delete(pull::cancel),
+            get(pull::status)
+                .delete(pull::cancel)
+                .merge(pull::model_called_pulls()),
         )
         .route("/api/models/pulls/{id}/events", get(pull::events))
         .route("/api/hub/models", get(hub::search))
