@@ -456,6 +456,11 @@ pub(super) fn show(body: &[u8]) -> Result<String, ApiError> {
     model(&object(body, &["model", "name", "verbose"])?)
 }
 
+/// `DELETE /api/delete`: the model's name.
+pub(super) fn delete(body: &[u8]) -> Result<String, ApiError> {
+    model(&object(body, &["model", "name"])?)
+}
+
 /// `options` as OpenAI's fields, each checked by the OpenAI route's rule
 /// and refused under its Ollama name.
 pub(super) fn options(value: Option<&Value>) -> Result<Map<String, Value>, ApiError> {
