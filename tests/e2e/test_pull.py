@@ -192,6 +192,9 @@ def test_a_broken_download_resumes_where_it_stopped(env, hub_for, tmp_path):
     assert snapshots(cache, "org/tiny") == []  # not a model yet
     [partial] = list((cache / "models--org--tiny" / "blobs").glob("*.incomplete"))
     assert partial.stat().st_size == 200000
+    # What it hashed is kept, so that the resume hashes only the rest.
+    checkpoint = partial.with_name(partial.name + ".sha256")
+    assert checkpoint.is_file()
     code, text = resolve_sees(env, cache, "org/tiny")
     assert code != 0 and "did not finish" in text, text
     served_before = hub.served()["model.safetensors"]
@@ -200,7 +203,7 @@ def test_a_broken_download_resumes_where_it_stopped(env, hub_for, tmp_path):
     total = (snapshots(cache, "org/tiny")[0] / "model.safetensors").stat().st_size
     # The second pull fetched only the rest.
     assert hub.served()["model.safetensors"] - served_before == total - 200000
-    assert not partial.exists()
+    assert not partial.exists() and not checkpoint.exists()
 
 
 def test_a_killed_pull_continues_where_it_stopped(env, hub_for, tmp_path):
