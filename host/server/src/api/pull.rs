@@ -14,11 +14,6 @@
 //! `config.toml`, only until the host stops).
 //! A cancelled pull keeps its `.incomplete` files, and the next pull of the
 //! repository continues them.
-//!
-//! A model may be called `pulls`: its routes `/api/models/pulls/load`,
-//! `/unload` and `/settings` meet `/api/models/pulls/{id}`, which the
-//! router takes first. No pull has such an id (theirs are `pull-N`), so
-//! those go to the model ([`model_called_pulls`]).
 
 use std::collections::{BTreeSet, VecDeque};
 use std::convert::Infallible;
@@ -26,12 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{post, MethodRouter};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use serde::Serialize;
@@ -42,7 +34,6 @@ use utoipa::ToSchema;
 
 use super::{ApiError, App, PathId};
 use crate::pull::{self, Event, Plan, RefusalKind, RepoRef, Sink};
-use crate::settings::SettingMap;
 
 /// Pulls that fetch at once; more wait their turn.
 pub(crate) const MAX_RUNNING: usize = 2;
@@ -667,48 +658,8 @@ pub(super) async fn list(State(app): State<Arc<App>>) -> Json<PullList> {
 pub(super) async fn status(
     State(app): State<Arc<App>>,
     PathId(id): PathId,
-) -> Result<Response, ApiError> {
-    if id == "settings" {
-        return super::settings::get_model(State(app), PathId(PULLS.into()))
-            .await
-            .map(IntoResponse::into_response);
-    }
-    Ok(Json(app.pulls.find(&id)?.status()).into_response())
-}
-
-/// The id of the model whose routes meet the pulls' own.
-const PULLS: &str = "pulls";
-
-/// `POST /api/models/pulls/{load,unload}` and `PUT
-/// /api/models/pulls/settings`: the routes of the model called `pulls`
-/// (`GET /api/models/pulls/settings` is [`status`]'s). Any other is a 405,
-/// as where no such model could be.
-pub(super) fn model_called_pulls() -> MethodRouter<Arc<App>> {
-    post(|app: State<Arc<App>>, PathId(verb): PathId| async move {
-        match verb.as_str() {
-            "load" => super::manage::load(app, PathId(PULLS.into())).await,
-            "unload" => super::manage::unload(app, PathId(PULLS.into())).await,
-            _ => Err(not_allowed()),
-        }
-    })
-    .put(
-        |app: State<Arc<App>>,
-         PathId(verb): PathId,
-         body: Result<Json<SettingMap>, JsonRejection>| async move {
-            match verb.as_str() {
-                "settings" => super::settings::put_model(app, PathId(PULLS.into()), body).await,
-                _ => Err(not_allowed()),
-            }
-        },
-    )
-}
-
-/// The 405 of a method `/api/models/pulls/{id}` does not take.
-fn not_allowed() -> ApiError {
-    ApiError {
-        status: StatusCode::METHOD_NOT_ALLOWED,
-        ..ApiError::bad_request("a pull (/api/models/pulls/{id}) takes GET and DELETE", None)
-    }
+) -> Result<Json<PullStatus>, ApiError> {
+    Ok(Json(app.pulls.find(&id)?.status()))
 }
 
 /// `DELETE /api/models/pulls/{id}`.

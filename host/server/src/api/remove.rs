@@ -1,10 +1,5 @@
 //! `DELETE /api/models/{id}`: removes a model from disk (as `hangar rm`),
 //! refusing while it is loaded unless `?force=true`, which unloads it first.
-//!
-//! A model may be called as one of the management API's own paths under
-//! `/api/models/` (`pull`, `pulls`, `rescan`); the router takes a fixed
-//! path over `{id}`, so those paths take `DELETE` for the model
-//! ([`at_fixed_path`]) besides their own methods.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,7 +7,6 @@ use std::time::{Duration, Instant};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use axum::routing::MethodRouter;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -88,16 +82,6 @@ pub(super) async fn remove_model(app: &App, name: &str, force: bool) -> Result<V
         "bytes": removal.bytes,
         "paths": removal.paths,
     }))
-}
-
-/// `DELETE /api/models/{name}` where `/api/models/{name}` is a route of its
-/// own for other methods: [`remove`] of the model called `name`.
-pub(super) fn at_fixed_path(name: &'static str) -> MethodRouter<Arc<App>> {
-    axum::routing::delete(
-        move |app: State<Arc<App>>, query: Result<Query<RemoveQuery>, QueryRejection>| {
-            remove(app, PathId(name.to_string()), query)
-        },
-    )
 }
 
 /// Whether `id` has a session, or one is loading.
