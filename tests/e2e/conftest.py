@@ -305,7 +305,11 @@ def env(tmp_path_factory):
     proc_env = {k: v for k, v in os.environ.items() if k not in ("HANGAR_API_KEY", "HANGAR_MODEL_DIR",
                                                                "HANGAR_PLUGINS_DIR", "HANGAR_CONFIG",
                                                                "HANGAR_SETTINGS")}
-    proc_env.update(HANGAR_PLATFORM="linux/x86_64/cpu", HANGAR_LOG="info")
+    # `hangar serve`, `models` and `rm` read the Hugging Face cache that
+    # `hangar pull` fills: one of the suite's own (absent until a test
+    # pulls into it), never this machine's.
+    proc_env.update(HANGAR_PLATFORM="linux/x86_64/cpu", HANGAR_LOG="info",
+                    HF_HUB_CACHE=str(root / "hf-cache"))
     base_args = [
         str(HANGAR), "serve", "--port", "0",
         "--model-dir", str(models),

@@ -32,9 +32,17 @@ MODEL_OF = {path: "HANGAR_FUZZ_MODEL" for path in GENERATING} | {
 def before_call(ctx, case, **kwargs):
     # Removing the model the generation routes are pointed at would leave
     # them 404s for the rest of the run; the fuzz host's other models may go.
+    kept = os.environ.get("HANGAR_FUZZ_MODEL")
     if case.method.upper() == "DELETE" and case.operation.path == "/api/models/{id}":
-        if (case.path_parameters or {}).get("id") == os.environ.get("HANGAR_FUZZ_MODEL"):
+        if (case.path_parameters or {}).get("id") == kept:
             case.path_parameters["id"] = "fuzz-kept-" + case.path_parameters["id"]
+        return
+    if case.method.upper() == "DELETE" and case.operation.path == "/ollama/api/delete":
+        if isinstance(case.body, dict):
+            for field in ("model", "name"):
+                name = case.body.get(field)
+                if isinstance(name, str) and name.removesuffix(":latest") == kept:
+                    case.body[field] = "fuzz-kept-" + name
         return
     if case.operation.path not in MODEL_OF or not isinstance(case.body, dict):
         return

@@ -1,8 +1,9 @@
 """End-to-end: `hangar models`, `hangar ps` and `hangar rm` (the real
 binaries) against a running `hangar serve` over a model dir of tiny
 generated models and a fake Hugging Face cache (blobs, snapshot links,
-refs/main), including `rm` of a loaded model: refused, then `--force`
-unloads it through the API and removes it, and the catalog drops it.
+refs/main), including `rm` at a terminal (asking, `n` keeping and `y`
+removing), and `rm` of a loaded model: refused, then `--force` unloads it
+through the API and removes it, and the catalog drops it.
 """
 from __future__ import annotations
 
@@ -139,6 +140,26 @@ def test_rm_on_a_terminal_asks_first(env, layout, srv):
     assert code != 0 and "remove? [y/N]" in err and "nothing removed" in err, out + err
     assert str(layout["models"] / "local-b") in err, err
     assert (layout["models"] / "local-b").is_dir()
+
+
+def test_rm_on_a_terminal_removes_on_yes(env, layout, srv):
+    """stdin a terminal: 'y' at the question removes the model, and the
+    running server's catalog drops it at once."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        os.write(master, b"y\n")
+        code, out, err = hangar(env, layout, "rm", "local-b", url=srv.url, stdin=slave)
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert code == 0 and "remove? [y/N]" in err, out + err
+    assert "removed 'local-b', freed" in out and "nothing removed" not in err, out + err
+    assert not (layout["models"] / "local-b").exists()
+    status, body = http(srv.url + "/api/models")
+    assert "local-b" not in [m["model"]["id"] for m in body["models"]], body
 
 
 def test_rm_of_a_loaded_model_is_refused_then_forced(env, layout, srv):

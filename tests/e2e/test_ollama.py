@@ -3,11 +3,13 @@
 `--ollama-port` serving the same API at its root. Tags, chat and generate
 (streamed and not), `format` refused by an engine without a grammar,
 `keep_alive` 0 unloading, errors in Ollama's shape with the right
-statuses, and the 501s that say what to use instead.
+statuses, `delete` removing a model from disk (a loaded one unloaded
+first), and the 501s that say what to use instead.
 """
 from __future__ import annotations
 
 import re
+import shutil
 
 import ollama
 import pytest
@@ -142,11 +144,46 @@ def test_what_hangar_lacks_is_a_501_saying_what_instead(oc, server):
     status, error = error_of(lambda: oc.embed(model=LLAMA, input="hi"))
     assert status == 400 and "chat model" in error, error
     status, error = error_of(lambda: oc.pull(LLAMA))
-    assert status == 501 and "--model-dir" in error, error
-    status, error = error_of(lambda: oc.delete(LLAMA))
-    assert status == 501 and "unload" in error, error
+    assert status == 501 and "POST /api/models/pull" in error and "hangar pull" in error, error
     status, error = error_of(lambda: oc.copy(LLAMA, "other"))
     assert status == 501 and "folder" in error, error
+
+
+def test_delete_removes_the_model_and_unloads_it_first(env, tmp_path):
+    """`delete` through the official client, on a host of its own (it
+    removes what it is asked to)."""
+    models = tmp_path / "models"
+    for name in ("doomed", "running"):
+        shutil.copytree(env["models"] / "tiny-llama", models / name)
+    (tmp_path / "state").mkdir()
+    args = list(env["base_args"])
+    args[args.index("--model-dir") + 1] = str(models)
+    args[args.index("--state-dir") + 1] = str(tmp_path / "state")
+    srv = Server("hangar (ollama delete)", args, env["proc_env"])
+    try:
+        oc = ollama.Client(host=srv.url + "/ollama")
+        assert oc.delete("doomed").status == "success"
+        assert not (models / "doomed").exists()
+        assert "doomed" not in [m.model for m in oc.list().models]
+        # Gone: a 404 in Ollama's words, as for any unknown model.
+        status, error = error_of(lambda: oc.delete("doomed"))
+        assert status == 404 and "model 'doomed' not found" in error, error
+        # A loaded model is unloaded first (Ollama's API has no force);
+        # the default tag names it too.
+        oc.generate(model="running", keep_alive=-1)
+        assert [m.model for m in oc.ps().models] == ["running"]
+        assert oc.delete("running:latest").status == "success"
+        assert not (models / "running").exists() and oc.ps().models == []
+        # A body without the model is a 400 naming the field.
+        status, body = http(srv.url + "/ollama/api/delete", "DELETE", {"modle": "x"})
+        assert status == 400 and "'modle'" in body["error"], body
+        status, body = http(srv.url + "/ollama/api/delete", "DELETE", {})
+        assert status == 400 and "'model' is required" in body["error"], body
+        status, events = http(srv.url + "/api/events")
+        assert "unloaded" in [e["kind"] for e in events["events"] if e["model"] == "running"], events
+    finally:
+        problems = srv.stop()
+    assert not problems, problems
 
 
 def test_the_ollama_port_serves_at_its_root(env):

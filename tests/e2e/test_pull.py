@@ -113,10 +113,11 @@ def test_a_pulled_model_is_served_from_the_cache(env, hub_for, tmp_path):
     assert code == 0 and "(0 B fetched)" in out, out + err
     assert sum(hub.served().values()) == before
 
-    args = [a for a in env["base_args"]]
-    args[args.index("--model-dir") + 1] = str(cache)
-    srv = Server("hangar-pulled", args, env["proc_env"])
+    # Served from where the pull put it, the model dirs left as they were.
+    serve_env = dict(env["proc_env"], HF_HUB_CACHE=str(cache))
+    srv = Server("hangar-pulled", env["base_args"], serve_env)
     try:
+        assert f"reading the Hugging Face cache {cache} too" in srv.log(), srv.log()
         status, models = http(srv.url + "/v1/models")
         assert status == 200 and "org/tiny" in [m["id"] for m in models["data"]], models
         status, answer = http(srv.url + "/v1/chat/completions", "POST",
@@ -126,6 +127,49 @@ def test_a_pulled_model_is_served_from_the_cache(env, hub_for, tmp_path):
         assert answer["choices"][0]["message"]["content"] is not None
     finally:
         assert srv.stop() == []
+
+
+def hangar_cmd(env, *args: str, config: Path | None = None, **extra_env: str):
+    r = subprocess.run([str(HANGAR), *args, "--url", "http://127.0.0.1:9", "--model-dir", str(env["models"]),
+                        "--plugins-dir", env["plugins_dir"], "--config", str(config or env["config"])],
+                       env=dict(env["proc_env"], **extra_env), stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    return r.returncode, r.stdout, r.stderr
+
+
+def test_models_and_rm_see_the_pull_cache_and_the_config_can_leave_it_out(env, hub_for, tmp_path):
+    hub = hub_for()
+    cache = tmp_path / "hub"
+    code, out, err = pull(env, hub, cache, "org/tiny")
+    assert code == 0, out + err
+    code, out, err = hangar_cmd(env, "models", "--json", HF_HUB_CACHE=str(cache))
+    assert code == 0, err
+    listed = {m["id"]: m for m in json.loads(out)["models"]}
+    assert listed["org/tiny"]["source"] == "hf_cache" and "tiny-llama" in listed, listed
+    assert listed["org/tiny"]["path"].startswith(str(cache)), listed
+
+    # `hf_cache = false`: the model dirs alone, for serve, models and rm.
+    off = tmp_path / "config.toml"
+    off.write_text("hf_cache = false\n" + env["config"].read_text())
+    shutil.copy(env["config"].parent / "settings.toml", tmp_path / "settings.toml")
+    code, out, err = hangar_cmd(env, "models", "--json", config=off, HF_HUB_CACHE=str(cache))
+    assert code == 0, err
+    assert "org/tiny" not in [m["id"] for m in json.loads(out)["models"]], out
+    code, out, err = hangar_cmd(env, "rm", "org/tiny", "--yes", config=off, HF_HUB_CACHE=str(cache))
+    assert code != 0 and "no model 'org/tiny'" in err, err
+    args = list(env["base_args"])
+    args[args.index("--config") + 1] = str(off)
+    srv = Server("hangar (hf_cache = false)", args, dict(env["proc_env"], HF_HUB_CACHE=str(cache)))
+    try:
+        assert "Hugging Face cache" not in srv.log(), srv.log()
+        status, models = http(srv.url + "/v1/models")
+        assert "org/tiny" not in [m["id"] for m in models["data"]], models
+    finally:
+        assert srv.stop() == []
+
+    code, out, err = hangar_cmd(env, "rm", "org/tiny", "--yes", HF_HUB_CACHE=str(cache))
+    assert code == 0 and "removed 'org/tiny'" in out, out + err
+    assert not (cache / "models--org--tiny").exists()
 
 
 def test_json_events_one_per_line(env, hub_for, tmp_path):
@@ -148,6 +192,9 @@ def test_a_broken_download_resumes_where_it_stopped(env, hub_for, tmp_path):
     assert snapshots(cache, "org/tiny") == []  # not a model yet
     [partial] = list((cache / "models--org--tiny" / "blobs").glob("*.incomplete"))
     assert partial.stat().st_size == 200000
+    # What it hashed is kept, so that the resume hashes only the rest.
+    checkpoint = partial.with_name(partial.name + ".sha256")
+    assert checkpoint.is_file()
     code, text = resolve_sees(env, cache, "org/tiny")
     assert code != 0 and "did not finish" in text, text
     served_before = hub.served()["model.safetensors"]
@@ -156,7 +203,7 @@ def test_a_broken_download_resumes_where_it_stopped(env, hub_for, tmp_path):
     total = (snapshots(cache, "org/tiny")[0] / "model.safetensors").stat().st_size
     # The second pull fetched only the rest.
     assert hub.served()["model.safetensors"] - served_before == total - 200000
-    assert not partial.exists()
+    assert not partial.exists() and not checkpoint.exists()
 
 
 def test_a_killed_pull_continues_where_it_stopped(env, hub_for, tmp_path):
@@ -222,11 +269,36 @@ def test_an_unservable_repo_is_refused_before_any_download(env, hub_for, tmp_pat
     assert hub.served()["model.onnx"] == 300_000
 
 
-def test_not_enough_disk_space_fails_cleanly(env, repos, tmp_path):
+def test_a_model_too_big_for_the_memory_guard_is_refused_unless_forced(env, repos, tmp_path):
+    # A petabyte of weights: above any machine's ceiling.
     hub = Hub(repos, "--huge", "org/tiny")
     try:
         cache = tmp_path / "hub"
         code, out, err = pull(env, hub, cache, "org/tiny")
+        assert code != 0
+        assert "does NOT fit under the balanced memory guard's ceiling" in out, out
+        assert re.search(r"refusing to pull org/tiny: it needs about \S+ TiB of memory, more than the "
+                         r"balanced memory guard's ceiling of .*; pass --force to download it anyway", err), err
+        code, out, err = pull(env, hub, cache, "org/tiny", "--json")
+        assert code != 0
+        events = [json.loads(line) for line in out.splitlines()]
+        assert [e["event"] for e in events] == ["plan", "error"] and events[0]["fits"] is False, events
+        assert "refusing to pull org/tiny" in events[1]["message"], events
+        assert hub.served() == {}
+        assert not cache.exists()
+        # Forced, it goes on to the next check (which no disk passes).
+        code, out, err = pull(env, hub, cache, "org/tiny", "--force")
+        assert code != 0 and "not enough disk space" in err, err
+    finally:
+        hub.stop()
+
+
+def test_not_enough_disk_space_fails_cleanly(env, repos, tmp_path):
+    hub = Hub(repos, "--huge", "org/tiny")
+    try:
+        cache = tmp_path / "hub"
+        # No memory guard: the disk is what refuses it.
+        code, out, err = pull(env, hub, cache, "org/tiny", "--memory-guard", "off")
         assert code != 0
         assert "not enough disk space to pull org/tiny" in err and "bytes) free" in err, err
         assert hub.served() == {}

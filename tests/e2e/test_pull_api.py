@@ -1,8 +1,8 @@
 """End-to-end: pulls over the API (`POST /api/models/pull`, its status,
 server-sent events and `DELETE`) against tests/stand-ins/hub_server.py,
 with one `hangar serve` whose HF_ENDPOINT is the stand-in and whose
-HF_HUB_CACHE is a folder of its own (not a model dir: the catalog must
-start reading it once a pull is done).
+HF_HUB_CACHE is a folder of its own (not a model dir: the catalog reads
+it by itself, from the first pull on and after a restart).
 
 The tests share the host and run in order: refusals first (nothing
 fetched), then a pull slowed by the stand-in's throttle, cancelled midway
@@ -42,6 +42,7 @@ def host(env, hub, tmp_path_factory):
     args[args.index("--state-dir") + 1] = str(root / "state")
     srv = Server("hangar (pull api)", args, proc_env)
     srv.cache = cache
+    srv.proc_env = proc_env
     yield srv
     assert srv.stop() == []
 
@@ -71,7 +72,9 @@ def test_a_bad_body_is_a_400_naming_the_field(host):
                         ({"repo": "org/tiny", "revision": "../x"}, "revision"),
                         ({"repo": "org/tiny", "include": "*.json"}, "include"),
                         ({"repo": "org/tiny", "include": ["a["]}, "include"),
-                        ({"repo": "org/tiny", "force": "yes"}, "force")]:
+                        ({"repo": "org/tiny", "force": "yes"}, "force"),
+                        # A field a pull does not take is named as sent.
+                        ({"repo": "org/tiny", "mirror": "https://x"}, "mirror")]:
         status, answer = api(host, "/api/models/pull", "POST", body)
         assert status == 400 and answer["error"]["param"] == field, (body, answer)
     status, answer = api(host, "/api/models/pull", "POST", b"not json")
@@ -162,6 +165,25 @@ def test_a_cancelled_pull_keeps_its_part_and_the_next_one_resumes_it(host, hub):
     status, log = api(host, "/api/events")
     kinds = [e["kind"] for e in log["events"] if e["model"] == "org/tiny"]
     assert kinds[:4] == ["pull_started", "pull_cancelled", "pull_started", "pull_done"], kinds
+
+
+def test_a_pulled_model_is_served_after_a_restart(host, tmp_path):
+    """The cache is no model dir here: a host started afresh reads it by
+    itself, as it reads it by default."""
+    args = list(host.args)
+    (tmp_path / "state").mkdir()
+    args[args.index("--state-dir") + 1] = str(tmp_path / "state")
+    again = Server("hangar (pull api, restarted)", args, host.proc_env)
+    try:
+        status, listed = http(again.url + "/v1/models")
+        assert status == 200 and "org/tiny" in [m["id"] for m in listed["data"]], listed
+        status, answer = http(again.url + "/v1/chat/completions", "POST", {"model": "org/tiny", **CHAT})
+        assert status == 200, answer
+        status, models = http(again.url + "/api/models")
+        [tiny] = [m for m in models["models"] if m["model"]["id"] == "org/tiny"]
+        assert tiny["source"] == "hf_cache", tiny
+    finally:
+        assert again.stop() == []
 
 
 def test_the_hub_is_searched_and_a_repository_shown_before_a_pull(host, hub):

@@ -3,6 +3,7 @@
 //! ```toml
 //! plugins_dirs = ["/opt/hangar/plugins"]   # besides the data dir's plugins/
 //! model_dirs = ["~/models"]
+//! hf_cache = false                         # don't read the Hugging Face cache
 //! platform = "linux/x86_64/cpu"            # override detection
 //!
 //! [plugins.mlx-lm]                         # settings handed to one plugin
@@ -36,7 +37,7 @@ pub const ALLOW_PROGRAMS: &str = "allow_programs";
 pub const CONFIG_ENV: &str = "HANGAR_CONFIG";
 
 /// The parsed configuration.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Extra plugin folders, searched after `--plugins-dir` and before the
@@ -46,6 +47,13 @@ pub struct Config {
     /// Folders whose subfolders are models.
     #[serde(default)]
     pub model_dirs: Vec<PathBuf>,
+    /// Whether the Hugging Face cache that `hangar pull` fills
+    /// (`HF_HUB_CACHE`, else `HF_HOME/hub`, else
+    /// `~/.cache/huggingface/hub`) is read as a model dir too, so that a
+    /// pulled model is served after a restart without listing the cache in
+    /// `model_dirs`. On by default; `false` serves the model dirs alone.
+    #[serde(default = "on")]
+    pub hf_cache: bool,
     /// Overrides platform detection (`os/arch/acc,acc`).
     #[serde(default)]
     pub platform: Option<String>,
@@ -62,6 +70,24 @@ pub struct Config {
     /// one).
     #[serde(default)]
     pub clusters: BTreeMap<String, ClusterConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            plugins_dirs: Vec::new(),
+            model_dirs: Vec::new(),
+            hf_cache: true,
+            platform: None,
+            plugins: BTreeMap::new(),
+            wasm: WasmConfig::default(),
+            clusters: BTreeMap::new(),
+        }
+    }
+}
+
+fn on() -> bool {
+    true
 }
 
 /// A `[clusters.NAME]` table: the peers in rank order and the ranks' port.

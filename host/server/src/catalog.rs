@@ -7,15 +7,21 @@
 //! `POST /api/models/rescan` (for what a watch cannot see: model folders
 //! linked in from elsewhere, network filesystems, dirs created after the
 //! start).
+//!
+//! Besides the model dirs it reads the Hugging Face cache that pulls fill
+//! ([`crate::model_store::Sources`]); a cache that does not exist yet is
+//! no error, and is read (and watched) from the first scan that finds it,
+//! as after the first `hangar pull`.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use hangar_engine::models::{Discovery, Rule};
 use notify::Watcher as _;
 
+use crate::model_store::Sources;
 use crate::toolcall::ChatTraits;
 
 /// How long the model dirs must stay quiet before a change is scanned.
@@ -25,6 +31,9 @@ const SETTLE: Duration = Duration::from_millis(300);
 pub(crate) struct Catalog {
     /// The model dirs, and any cache a pull filled outside them.
     dirs: RwLock<Vec<PathBuf>>,
+    /// The pull cache, read once it exists (unless the config turned it
+    /// off).
+    hf_cache: Option<PathBuf>,
     /// The recognition rules (the registry's), fixed for the host's life.
     rules: Vec<Rule>,
     current: RwLock<Arc<Discovery>>,
@@ -41,11 +50,12 @@ pub(crate) struct Catalog {
 }
 
 impl Catalog {
-    /// Scans `dirs` (blocking) with `rules` and returns the catalog of what
-    /// was found.
-    pub(crate) fn open(dirs: Vec<PathBuf>, rules: Vec<Rule>) -> Arc<Catalog> {
+    /// Scans `sources` (blocking) with `rules` and returns the catalog of
+    /// what was found.
+    pub(crate) fn open(sources: Sources, rules: Vec<Rule>) -> Arc<Catalog> {
         let catalog = Arc::new(Catalog {
-            dirs: RwLock::new(dirs),
+            dirs: RwLock::new(sources.dirs),
+            hf_cache: sources.hf_cache,
             rules,
             current: RwLock::new(Arc::default()),
             chats: RwLock::new(Arc::default()),
@@ -75,9 +85,16 @@ impl Catalog {
         self.sizes.read().expect("catalog lock").get(id).copied()
     }
 
-    /// The model dirs.
+    /// The folders read: the model dirs, and the pull cache once it
+    /// exists.
     pub(crate) fn dirs(&self) -> Vec<PathBuf> {
         self.dirs.read().expect("catalog lock").clone()
+    }
+
+    /// The pull cache the catalog reads by itself (`None` when the config
+    /// turned that off).
+    pub(crate) fn hf_cache(&self) -> Option<&Path> {
+        self.hf_cache.as_deref()
     }
 
     /// Makes the catalog read `cache` (a Hugging Face cache a pull filled)
@@ -85,16 +102,8 @@ impl Catalog {
     /// cache or the Hugging Face home holding it; returns whether it was
     /// added.
     pub(crate) fn read_too(&self, cache: PathBuf) -> bool {
-        let same =
-            |a: &std::path::Path, b: &std::path::Path| match (a.canonicalize(), b.canonicalize()) {
-                (Ok(a), Ok(b)) => a == b,
-                _ => a == b,
-            };
         let mut dirs = self.dirs.write().expect("catalog lock");
-        if dirs
-            .iter()
-            .any(|d| same(d, &cache) || same(&d.join("hub"), &cache))
-        {
+        if crate::model_store::covers(&dirs, &cache) {
             return false;
         }
         if let Some(watcher) = self.watcher.lock().expect("watcher lock").as_mut() {
@@ -119,6 +128,11 @@ impl Catalog {
     /// The one place the model dirs are read.
     fn scan(&self) -> Arc<Discovery> {
         let _one_at_a_time = self.scanning.lock().expect("scan lock");
+        // The pull cache may have appeared since the last scan (the first
+        // `hangar pull` makes it).
+        if let Some(cache) = self.hf_cache.as_ref().filter(|c| c.is_dir()) {
+            self.read_too(cache.clone());
+        }
         let discovery = Arc::new(hangar_engine::models::discover(&self.dirs(), &self.rules));
         let chats: HashMap<String, ChatTraits> = discovery
             .models
@@ -201,7 +215,10 @@ mod tests {
         let temp = tempfile::tempdir().unwrap();
         std::fs::write(temp.path().join("a.gguf"), "GGUF").unwrap();
         let catalog = Catalog::open(
-            vec![temp.path().to_path_buf()],
+            Sources {
+                dirs: vec![temp.path().to_path_buf()],
+                hf_cache: None,
+            },
             hangar_engine::models::builtin_rules(),
         );
         assert_eq!(ids(&catalog.current()), ["a"]);
@@ -222,5 +239,42 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    #[tokio::test]
+    async fn the_pull_cache_is_read_and_watched_once_it_exists() {
+        let temp = tempfile::tempdir().unwrap();
+        let models = temp.path().join("models");
+        std::fs::create_dir(&models).unwrap();
+        let cache = temp.path().join("hf").join("hub");
+        let catalog = Catalog::open(
+            Sources {
+                dirs: vec![models.clone()],
+                hf_cache: Some(cache.clone()),
+            },
+            hangar_engine::models::builtin_rules(),
+        );
+        catalog.watch();
+        // No cache yet (nothing was pulled): no error, nothing read.
+        assert!(catalog.current().rejected.is_empty());
+        assert_eq!(catalog.dirs(), std::slice::from_ref(&models));
+        // The first pull makes it; the next scan reads it, and watches it.
+        std::fs::create_dir_all(&cache).unwrap();
+        std::fs::write(cache.join("a.gguf"), "GGUF").unwrap();
+        let rescanned = catalog.rescan().await;
+        assert_eq!(ids(&rescanned), ["a"]);
+        assert_eq!(catalog.dirs(), [models, cache.clone()]);
+        std::fs::write(cache.join("b.gguf"), "GGUF").unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while ids(&catalog.current()) != ["a", "b"] {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the watch did not pick up b.gguf in the cache: {:?}",
+                ids(&catalog.current())
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // A pull's own call finds it read already.
+        assert!(!catalog.read_too(cache));
     }
 }

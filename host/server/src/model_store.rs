@@ -1,5 +1,13 @@
-//! A model's place on disk: how many bytes it takes, and removing it, for
-//! `hangar models`, `hangar rm` and `GET`/`DELETE /api/models`.
+//! A model's place on disk: where models are read from, how many bytes one
+//! takes, and removing it, for `hangar serve`, `hangar models`, `hangar rm`
+//! and `GET`/`DELETE /api/models`.
+//!
+//! Models are read from the model dirs (`--model-dir`, then the config's
+//! `model_dirs`) and from the Hugging Face cache that `hangar pull` fills
+//! (`HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`,
+//! as `huggingface_hub` resolves it), so that what was pulled is served
+//! after a restart as it was before. `hf_cache = false` in `config.toml`
+//! leaves the cache out.
 //!
 //! What is counted and removed depends on the layout the model was found in:
 //!
@@ -21,7 +29,84 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use hangar_engine::config::Config;
 use hangar_engine::models::{Model, ModelSource};
+
+/// The Hugging Face hub cache: `HF_HUB_CACHE`, else `HF_HOME/hub`, else
+/// `~/.cache/huggingface/hub` (as `huggingface_hub` resolves it).
+pub(crate) fn hf_cache_dir(
+    hub_cache: Option<&str>,
+    hf_home: Option<&str>,
+    home: Option<&Path>,
+) -> Option<PathBuf> {
+    let set = |v: Option<&str>| v.filter(|v| !v.is_empty()).map(PathBuf::from);
+    set(hub_cache)
+        .or_else(|| set(hf_home).map(|h| h.join("hub")))
+        .or_else(|| home.map(|h| h.join(".cache").join("huggingface").join("hub")))
+}
+
+/// [`hf_cache_dir`] of this process's environment, absolute: the cache
+/// `hangar pull` fills; `None` only without any home folder.
+pub(crate) fn hf_cache() -> Option<PathBuf> {
+    let env = |k: &str| std::env::var(k).ok();
+    let cache = hf_cache_dir(
+        env("HF_HUB_CACHE").as_deref(),
+        env("HF_HOME").as_deref(),
+        dirs::home_dir().as_deref(),
+    )?;
+    Some(std::path::absolute(&cache).unwrap_or(cache))
+}
+
+/// Where models are read from.
+#[derive(Debug, Clone)]
+pub(crate) struct Sources {
+    /// The model dirs: `--model-dir`, then the config's `model_dirs`;
+    /// absolute, since engines run in their sessions' work folders.
+    pub(crate) dirs: Vec<PathBuf>,
+    /// The Hugging Face cache `hangar pull` fills, unless the config says
+    /// `hf_cache = false`; it may not exist yet.
+    pub(crate) hf_cache: Option<PathBuf>,
+}
+
+impl Sources {
+    /// The sources of `extra` (`--model-dir`) and `config`, with the pull
+    /// cache `hf_cache` names (`None`: none, or no home folder).
+    pub(crate) fn new(extra: &[PathBuf], config: &Config, hf_cache: Option<PathBuf>) -> Sources {
+        let dirs = extra
+            .iter()
+            .chain(&config.model_dirs)
+            .map(|d| std::path::absolute(d).unwrap_or_else(|_| d.clone()))
+            .collect();
+        Sources {
+            dirs,
+            hf_cache: hf_cache.filter(|_| config.hf_cache),
+        }
+    }
+
+    /// The folders to read now: the model dirs, then the pull cache when it
+    /// exists and is not one of them (nor inside the Hugging Face home one
+    /// of them names).
+    pub(crate) fn scanned(&self) -> Vec<PathBuf> {
+        let mut dirs = self.dirs.clone();
+        if let Some(cache) = &self.hf_cache {
+            if cache.is_dir() && !covers(&dirs, cache) {
+                dirs.push(cache.clone());
+            }
+        }
+        dirs
+    }
+}
+
+/// Whether one of `dirs` is `cache`, or the Hugging Face home holding it
+/// (discovery reads a dir's `hub/` in its place).
+pub(crate) fn covers(dirs: &[PathBuf], cache: &Path) -> bool {
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    dirs.iter()
+        .any(|d| same(d, cache) || same(&d.join("hub"), cache))
+}
 
 /// What removing a model deletes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -262,6 +347,7 @@ pub(crate) fn source_name(model: &Model) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use expect_test::expect;
     use hangar_engine::models::{builtin_rules, discover};
     use std::os::unix::fs::symlink;
 
@@ -309,6 +395,56 @@ mod tests {
             rule: String::new(),
             kind: Default::default(),
         }
+    }
+
+    #[test]
+    fn the_cache_is_found_as_the_hub_client_finds_it() {
+        let home = Path::new("/home/u");
+        let show = |c: Option<PathBuf>| c.map(|p| p.display().to_string()).unwrap_or("none".into());
+        expect!["/c/hub-cache"].assert_eq(&show(hf_cache_dir(
+            Some("/c/hub-cache"),
+            Some("/h"),
+            Some(home),
+        )));
+        expect!["/h/hub"].assert_eq(&show(hf_cache_dir(None, Some("/h"), Some(home))));
+        expect!["/h/hub"].assert_eq(&show(hf_cache_dir(Some(""), Some("/h"), Some(home))));
+        expect!["/home/u/.cache/huggingface/hub"].assert_eq(&show(hf_cache_dir(
+            None,
+            None,
+            Some(home),
+        )));
+        expect!["none"].assert_eq(&show(hf_cache_dir(None, None, None)));
+    }
+
+    #[test]
+    fn the_pull_cache_is_read_besides_the_model_dirs_unless_turned_off() {
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path();
+        let home = root.join("hf");
+        let cache = home.join("hub");
+        let scanned = |extra: &[&str], hf_cache: bool| -> String {
+            let config = Config {
+                model_dirs: vec![root.join("configured")],
+                hf_cache,
+                ..Config::default()
+            };
+            let extra: Vec<PathBuf> = extra.iter().map(|d| root.join(d)).collect();
+            Sources::new(&extra, &config, Some(cache.clone()))
+                .scanned()
+                .iter()
+                .map(|d| d.strip_prefix(root).unwrap().display().to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        // Nothing pulled yet: no cache to read.
+        expect!["flag configured"].assert_eq(&scanned(&["flag"], true));
+        fs::create_dir_all(&cache).unwrap();
+        expect!["flag configured hf/hub"].assert_eq(&scanned(&["flag"], true));
+        expect!["flag configured"].assert_eq(&scanned(&["flag"], false));
+        // A model dir that is the cache, or the Hugging Face home holding
+        // it, reads it already.
+        expect!["hf/hub configured"].assert_eq(&scanned(&["hf/hub"], true));
+        expect!["hf configured"].assert_eq(&scanned(&["hf"], true));
     }
 
     #[test]

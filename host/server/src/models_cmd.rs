@@ -2,7 +2,8 @@
 //! removing it, and what the running server has loaded.
 //!
 //! The disk is read here, with the same discovery and model dirs as
-//! `hangar serve` (`--model-dir` and the config's `model_dirs`); what is
+//! `hangar serve` (`--model-dir`, the config's `model_dirs` and the
+//! Hugging Face cache `hangar pull` fills); what is
 //! loaded comes from the running server's API (`--url`, by default where
 //! `hangar serve` listens by default), with `HANGAR_API_KEY` when it has
 //! one. No server answering is not an error for `models` and `rm` (nothing
@@ -152,16 +153,23 @@ fn loaded_models(sessions: &Value) -> BTreeMap<String, Option<String>> {
     loaded
 }
 
-/// The model dirs as `hangar serve` takes them: the flag's, then the
-/// config's; absolute.
+/// The folders `hangar serve` reads: the flag's model dirs, then the
+/// config's, then the pull cache (unless `hf_cache = false`) once it
+/// exists; absolute.
 fn model_dirs(extra: &[PathBuf], registry: &Registry) -> anyhow::Result<Vec<PathBuf>> {
-    let dirs: Vec<PathBuf> = extra
-        .iter()
-        .chain(&registry.config().model_dirs)
-        .map(|d| std::path::absolute(d).unwrap_or_else(|_| d.clone()))
-        .collect();
+    let sources = model_store::Sources::new(extra, registry.config(), model_store::hf_cache());
+    let dirs = sources.scanned();
     if dirs.is_empty() {
-        bail!("no model dirs: pass --model-dir DIR (as for hangar serve) or set model_dirs in the config");
+        match &sources.hf_cache {
+            Some(cache) => bail!(
+                "no model dirs, and nothing pulled yet ({} does not exist): pass --model-dir DIR \
+                 (as for hangar serve), set model_dirs in the config, or fetch a model with hangar pull",
+                cache.display()
+            ),
+            None => bail!(
+                "no model dirs: pass --model-dir DIR (as for hangar serve) or set model_dirs in the config"
+            ),
+        }
     }
     Ok(dirs)
 }

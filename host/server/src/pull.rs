@@ -20,7 +20,9 @@
 //! Why a pull is safe to kill at any point: a file downloads into
 //! `blobs/<blob>.incomplete` and is renamed to its blob only once its size
 //! (and, for LFS files, its SHA-256) is right; the next pull continues an
-//! `.incomplete` file with a `Range` request. The snapshot is built in a
+//! `.incomplete` file with a `Range` request. The SHA-256 of what arrived
+//! is kept beside it (`blobs/<blob>.incomplete.sha256`, see [`sha256`]),
+//! so that the next pull hashes what it fetches, not again what it has. The snapshot is built in a
 //! hidden folder and renamed into place, and `refs/<revision>` written,
 //! only after every file is complete, so the catalog never takes a partial
 //! download for a model: before that, the repository folder holds no
@@ -37,12 +39,13 @@ use anyhow::{anyhow, bail, Context};
 use clap::Args;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::output::outln;
 use crate::scheduler::guard::{bytes, ceiling, Guard};
 use hangar_engine::models::{self, Rule};
 use hangar_engine::registry::Registry;
+
+mod sha256;
 
 /// The hub used when `HF_ENDPOINT` is not set.
 pub(crate) const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
@@ -63,7 +66,8 @@ pub struct PullArgs {
     /// `*Q4_K_M*`); repeatable. Default: every file.
     #[arg(long = "include", value_name = "GLOB")]
     pub include: Vec<String>,
-    /// Download even what no installed plugin can serve.
+    /// Download even what no installed plugin can serve, or what does not
+    /// fit under the memory guard's ceiling.
     #[arg(long)]
     pub force: bool,
     /// The memory guard whose ceiling the model is compared with (as
@@ -132,19 +136,6 @@ impl RepoRef {
     pub(crate) fn folder_name_of(repo: &str) -> String {
         format!("models--{}", repo.replace('/', "--"))
     }
-}
-
-/// The Hugging Face hub cache: `HF_HUB_CACHE`, else `HF_HOME/hub`, else
-/// `~/.cache/huggingface/hub` (as `huggingface_hub` resolves it).
-pub(crate) fn cache_dir(
-    hub_cache: Option<&str>,
-    hf_home: Option<&str>,
-    home: Option<&Path>,
-) -> Option<PathBuf> {
-    let set = |v: Option<&str>| v.filter(|v| !v.is_empty()).map(PathBuf::from);
-    set(hub_cache)
-        .or_else(|| set(hf_home).map(|h| h.join("hub")))
-        .or_else(|| home.map(|h| h.join(".cache").join("huggingface").join("hub")))
 }
 
 /// The `--include` globs; no glob selects every file. A glob matches the
@@ -557,16 +548,10 @@ impl Hub {
     }
 }
 
-/// The cache `hangar pull` fills: [`cache_dir`] of this process's
-/// environment.
+/// The cache `hangar pull` fills: [`crate::model_store::hf_cache`], where
+/// `hangar serve` reads it too.
 pub(crate) fn default_cache() -> Result<PathBuf, Refusal> {
-    let env = |k: &str| std::env::var(k).ok();
-    cache_dir(
-        env("HF_HUB_CACHE").as_deref(),
-        env("HF_HOME").as_deref(),
-        dirs::home_dir().as_deref(),
-    )
-    .ok_or_else(|| {
+    crate::model_store::hf_cache().ok_or_else(|| {
         Refusal::new(
             RefusalKind::Host,
             "no Hugging Face cache: set HF_HUB_CACHE or HF_HOME (there is no home folder)",
@@ -723,9 +708,18 @@ pub(crate) async fn plan(
 }
 
 impl Plan {
+    /// Why this pull may not start unless forced, for `hangar pull` and
+    /// `POST /api/models/pull` alike: no installed plugin serves it, or it
+    /// does not fit under the `guard` memory guard's ceiling. `force` says
+    /// how to pull it anyway (`--force`, `"force": true`).
+    pub(crate) fn refusal(&self, guard: Guard, force: &str) -> Option<Refusal> {
+        self.unservable(force)
+            .or_else(|| self.too_big(guard, force))
+    }
+
     /// The refusal of a repository no installed plugin serves; `force`
     /// says how to pull it anyway.
-    pub(crate) fn unservable(&self, force: &str) -> Option<Refusal> {
+    fn unservable(&self, force: &str) -> Option<Refusal> {
         self.engine.is_none().then(|| {
             Refusal::new(
                 RefusalKind::Unservable,
@@ -739,7 +733,7 @@ impl Plan {
 
     /// The refusal of a model that does not fit under the memory guard's
     /// ceiling; `force` says how to pull it anyway.
-    pub(crate) fn too_big(&self, guard: Guard, force: &str) -> Option<Refusal> {
+    fn too_big(&self, guard: Guard, force: &str) -> Option<Refusal> {
         let ceiling = self.ceiling_bytes.filter(|c| self.need_bytes > *c)?;
         Some(Refusal::new(
             RefusalKind::TooBig,
@@ -880,7 +874,10 @@ async fn pull(
     };
     let plan = plan(&hub, &cache, &wanted, registry, default_engines).await?;
     show_plan(&plan, args.memory_guard, mode)?;
-    if let Some(refusal) = plan.unservable("--force").filter(|_| !args.force) {
+    if let Some(refusal) = plan
+        .refusal(args.memory_guard, "--force")
+        .filter(|_| !args.force)
+    {
         return Err(refusal.into());
     }
     // Room for it, before anything is written.
@@ -1020,15 +1017,16 @@ async fn fetch(
         return Ok(0);
     }
     let partial_path = blobs.join(format!("{}{INCOMPLETE}", file.blob));
+    let mut hashing = Hashing::new(file, &partial_path);
     let mut have = std::fs::metadata(&partial_path).map_or(0, |m| m.len());
     if have > file.size {
         // Longer than the file: not a prefix of it.
         std::fs::remove_file(&partial_path).ok();
+        hashing.restart();
         have = 0;
     }
     let url = resolve_url(&hub.endpoint, repo, commit, &file.path);
     let mut fetched = 0;
-    let mut hasher = Sha256::new();
     if have < file.size || file.size == 0 {
         let mut request = hub.get(&url);
         if have > 0 {
@@ -1057,8 +1055,10 @@ async fn fetch(
                 .truncate(have == 0)
                 .open(&partial_path)
                 .with_context(|| format!("cannot write {}", partial_path.display()))?;
-            if have > 0 {
-                hasher = hash_file(&partial_path, hasher).await?;
+            if have == 0 {
+                hashing.restart();
+            } else {
+                hashing.catch_up(&partial_path, have).await?;
             }
             // Unbuffered: what arrived is on disk, so a killed pull resumes
             // after it.
@@ -1079,6 +1079,7 @@ async fn fetch(
                 };
                 if have + fetched + chunk.len() as u64 > file.size {
                     std::fs::remove_file(&partial_path).ok();
+                    hashing.restart();
                     bail!(
                         "{} is longer than the {} bytes the hub lists for it; the partial download was \
                          deleted; check HF_ENDPOINT's mirror",
@@ -1086,10 +1087,12 @@ async fn fetch(
                         file.size
                     );
                 }
-                hasher.update(&chunk);
                 writer
                     .write_all(&chunk)
                     .with_context(|| format!("cannot write {}", partial_path.display()))?;
+                // Hashed once written, so that a checkpoint never covers
+                // more than the file holds.
+                hashing.update(&chunk);
                 fetched += chunk.len() as u64;
                 progress.add(chunk.len() as u64);
             }
@@ -1099,6 +1102,7 @@ async fn fetch(
     if len != file.size {
         if len > file.size {
             std::fs::remove_file(&partial_path).ok();
+            hashing.restart();
         }
         bail!(
             "{} is {len} bytes, but the hub lists {} bytes for it; run `hangar pull` again to continue it",
@@ -1107,11 +1111,9 @@ async fn fetch(
         );
     }
     if let Some(want) = &file.sha256 {
-        if fetched == 0 {
-            // The whole file was already there: hash it now.
-            hasher = hash_file(&partial_path, Sha256::new()).await?;
-        }
-        let got = hex(&hasher.finalize());
+        // Nothing, or not all of it, arrived now (it was there already).
+        hashing.catch_up(&partial_path, len).await?;
+        let got = hex(&hashing.finish().unwrap_or_default());
         if &got != want {
             std::fs::remove_file(&partial_path).ok();
             bail!(
@@ -1126,13 +1128,134 @@ async fn fetch(
     Ok(fetched)
 }
 
-/// `hasher` fed with the file at `path`, read off the async threads (a
-/// resumed file may be gigabytes).
-async fn hash_file(path: &Path, mut hasher: Sha256) -> anyhow::Result<Sha256> {
+/// Bytes hashed between two checkpoints of a partial download: at most
+/// what a pull killed outright (no chance to checkpoint) makes the next
+/// one hash again, per file.
+const CHECKPOINT_EVERY: u64 = 64 << 20;
+
+/// The suffix (after the partial file's name) of its SHA-256 checkpoint.
+const CHECKPOINT: &str = ".sha256";
+
+/// The SHA-256 of a partial download, for the files that have one to meet
+/// (Git LFS files), kept beside it ([`sha256`]) every [`CHECKPOINT_EVERY`]
+/// bytes and whenever the download stops short (an error, or a cancelled
+/// pull dropping it), so that a resumed pull hashes what it fetches and
+/// not again what it has.
+struct Hashing {
+    /// `None` for a file without a checksum, or while [`Hashing::catch_up`]
+    /// has it on a blocking thread.
+    hasher: Option<sha256::Sha256>,
+    /// The checkpoint file.
+    path: PathBuf,
+    /// The bytes the checkpoint on disk covers.
+    saved: u64,
+}
+
+impl Hashing {
+    fn new(file: &File, partial: &Path) -> Hashing {
+        let mut path = partial.as_os_str().to_owned();
+        path.push(CHECKPOINT);
+        Hashing {
+            hasher: file.sha256.is_some().then(sha256::Sha256::default),
+            path: PathBuf::from(path),
+            saved: 0,
+        }
+    }
+
+    fn update(&mut self, bytes: &[u8]) {
+        if let Some(hasher) = &mut self.hasher {
+            hasher.update(bytes);
+            if hasher.len() - self.saved >= CHECKPOINT_EVERY {
+                self.save();
+            }
+        }
+    }
+
+    /// Starts again from nothing: the partial file is new or gone.
+    fn restart(&mut self) {
+        if let Some(hasher) = &mut self.hasher {
+            *hasher = sha256::Sha256::default();
+        }
+        std::fs::remove_file(&self.path).ok();
+        self.saved = 0;
+    }
+
+    /// Brings the hash up to the first `upto` bytes of `partial`, reading
+    /// (off the async threads) only what neither this pull nor the last
+    /// one's checkpoint hashed.
+    async fn catch_up(&mut self, partial: &Path, upto: u64) -> anyhow::Result<()> {
+        let Some(mut hasher) = self.hasher.take() else {
+            return Ok(());
+        };
+        if hasher.len() == 0 {
+            let kept = std::fs::read(&self.path)
+                .ok()
+                .and_then(|bytes| sha256::Sha256::from_checkpoint(&bytes))
+                .filter(|kept| kept.len() <= upto);
+            if let Some(kept) = kept {
+                self.saved = kept.len();
+                hasher = kept;
+            }
+        }
+        if hasher.len() > upto {
+            hasher = sha256::Sha256::default();
+        }
+        if hasher.len() < upto {
+            hasher = hash_range(partial, hasher, upto).await?;
+        }
+        self.hasher = Some(hasher);
+        Ok(())
+    }
+
+    /// Writes the checkpoint (a new file renamed over the old, so that a
+    /// kill leaves one whole); a failure costs only time on the next pull.
+    fn save(&mut self) {
+        let Some(hasher) = &self.hasher else {
+            return;
+        };
+        let mut tmp = self.path.as_os_str().to_owned();
+        tmp.push(".new");
+        let written = std::fs::write(&tmp, hasher.checkpoint())
+            .and_then(|()| std::fs::rename(&tmp, &self.path));
+        match written {
+            Ok(()) => self.saved = hasher.len(),
+            Err(e) => {
+                tracing::debug!(path = %self.path.display(), "cannot keep the SHA-256 checkpoint: {e}")
+            }
+        }
+    }
+
+    /// The digest, and the checkpoint gone: the file is whole (or about to
+    /// be deleted).
+    fn finish(mut self) -> Option<[u8; 32]> {
+        std::fs::remove_file(&self.path).ok();
+        self.hasher.take().map(sha256::Sha256::finalize)
+    }
+}
+
+impl Drop for Hashing {
+    fn drop(&mut self) {
+        if self.hasher.as_ref().is_some_and(|h| h.len() > self.saved) {
+            self.save();
+        }
+    }
+}
+
+/// `hasher` fed with `path` from where it stopped up to byte `upto`, read
+/// off the async threads (a resumed file may be gigabytes).
+async fn hash_range(
+    path: &Path,
+    mut hasher: sha256::Sha256,
+    upto: u64,
+) -> anyhow::Result<sha256::Sha256> {
     let path = path.to_path_buf();
     tokio::task::spawn_blocking(move || {
+        use std::io::Seek;
         let mut f = std::fs::File::open(&path)
             .with_context(|| format!("cannot read {}", path.display()))?;
+        f.seek(std::io::SeekFrom::Start(hasher.len()))
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let mut f = f.take(upto - hasher.len());
         let mut buf = vec![0u8; 1 << 20];
         loop {
             let n = f
@@ -1348,22 +1471,87 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_is_found_as_the_hub_client_finds_it() {
-        let home = Path::new("/home/u");
-        let show = |c: Option<PathBuf>| c.map(|p| p.display().to_string()).unwrap_or("none".into());
-        expect!["/c/hub-cache"].assert_eq(&show(cache_dir(
-            Some("/c/hub-cache"),
-            Some("/h"),
-            Some(home),
-        )));
-        expect!["/h/hub"].assert_eq(&show(cache_dir(None, Some("/h"), Some(home))));
-        expect!["/h/hub"].assert_eq(&show(cache_dir(Some(""), Some("/h"), Some(home))));
-        expect!["/home/u/.cache/huggingface/hub"].assert_eq(&show(cache_dir(
-            None,
-            None,
-            Some(home),
-        )));
-        expect!["none"].assert_eq(&show(cache_dir(None, None, None)));
+    fn a_pull_is_refused_when_nothing_serves_it_or_it_outgrows_the_guard() {
+        let refusal = |engine: Option<&str>, need: u64, ceiling: Option<u64>| {
+            let plan = Plan {
+                repo: "org/m".into(),
+                revision: "main".into(),
+                commit: "abc".into(),
+                endpoint: DEFAULT_ENDPOINT.into(),
+                files: vec![],
+                total_bytes: 0,
+                to_fetch: 0,
+                format: Some("mlx".into()),
+                rule: None,
+                engine: engine.map(str::to_string),
+                reason: "no plugin serves format 'mlx' here".into(),
+                need_bytes: need,
+                ceiling_bytes: ceiling,
+                fits: ceiling.map(|c| need <= c),
+                cache: PathBuf::from("/c"),
+            };
+            match plan.refusal(Guard::Balanced, "--force") {
+                Some(r) => format!("{:?}: {}", r.kind, r.message),
+                None => "pulled".into(),
+            }
+        };
+        let gib = 1 << 30;
+        expect!["pulled"].assert_eq(&refusal(Some("mlx-lm"), gib, Some(2 * gib)));
+        expect!["pulled"].assert_eq(&refusal(Some("mlx-lm"), 8 * gib, None));
+        expect!["TooBig: refusing to pull org/m: it needs about 3.0 GiB of memory, more than the balanced memory guard's ceiling of 2.0 GiB; pass --force to download it anyway"]
+            .assert_eq(&refusal(Some("mlx-lm"), 3 * gib, Some(2 * gib)));
+        expect!["Unservable: refusing to pull org/m: no installed plugin can serve it (no plugin serves format 'mlx' here); pass --force to download it anyway"]
+            .assert_eq(&refusal(None, 3 * gib, Some(2 * gib)));
+    }
+
+    #[tokio::test]
+    async fn a_resume_hashes_from_the_checkpoint_a_broken_pull_left() {
+        let temp = tempfile::tempdir().unwrap();
+        let partial = temp.path().join("blob.incomplete");
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let want: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(&data).into();
+        let file = File {
+            path: "model.safetensors".into(),
+            size: data.len() as u64,
+            blob: "blob".into(),
+            sha256: Some(hex(&want)),
+        };
+        // A pull that broke off after 100 000 bytes: its drop kept the state.
+        std::fs::write(&partial, &data[..100_000]).unwrap();
+        let mut broken = Hashing::new(&file, &partial);
+        broken.update(&data[..100_000]);
+        drop(broken);
+        let checkpoint = temp.path().join("blob.incomplete.sha256");
+        assert!(checkpoint.is_file());
+        // The next one fetched the rest; it reads none of the first part.
+        std::fs::write(&partial, &data).unwrap();
+        let resumed = |partial: PathBuf| {
+            let file = file.clone();
+            async move {
+                let mut hashing = Hashing::new(&file, &partial);
+                hashing.catch_up(&partial, file.size).await.unwrap();
+                hashing.finish().unwrap()
+            }
+        };
+        // Its first part is not read: zeroed, it still hashes as the data.
+        let mut zeroed = std::fs::read(&partial).unwrap();
+        zeroed[..100_000].fill(0);
+        std::fs::write(&partial, &zeroed).unwrap();
+        assert_eq!(
+            resumed(partial.clone()).await,
+            want,
+            "the checkpoint stood for the first part"
+        );
+        assert!(!checkpoint.exists(), "a whole file needs no checkpoint");
+        // Without one (a pull killed outright), the whole file is hashed.
+        assert_ne!(resumed(partial.clone()).await, want);
+        std::fs::write(&partial, &data).unwrap();
+        assert_eq!(resumed(partial.clone()).await, want);
+        // A checkpoint past the file's end is not of it.
+        let mut ahead = sha256::Sha256::default();
+        ahead.update(&[data.as_slice(), b"more"].concat());
+        std::fs::write(&checkpoint, ahead.checkpoint()).unwrap();
+        assert_eq!(resumed(partial).await, want);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{router, App};
 use crate::catalog::Catalog;
+use crate::model_store::Sources;
 use crate::scheduler::driver::Driver;
 use crate::sessions::Sessions;
 use crate::settings::SettingsStore;
@@ -72,15 +73,27 @@ pub(crate) fn run(
     for d in registry.diagnostics() {
         tracing::warn!(location = %d.location.display(), "plugin skipped: {}", d.reason);
     }
-    let mut model_dirs = args.model_dirs.clone();
-    model_dirs.extend(registry.config().model_dirs.iter().cloned());
-    // Absolute, since engines run in their sessions' work folders.
-    let model_dirs: Vec<PathBuf> = model_dirs
-        .into_iter()
-        .map(|d| std::path::absolute(&d).unwrap_or(d))
-        .collect();
-    if model_dirs.is_empty() {
-        bail!("no model dirs: pass --model-dir DIR (a folder whose subfolders are models) or set model_dirs in the config");
+    let sources = Sources::new(
+        &args.model_dirs,
+        registry.config(),
+        crate::model_store::hf_cache(),
+    );
+    match &sources.hf_cache {
+        // Where `hangar pull` puts models: what was pulled stays served
+        // after a restart.
+        Some(cache) if !crate::model_store::covers(&sources.dirs, cache) => eprintln!(
+            "hangar: reading the Hugging Face cache {} too (where hangar pull puts models; hf_cache = false in config.toml turns this off)",
+            cache.display()
+        ),
+        None if sources.dirs.is_empty() => bail!(
+            "no model dirs: pass --model-dir DIR (a folder whose subfolders are models) or set model_dirs in the config{}",
+            if registry.config().hf_cache {
+                " (there is no home folder, so no Hugging Face cache either: set HF_HUB_CACHE)"
+            } else {
+                ", or remove hf_cache = false from it to serve what hangar pull fetched"
+            }
+        ),
+        _ => {}
     }
     let state_dir = match &args.state_dir {
         Some(dir) => dir.clone(),
@@ -113,7 +126,7 @@ pub(crate) fn run(
             client,
         );
         let rules = sessions.registry().rules().to_vec();
-        let catalog = tokio::task::spawn_blocking(move || Catalog::open(model_dirs, rules)).await?;
+        let catalog = tokio::task::spawn_blocking(move || Catalog::open(sources, rules)).await?;
         catalog.watch();
         let scheduler = Driver::new(sessions.clone(), args.limits.clone());
         tokio::spawn(scheduler.clone().run());

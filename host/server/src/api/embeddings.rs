@@ -885,7 +885,7 @@ mod tests {
             "input",
         );
         assert_eq!(
-            (e.status, e.code, e.param),
+            (e.status, e.code, e.param.as_deref()),
             (
                 StatusCode::BAD_REQUEST,
                 "context_length_exceeded",
@@ -903,7 +903,7 @@ mod tests {
             &answer,
             "documents",
         );
-        assert_eq!(e.param, Some("documents"));
+        assert_eq!(e.param.as_deref(), Some("documents"));
         // Any other engine failure stays one, with the engine's status.
         let other = json!({"error": {"message": "out of memory"}});
         let e = engine_refusal(
@@ -977,7 +977,7 @@ mod tests {
         assert_eq!(dimensions(Some(&json!(64))).unwrap(), Some(64));
         for bad in [json!(0), json!(-1), json!(2.5), json!("64")] {
             assert_eq!(
-                dimensions(Some(&bad)).unwrap_err().param,
+                dimensions(Some(&bad)).unwrap_err().param.as_deref(),
                 Some("dimensions")
             );
         }
@@ -993,7 +993,7 @@ mod tests {
         ] {
             let e = documents(Some(&bad)).unwrap_err();
             assert!(e.message.contains(says), "{bad}: {}", e.message);
-            assert_eq!(e.param, Some("documents"));
+            assert_eq!(e.param.as_deref(), Some("documents"));
         }
     }
 

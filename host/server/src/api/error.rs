@@ -2,6 +2,8 @@
 //! `{"error": {"message", "type", "param", "code"}}`. Every message says
 //! what happened and what to do.
 
+use std::borrow::Cow;
+
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -22,8 +24,10 @@ pub(crate) struct ApiError {
     pub code: &'static str,
     /// The sentence for the user.
     pub message: String,
-    /// The request field concerned, if any.
-    pub param: Option<&'static str>,
+    /// The request field concerned, if any: usually a name the route
+    /// knows, but a field the client made up (an unknown one) is named as
+    /// sent.
+    pub param: Option<Cow<'static, str>>,
     /// Seconds after which a retry may succeed.
     pub retry_after: Option<u64>,
 }
@@ -48,13 +52,22 @@ impl ApiError {
     /// 400: the request is malformed.
     pub(crate) fn bad_request(message: impl Into<String>, param: Option<&'static str>) -> ApiError {
         ApiError {
-            param,
+            param: param.map(Cow::Borrowed),
             ..ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
                 "invalid_request",
                 message.into(),
             )
+        }
+    }
+
+    /// 400: the request has a field the route does not take, named in
+    /// `param` as the client sent it.
+    pub(crate) fn unknown_field(field: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            param: Some(Cow::Owned(field.to_string())),
+            ..ApiError::bad_request(message, None)
         }
     }
 
@@ -66,7 +79,7 @@ impl ApiError {
             format!("available: {}", available.join(", "))
         };
         ApiError {
-            param: Some("model"),
+            param: Some(Cow::Borrowed("model")),
             ..ApiError::new(
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",

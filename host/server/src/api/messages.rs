@@ -948,7 +948,9 @@ mod tests {
         );
         check(
             with("container", json!("x")),
-            expect!["400 invalid_request_error None: 'container' is not supported by this host (it serves: model, messages, max_tokens, system, stop_sequences, stream, temperature, top_p, top_k, metadata, tools, tool_choice)"],
+            expect![[
+                r#"400 invalid_request_error Some("container"): 'container' is not supported by this host (it serves: model, messages, max_tokens, system, stop_sequences, stream, temperature, top_p, top_k, metadata, tools, tool_choice)"#
+            ]],
         );
         check(
             with("model", json!("")),

@@ -132,7 +132,7 @@ impl App {
                 profile,
                 known,
             }) => Err(ApiError {
-                param: Some("model"),
+                param: Some("model".into()),
                 ..ApiError::not_found(format!(
                     "model '{model}' has no profile '{profile}' ({}); see GET /v1/models",
                     match known.is_empty() {
@@ -186,6 +186,69 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for PathId {
 
 /// The router over `app`.
 pub(crate) fn router(app: Arc<App>) -> Router {
+    // Before routing: a layer of `routes` itself would run after it.
+    Router::new()
+        .fallback_service(routes(app))
+        .layer(middleware::map_request(models_named_as_routes))
+}
+
+/// The management API's own paths under `/api/models/`, which a model may
+/// be called too.
+const OWN_PATHS: [&str; 3] = ["pull", "pulls", "rescan"];
+
+/// The request with the model id in its path percent-encoded where the id
+/// is one of [`OWN_PATHS`] and the route a model's (`DELETE
+/// /api/models/pull`, `POST /api/models/pulls/load`): the router takes a
+/// fixed path over `{id}`, so `pull` would meet `POST /api/models/pull`,
+/// and `pulls/load` `/api/models/pulls/{id}`; `%70ull` meets only `{id}`,
+/// which decodes it to `pull`. (No pull's id is `load`, `unload` or
+/// `settings`: theirs are `pull-N`.)
+async fn models_named_as_routes(mut request: Request) -> Request {
+    if let Some(path) = model_path(request.method(), request.uri().path()) {
+        let path_and_query = match request.uri().query() {
+            Some(query) => format!("{path}?{query}"),
+            None => path,
+        };
+        let mut parts = request.uri().clone().into_parts();
+        if let Ok(path_and_query) = path_and_query.parse() {
+            parts.path_and_query = Some(path_and_query);
+            if let Ok(uri) = axum::http::Uri::from_parts(parts) {
+                *request.uri_mut() = uri;
+            }
+        }
+    }
+    request
+}
+
+/// [`models_named_as_routes`]' new path for `method path`, if it needs one.
+fn model_path(method: &axum::http::Method, path: &str) -> Option<String> {
+    use axum::http::Method;
+    let rest = path.strip_prefix("/api/models/")?;
+    let (id, tail) = rest.split_once('/').unwrap_or((rest, ""));
+    let models = match tail {
+        "" => method == Method::DELETE,
+        "load" | "unload" => method == Method::POST,
+        "settings" => method == Method::GET || method == Method::PUT,
+        "settings/schema" => method == Method::GET,
+        _ => false,
+    };
+    if !models || !OWN_PATHS.contains(&id) {
+        return None;
+    }
+    let (first, others) = id.split_at(1);
+    let tail = if tail.is_empty() {
+        String::new()
+    } else {
+        format!("/{tail}")
+    };
+    Some(format!(
+        "/api/models/%{:02X}{others}{tail}",
+        first.as_bytes()[0]
+    ))
+}
+
+/// Every route over `app`.
+fn routes(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/models", get(openai::models))
         .route("/v1/chat/completions", post(openai::chat_completions))
@@ -295,5 +358,59 @@ impl App {
         });
         // Constant-time, so the comparison leaks nothing about the key.
         sent.is_some_and(|t| bool::from(t.as_bytes().ct_eq(key.as_bytes())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::Method;
+    use expect_test::expect;
+
+    #[test]
+    fn a_model_called_as_a_management_path_is_routed_as_a_model() {
+        let paths = [
+            (Method::DELETE, "/api/models/pull"),
+            (Method::DELETE, "/api/models/pulls"),
+            (Method::DELETE, "/api/models/rescan"),
+            (Method::POST, "/api/models/pulls/load"),
+            (Method::POST, "/api/models/pulls/unload"),
+            (Method::GET, "/api/models/pulls/settings"),
+            (Method::PUT, "/api/models/rescan/settings"),
+            (Method::GET, "/api/models/pulls/settings/schema"),
+            // The management API's own routes, and other models, stay.
+            (Method::POST, "/api/models/pull"),
+            (Method::GET, "/api/models/pulls"),
+            (Method::POST, "/api/models/rescan"),
+            (Method::GET, "/api/models/pulls/pull-1"),
+            (Method::DELETE, "/api/models/pulls/pull-1"),
+            (Method::GET, "/api/models/pulls/pull-1/events"),
+            (Method::DELETE, "/api/models/tiny"),
+            (Method::DELETE, "/api/models/org%2Fpull"),
+        ];
+        let routed: Vec<String> = paths
+            .iter()
+            .map(|(method, path)| {
+                let to = super::model_path(method, path).unwrap_or_else(|| "as is".into());
+                format!("{method} {path} -> {to}")
+            })
+            .collect();
+        expect![[r#"
+            DELETE /api/models/pull -> /api/models/%70ull
+            DELETE /api/models/pulls -> /api/models/%70ulls
+            DELETE /api/models/rescan -> /api/models/%72escan
+            POST /api/models/pulls/load -> /api/models/%70ulls/load
+            POST /api/models/pulls/unload -> /api/models/%70ulls/unload
+            GET /api/models/pulls/settings -> /api/models/%70ulls/settings
+            PUT /api/models/rescan/settings -> /api/models/%72escan/settings
+            GET /api/models/pulls/settings/schema -> /api/models/%70ulls/settings/schema
+            POST /api/models/pull -> as is
+            GET /api/models/pulls -> as is
+            POST /api/models/rescan -> as is
+            GET /api/models/pulls/pull-1 -> as is
+            DELETE /api/models/pulls/pull-1 -> as is
+            GET /api/models/pulls/pull-1/events -> as is
+            DELETE /api/models/tiny -> as is
+            DELETE /api/models/org%2Fpull -> as is"#]]
+        .assert_eq(&routed.join("\n"));
     }
 }

@@ -9,8 +9,9 @@
 //! off the async threads, and at most [`MAX_RUNNING`] fetch at once (later
 //! ones wait as `queued`). It fills the cache `hangar pull` fills (the
 //! server's `HF_HUB_CACHE`, else `HF_HOME/hub`, else
-//! `~/.cache/huggingface/hub`); when no model dir is that cache, the
-//! catalog is told to read it too, so the pulled model is served at once.
+//! `~/.cache/huggingface/hub`), which the catalog reads too, so the pulled
+//! model is served at once and after a restart (with `hf_cache = false` in
+//! `config.toml`, only until the host stops).
 //! A cancelled pull keeps its `.incomplete` files, and the next pull of the
 //! repository continues them.
 
@@ -360,8 +361,7 @@ pub(super) fn refused(refusal: pull::Refusal) -> ApiError {
         status,
         kind,
         code,
-        param,
-        ..ApiError::bad_request(refusal.message, None)
+        ..ApiError::bad_request(refusal.message, param)
     }
 }
 
@@ -389,9 +389,9 @@ fn read_body(body: &[u8]) -> Result<Asked, ApiError> {
     };
     for key in fields.keys() {
         if !matches!(key.as_str(), "repo" | "revision" | "include" | "force") {
-            return Err(ApiError::bad_request(
+            return Err(ApiError::unknown_field(
+                key,
                 format!("unknown field '{key}'; a pull takes repo, revision, include and force"),
-                None,
             ));
         }
     }
@@ -482,14 +482,11 @@ pub(super) async fn start(
         return Err(already_pulling(&job));
     }
     let (hub, _, plan) = plan_of(&app, &asked.target, &asked.include).await?;
-    let force = "\"force\": true";
-    if !asked.force {
-        if let Some(refusal) = plan
-            .unservable(force)
-            .or_else(|| plan.too_big(app.scheduler.limits().guard, force))
-        {
-            return Err(refused(refusal));
-        }
+    if let Some(refusal) = plan
+        .refusal(app.scheduler.limits().guard, "\"force\": true")
+        .filter(|_| !asked.force)
+    {
+        return Err(refused(refusal));
     }
     let check = plan.clone();
     tokio::task::spawn_blocking(move || check.check_disk())
@@ -607,9 +604,11 @@ async fn run(app: Arc<App>, job: Arc<Job>, hub: pull::Hub) {
             job.plan.repo,
             job.plan.revision,
             crate::scheduler::guard::bytes(pulled.fetched),
-            if added {
+            // Only with `hf_cache = false` is the cache not read at start.
+            if added && app.catalog.hf_cache().is_none() {
                 format!(
-                    "; the catalog now reads {} too (add it to the model dirs to keep it after a restart)",
+                    "; the catalog reads {} until the host stops (config.toml has hf_cache = false: \
+                     add the cache to model_dirs to serve it after a restart)",
                     job.plan.cache.display()
                 )
             } else {
@@ -791,7 +790,7 @@ mod tests {
         check(
             r#"{"repo": "org/m", "mirror": "x"}"#,
             expect![[
-                r#"400 None: unknown field 'mirror'; a pull takes repo, revision, include and force"#
+                r#"400 Some("mirror"): unknown field 'mirror'; a pull takes repo, revision, include and force"#
             ]],
         );
         check(

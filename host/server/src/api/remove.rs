@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
@@ -37,13 +38,21 @@ pub(super) struct RemoveQuery {
 pub(super) async fn remove(
     State(app): State<Arc<App>>,
     PathId(id): PathId,
-    query: Result<Query<RemoveQuery>, axum::extract::rejection::QueryRejection>,
+    query: Result<Query<RemoveQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(q) = query?;
-    let model = app.find_model(&id)?;
+    remove_model(&app, &id, q.force).await.map(Json)
+}
+
+/// Removes the model `name` names (its id or an alias) from disk and
+/// rescans the catalog; a loaded model is unloaded first when `force`, else
+/// a 409. Answers what was removed.
+pub(super) async fn remove_model(app: &App, name: &str, force: bool) -> Result<Value, ApiError> {
+    let model = app.find_model(name)?;
+    let id = model.id.clone();
     let mut unloaded = false;
-    if is_loaded(&app, &id) {
-        if !q.force {
+    if is_loaded(app, &id) {
+        if !force {
             return Err(ApiError {
                 status: StatusCode::CONFLICT,
                 code: "model_loaded",
@@ -53,7 +62,7 @@ pub(super) async fn remove(
                 )
             });
         }
-        unload_and_wait(&app, &id).await?;
+        unload_and_wait(app, &id).await?;
         unloaded = true;
     }
     let dirs = app.catalog.dirs().to_vec();
@@ -66,13 +75,13 @@ pub(super) async fn remove(
     .map_err(|e| ApiError::internal(format!("the removal failed: {e}")))?
     .map_err(|e| ApiError::internal(format!("cannot remove model '{id}': {e}")))?;
     app.catalog.rescan().await;
-    Ok(Json(json!({
+    Ok(json!({
         "removed": true,
         "model": id,
         "unloaded": unloaded,
         "bytes": removal.bytes,
         "paths": removal.paths,
-    })))
+    }))
 }
 
 /// Whether `id` has a session, or one is loading.

@@ -1291,6 +1291,15 @@ pub(super) struct OllamaGenerateLine {
     eval_duration: Option<u64>,
 }
 
+/// `DELETE /api/delete`.
+#[derive(Serialize, ToSchema)]
+pub(super) struct OllamaDeleteRequest {
+    /// The model's name (`name`, Ollama's older field, is taken too);
+    /// `:latest` may follow it.
+    #[schema(min_length = 1)]
+    model: String,
+}
+
 /// `POST /api/show`.
 #[derive(Serialize, ToSchema)]
 pub(super) struct OllamaShowRequest {

@@ -135,12 +135,12 @@ pub(crate) fn object_of(body: &[u8], fields: &[&str]) -> Result<Map<String, Valu
         ApiError::bad_request(format!("the request body is not a JSON object: {e}"), None)
     })?;
     if let Some(name) = request.keys().find(|k| !fields.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(
+        return Err(ApiError::unknown_field(
+            name,
             format!(
                 "'{name}' is not supported by this host (it serves: {})",
                 fields.join(", ")
             ),
-            None,
         ));
     }
     Ok(request)

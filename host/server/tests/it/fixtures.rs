@@ -198,6 +198,9 @@ impl Scenario {
             .arg(&config)
             .env("HANGAR_PLATFORM", &self.platform)
             .env("HOME", self.root.path())
+            // The pull cache `hangar serve`, `models` and `rm` read: the
+            // scenario's own, never this machine's.
+            .env("HF_HUB_CACHE", self.root.path().join("hf-cache"))
             .env("XDG_DATA_HOME", self.root.path().join("data"))
             .env("XDG_CONFIG_HOME", self.root.path().join("xdg-config"));
         command

@@ -167,3 +167,63 @@ fn deleting_a_model_refuses_while_loaded_and_force_unloads_first() {
     assert!(!repo.join("blobs/w-new").exists());
     assert!(!repo.join("refs/main").exists());
 }
+
+/// Regression: a model called `pull` or `pulls` could not be deleted (the
+/// management API's own paths won), nor `pulls` loaded or set.
+#[test]
+fn models_named_as_the_management_paths_are_managed_like_any() {
+    let server = Server::with(|s| {
+        beta(s);
+        for name in ["pull", "pulls", "rescan"] {
+            crate::serve::model(s, name, 0);
+        }
+    });
+    let client = reqwest::blocking::Client::new();
+    let call = |method: &str, path: &str| -> (u16, Value) {
+        let url = format!("{}{path}", server.url);
+        let request = match method {
+            "GET" => client.get(url),
+            "PUT" => client.put(url).json(&json!({"ttl_seconds": 7})),
+            "POST" => client.post(url),
+            _ => client.delete(url),
+        };
+        let r = request
+            .timeout(std::time::Duration::from_secs(60))
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.json().unwrap_or(Value::Null))
+    };
+    for name in ["pull", "pulls", "rescan"] {
+        let model = format!("/api/models/{name}");
+        let (status, body) = call("PUT", &format!("{model}/settings"));
+        assert_eq!(status, 200, "{name}: {body}");
+        let (status, body) = call("GET", &format!("{model}/settings"));
+        assert_eq!(
+            (status, &body["model"], &body["stored"]["ttl_seconds"]),
+            (200, &json!(name), &json!(7)),
+            "{name}: {body}"
+        );
+        let (status, body) = call("GET", &format!("{model}/settings/schema"));
+        assert_eq!(status, 200, "{name}: {body}");
+        let (status, body) = call("POST", &format!("{model}/load"));
+        assert_eq!(status, 200, "{name}: {body}");
+        assert_eq!(body["session"]["model"], name, "{body}");
+        let (status, body) = call("POST", &format!("{model}/unload"));
+        assert_eq!(status, 200, "{name}: {body}");
+        let (status, body) = call("DELETE", &model);
+        assert_eq!((status, &body["model"]), (200, &json!(name)), "{body}");
+        let (status, body) = call("DELETE", &model);
+        assert_eq!(status, 404, "{name} is gone: {body}");
+    }
+    // The pulls' own routes are as they were.
+    let (status, body) = call("GET", "/api/models/pulls");
+    assert_eq!((status, &body["pulls"]), (200, &json!([])), "{body}");
+    let (status, body) = call("GET", "/api/models/pulls/pull-1");
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = call("POST", "/api/models/pulls/pull-1");
+    assert_eq!(status, 405, "{body}");
+    let (_, models) = server.get("/api/models");
+    for name in ["pull", "pulls", "rescan"] {
+        assert!(entry(&models, name).is_none(), "{name}: {models}");
+    }
+}

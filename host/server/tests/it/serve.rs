@@ -80,6 +80,8 @@ impl Server {
             .arg("--state-dir")
             .arg(s.root.path().join("state"))
             .env("HANGAR_PLATFORM", &s.platform)
+            // Its own pull cache, never this machine's.
+            .env("HF_HUB_CACHE", s.root.path().join("hf-cache"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -18,9 +18,11 @@
 //! object. `keep_alive` sets how long the model stays loaded once idle (see
 //! [`request::KeepAlive`]).
 //!
-//! Ollama's management verbs that Hangar has no counterpart for (`pull`,
-//! `push`, `create`, `copy`, `delete`, `blobs`) answer 501 saying what to
-//! use instead. `/api/embed` and `/api/embeddings` go the way of
+//! `DELETE /api/delete` removes a model from disk as
+//! `DELETE /api/models/{id}?force=true` does (a loaded model is unloaded
+//! first, as `ollama rm` stops a running one). Ollama's management verbs
+//! that Hangar has no counterpart for (`pull`, `push`, `create`, `copy`,
+//! `blobs`) answer 501 saying what to use instead. `/api/embed` and `/api/embeddings` go the way of
 //! `/v1/embeddings` ([`embed`]).
 //!
 //! Every error is in Ollama's shape, `{"error": "..."}`, with the status
@@ -136,6 +138,25 @@ fn find(app: &App, name: &str) -> Result<(Model, String), ApiError> {
         .or_else(|e| match name.strip_suffix(":latest") {
             Some(id) => app.find_named(id).map(|n| (n.model, id.to_string())),
             None => Err(e),
+        });
+    found.map_err(|e| match e.code {
+        "model_not_found" => ApiError {
+            message: format!("model '{name}' not found; GET /api/tags lists the models there are"),
+            ..e
+        },
+        _ => e,
+    })
+}
+
+/// The model a management request names: its id or alias, with or
+/// without Ollama's default tag; a profile's name is a 400 (a profile is no
+/// model of its own), an unknown name a 404 in Ollama's words.
+fn find_own(app: &App, name: &str) -> Result<Model, ApiError> {
+    let found = app
+        .find_model(name)
+        .or_else(|e| match name.strip_suffix(":latest") {
+            Some(id) if e.status == StatusCode::NOT_FOUND => app.find_model(id),
+            _ => Err(e),
         });
     found.map_err(|e| match e.code {
         "model_not_found" => ApiError {
@@ -441,11 +462,34 @@ macro_rules! not_served {
 }
 
 not_served! {
-    pull, post, "/ollama/api/pull", "pulling a model", "place the model's folder (or GGUF file) in a --model-dir, or point --model-dir at a Hugging Face cache (hf download), then POST /api/models/rescan on Hangar's port";
+    pull, post, "/ollama/api/pull", "pulling a model from Ollama's registry", "Hangar pulls from a Hugging Face-compatible hub: POST /api/models/pull {\"repo\": \"ORG/NAME\"} on Hangar's port, or hangar pull ORG/NAME; a model folder (or GGUF file) placed in a --model-dir is served too";
     push, post, "/ollama/api/push", "pushing a model", "Hangar serves local model folders and has no registry to push to";
     create, post, "/ollama/api/create", "creating a model", "put the model's folder in a --model-dir; settings (context length, sampling defaults) go in settings.toml or PUT /api/models/{id}/settings on Hangar's port";
     copy, post, "/ollama/api/copy", "copying a model", "copy the model's folder under a new name in a --model-dir";
-    remove, delete, "/ollama/api/delete", "deleting a model", "remove the model's folder from its --model-dir; to free memory only, POST /api/models/{id}/unload on Hangar's port (or send keep_alive 0)";
+}
+
+/// `DELETE /api/delete`: removes the model from disk (its folder or file,
+/// or its snapshot of the Hugging Face cache), unloading it first when it
+/// is loaded.
+#[utoipa::path(delete, path = "/ollama/api/delete", tag = "ollama",
+    request_body(content = super::schema::OllamaDeleteRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Removed (unloaded first if it was loaded); the catalog was rescanned", body = super::schema::Removed),
+        (status = 404, description = "No such model", body = super::schema::OllamaError),
+        (status = "4XX", description = "The request cannot be served as sent (the message names the field)", body = super::schema::OllamaError),
+        (status = "5XX", description = "The host failed to remove it", body = super::schema::OllamaError)
+    ))]
+pub(super) async fn remove(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, Refusal> {
+    let name = body
+        .map_err(ApiError::from)
+        .and_then(|b| request::delete(&b))?;
+    let model = find_own(&app, &name)?;
+    // Ollama's API has no `force`: a delete of a running model stops it.
+    let removed = super::remove::remove_model(&app, &model.id, true).await?;
+    Ok(Json(removed))
 }
 
 /// `POST /api/blobs/{digest}`: 501, Hangar has no blob store.

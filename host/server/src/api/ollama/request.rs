@@ -145,7 +145,7 @@ fn object(body: &[u8], fields: &[&str]) -> Result<Map<String, Value>, ApiError> 
     if let Some(name) = UNSERVED.iter().find(|n| request.get(**n).is_some_and(set)) {
         return Err(ApiError::bad_request(
             format!("'{name}' is not supported by this host: it serves text generation without log probabilities"),
-            None,
+            Some(*name),
         ));
     }
     Ok(request)
@@ -456,6 +456,11 @@ pub(super) fn show(body: &[u8]) -> Result<String, ApiError> {
     model(&object(body, &["model", "name", "verbose"])?)
 }
 
+/// `DELETE /api/delete`: the model's name.
+pub(super) fn delete(body: &[u8]) -> Result<String, ApiError> {
+    model(&object(body, &["model", "name"])?)
+}
+
 /// `options` as OpenAI's fields, each checked by the OpenAI route's rule
 /// and refused under its Ollama name.
 pub(super) fn options(value: Option<&Value>) -> Result<Map<String, Value>, ApiError> {
@@ -510,7 +515,7 @@ pub(super) fn options(value: Option<&Value>) -> Result<Map<String, Value>, ApiEr
                 e.message =
                     e.message
                         .replacen(&format!("'{field}'"), &format!("'options.{key}'"), 1);
-                e.param = Some("options");
+                e.param = Some("options".into());
                 return Err(e);
             }
         }
@@ -682,23 +687,121 @@ mod tests {
     #[test]
     fn every_field_is_checked_by_name() {
         let cases = [
-            (Kind::Chat, json!({"messages": []}), expect![[r#"400 Some("model"): 'model' is required: a string naming one of the models GET /api/tags lists"#]]),
-            (Kind::Chat, json!({"model": "m", "messages": "hi"}), expect![[r#"400 Some("messages"): 'messages' must be a list of {"role", "content"} messages, not "hi""#]]),
-            (Kind::Chat, json!({"model": "m", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}), expect![[r#"400 Some("messages"): 'messages[0].images': this host serves no vision models yet; send text only"#]]),
-            (Kind::Chat, json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]}), expect![[r#"400 Some("messages"): 'messages[0].role' must be "system", "user", "assistant" or "tool", not "robot""#]]),
-            (Kind::Chat, json!({"model": "m", "messages": [], "options": {"temperature": 3}}), expect![[r#"400 Some("options"): 'options.temperature' must be a number from 0 to 2, not 3"#]]),
-            (Kind::Chat, json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "options": {"num_predict": 0}}), expect![[r#"400 Some("options"): 'options.num_predict' must be a whole number from 1 to 4294967295, not 0"#]]),
-            (Kind::Chat, json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "options": {"warmth": 1}}), expect![[r#"400 Some("options"): 'options.warmth' is not an option Ollama defines (this host maps temperature, top_p, top_k, min_p, seed, num_predict, stop, presence_penalty, frequency_penalty, and takes and ignores num_ctx, num_batch, num_gpu, main_gpu, num_thread, use_mmap, use_mlock, numa, low_vram, vocab_only, f16_kv, logits_all, repeat_penalty, repeat_last_n, penalize_newline, num_keep, tfs_z, typical_p, mirostat, mirostat_tau, mirostat_eta)"#]]),
-            (Kind::Chat, json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "format": "yaml"}), expect![[r#"400 Some("format"): 'format' must be "json" or a JSON schema object, not "yaml""#]]),
-            (Kind::Chat, json!({"model": "m", "messages": [], "keep_alive": "5 minutes"}), expect![[r#"400 Some("keep_alive"): 'keep_alive' must be a duration such as "5m", "1h30m" or "300ms", a number of seconds, 0 (unload after this answer) or negative (keep loaded), not "5 minutes""#]]),
-            (Kind::Chat, json!({"model": "m", "messages": [], "stream": "yes"}), expect![[r#"400 Some("stream"): 'stream' must be true or false, not "yes""#]]),
-            (Kind::Chat, json!({"model": "m", "messages": [], "truncate": true}), expect!["400 None: 'truncate' is not supported by this host (it serves: model, messages, tools, format, options, stream, keep_alive, think, logprobs, top_logprobs)"]),
-            (Kind::Generate, json!({"model": "m", "prompt": "a", "suffix": "b"}), expect![[r#"400 Some("suffix"): 'suffix' (fill in the middle) is not supported by this host; send the text before the gap as 'prompt'"#]]),
-            (Kind::Generate, json!({"model": "m", "prompt": "a", "images": ["aGk="]}), expect![[r#"400 Some("images"): 'images': this host serves no vision models yet; send text only"#]]),
-            (Kind::Generate, json!({"model": "m", "prompt": "a", "raw": true, "format": "json"}), expect![[r#"400 Some("format"): 'format' needs "raw": false (structured output goes through the model's chat template)"#]]),
-            (Kind::Chat, json!({"model": "m", "messages": [], "options": {"stop": "x"}}), expect![[r#"400 Some("options"): 'options.stop' must be a list of strings, not "x""#]]),
-            (Kind::Chat, json!({"model": "m", "messages": [{"role": "tool", "content": "1", "tool_name": 5}]}), expect![[r#"400 Some("messages"): 'messages[0].tool_name' must be a string, not 5"#]]),
-            (Kind::Generate, json!({"model": "m", "prompt": 5}), expect![[r#"400 Some("prompt"): 'prompt' must be a string, not 5"#]]),
+            (
+                Kind::Chat,
+                json!({"messages": []}),
+                expect![[
+                    r#"400 Some("model"): 'model' is required: a string naming one of the models GET /api/tags lists"#
+                ]],
+            ),
+            (
+                Kind::Chat,
+                json!({"model": "m", "messages": "hi"}),
+                expect![[
+                    r#"400 Some("messages"): 'messages' must be a list of {"role", "content"} messages, not "hi""#
+                ]],
+            ),
+            (
+                Kind::Chat,
+                json!({"model": "m", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}),
+                expect![[
+                    r#"400 Some("messages"): 'messages[0].images': this host serves no vision models yet; send text only"#
+                ]],
+            ),
+            (
+                Kind::Chat,
+                json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]}),
+                expect![[
+                    r#"400 Some("messages"): 'messages[0].role' must be "system", "user", "assistant" or "tool", not "robot""#
+                ]],
+            ),
+            (
+                Kind::Chat,
+                json!({"model": "m", "messages": [], "options": {"temperature": 3}}),
+                expect![[
+                    r#"400 Some("options"): 'options.temperature' must be a number from 0 to 2, not 3"#
+                ]],
+            ),
+            (
+                Kind::Chat,
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "options": {"num_predict": 0}}),
+                expect![[
+                    r#"400 Some("options"): 'options.num_predict' must be a whole number from 1 to 4294967295, not 0"#
+                ]],
+            ),
+            (
+                Kind::Chat,
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "options": {"warmth": 1}}),
+                expect![[
+                    r#"400 Some("options"): 'options.warmth' is not an option Ollama defines (this host maps temperature, top_p, top_k, min_p, seed, num_predict, stop, presence_penalty, frequency_penalty, and takes and ignores num_ctx, num_batch, num_gpu, main_gpu, num_thread, use_mmap, use_mlock, numa, low_vram, vocab_only, f16_kv, logits_all, repeat_penalty, repeat_last_n, penalize_newline, num_keep, tfs_z, typical_p, mirostat, mirostat_tau, mirostat_eta)"#
+                ]],
+            ),
+            (
+                Kind::Chat,
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "format": "yaml"}),
+                expect![[
+                    r#"400 Some("format"): 'format' must be "json" or a JSON schema object, not "yaml""#
+                ]],
+            ),
+            (
+                Kind::Chat,
+                json!({"model": "m", "messages": [], "keep_alive": "5 minutes"}),
+                expect![[
+                    r#"400 Some("keep_alive"): 'keep_alive' must be a duration such as "5m", "1h30m" or "300ms", a number of seconds, 0 (unload after this answer) or negative (keep loaded), not "5 minutes""#
+                ]],
+            ),
+            (
+                Kind::Chat,
+                json!({"model": "m", "messages": [], "stream": "yes"}),
+                expect![[r#"400 Some("stream"): 'stream' must be true or false, not "yes""#]],
+            ),
+            (
+                Kind::Chat,
+                json!({"model": "m", "messages": [], "truncate": true}),
+                expect![[
+                    r#"400 Some("truncate"): 'truncate' is not supported by this host (it serves: model, messages, tools, format, options, stream, keep_alive, think, logprobs, top_logprobs)"#
+                ]],
+            ),
+            (
+                Kind::Generate,
+                json!({"model": "m", "prompt": "a", "suffix": "b"}),
+                expect![[
+                    r#"400 Some("suffix"): 'suffix' (fill in the middle) is not supported by this host; send the text before the gap as 'prompt'"#
+                ]],
+            ),
+            (
+                Kind::Generate,
+                json!({"model": "m", "prompt": "a", "images": ["aGk="]}),
+                expect![[
+                    r#"400 Some("images"): 'images': this host serves no vision models yet; send text only"#
+                ]],
+            ),
+            (
+                Kind::Generate,
+                json!({"model": "m", "prompt": "a", "raw": true, "format": "json"}),
+                expect![[
+                    r#"400 Some("format"): 'format' needs "raw": false (structured output goes through the model's chat template)"#
+                ]],
+            ),
+            (
+                Kind::Chat,
+                json!({"model": "m", "messages": [], "options": {"stop": "x"}}),
+                expect![[
+                    r#"400 Some("options"): 'options.stop' must be a list of strings, not "x""#
+                ]],
+            ),
+            (
+                Kind::Chat,
+                json!({"model": "m", "messages": [{"role": "tool", "content": "1", "tool_name": 5}]}),
+                expect![[
+                    r#"400 Some("messages"): 'messages[0].tool_name' must be a string, not 5"#
+                ]],
+            ),
+            (
+                Kind::Generate,
+                json!({"model": "m", "prompt": 5}),
+                expect![[r#"400 Some("prompt"): 'prompt' must be a string, not 5"#]],
+            ),
         ];
         for (kind, request, expect) in cases {
             check(kind, request, expect);

@@ -128,7 +128,7 @@ pub(super) async fn remove(
 /// OpenAI's 404 for a response id it does not hold.
 fn not_found(id: &str, param: Option<&'static str>) -> ApiError {
     ApiError {
-        param,
+        param: param.map(Into::into),
         ..ApiError::not_found(format!("Response with id '{id}' not found."))
     }
 }
