@@ -58,6 +58,12 @@ pub const EMBEDDINGS: &str = "embeddings";
 /// Jina/Cohere `/v1/rerank` shape. Added in 1.4.
 pub const RERANK: &str = "rerank";
 
+/// Lists of prompts: a completion's `prompt` given as several prompts, or
+/// as token ids, which the engine answers itself (one choice per prompt).
+/// Without it the host takes a prompt only as text (a list of one string
+/// is sent as that string) and refuses the rest. Added in 1.6.
+pub const PROMPT_LISTS: &str = "prompt_lists";
+
 /// Every capability id Hangar knows.
 pub const KNOWN: &[&str] = &[
     KV_CACHE_QUANTIZATION,
@@ -77,6 +83,7 @@ pub const KNOWN: &[&str] = &[
     STRUCTURED_OUTPUT,
     EMBEDDINGS,
     RERANK,
+    PROMPT_LISTS,
 ];
 
 /// Whether `id` is a well-formed capability id: lowercase ASCII letters,

@@ -775,6 +775,27 @@ pub(crate) fn refused_request_parts(
         .collect()
 }
 
+/// Why a completion's `prompt` is refused for this engine, if it is: a
+/// list of several prompts, or of token ids, needs the `prompt_lists`
+/// capability (mlx_lm.server's generation thread dies on any list). A
+/// list of one string never gets here: the edge sends it as the string.
+pub(crate) fn refused_prompt_list(
+    entry: &PluginEntry,
+    engine: &Engine,
+    request: &serde_json::Map<String, Value>,
+) -> Option<String> {
+    let list = request.get("prompt")?.as_array()?;
+    let what = match list.first() {
+        Some(Value::String(_)) => format!("a list of {} prompts", list.len()),
+        _ => "a list of token ids".to_string(),
+    };
+    let cap = capability::PROMPT_LISTS;
+    let reason = request_default_off(entry, engine, cap)?;
+    Some(format!(
+        "'prompt' is {what}, which needs the {cap} capability: {reason}; send one prompt as a string, or serve the model with an engine that takes lists"
+    ))
+}
+
 /// The request fields an engine cannot take now: a sentence for each.
 pub(crate) fn refused_request_fields(
     entry: &PluginEntry,

@@ -202,6 +202,14 @@ async fn forward(
     if let Some(seed) = super::validate::seed(request.get("seed"))? {
         request.insert("seed".into(), Value::from(seed));
     }
+    // A list of one prompt is that prompt: every engine takes a string,
+    // and lists only where it says so (`gate_request`).
+    if let Some(Value::Array(list)) = request.get("prompt") {
+        if let [Value::String(one)] = list.as_slice() {
+            let one = Value::String(one.clone());
+            request.insert("prompt".into(), one);
+        }
+    }
     // An in-process engine's grammar comes from the host alone.
     request.remove(super::inprocess::GRAMMAR_FIELD);
     let mut constraint = None;
@@ -383,6 +391,9 @@ async fn gate_request(
     refused.extend(crate::settings::refused_request_parts(
         entry, engine, request,
     ));
+    if route == Route::Completion {
+        refused.extend(crate::settings::refused_prompt_list(entry, engine, request));
+    }
     if !refused.is_empty() {
         return Err(ApiError::unprocessable(refused.join("; ")));
     }
