@@ -182,8 +182,8 @@ def test_a_request_of_the_wrong_kind_is_a_400_naming_the_models_kind(client):
     ({"input": "the", "encoding_format": "int8"}, "encoding_format", "int8"),
     ({"input": "the", "dimensions": 0}, "dimensions", "dimensions"),
     ({"input": "the", "user": 3}, "user", "user"),
-    # An unknown field is named in the message (param has no name for it).
-    ({"input": "the", "truncate": True}, None, "'truncate' is not supported"),
+    # An unknown field is named in the message and in param.
+    ({"input": "the", "truncate": True}, "truncate", "'truncate' is not supported"),
 ])
 def test_a_malformed_request_is_a_400_naming_the_field(served, body, param, says):
     status, answer = http(served.url + "/v1/embeddings", "POST", {"model": EMBEDDER, **body})
