@@ -61,6 +61,11 @@ def train_tokenizer(vocab_size):
     return tok
 
 
+# qwen3_moe: the layers that keep a dense MLP (the others are sparse, as
+# `decoder_sparse_step` 1 makes every layer but these).
+MLP_ONLY_LAYERS = [1]
+
+
 def make_weights(a, head_dim, rng):
     h, inter = a.hidden, a.intermediate
     q_out, kv_out = a.heads * head_dim, a.kv_heads * head_dim
@@ -77,12 +82,23 @@ def make_weights(a, head_dim, rng):
             w[p + "self_attn.q_proj.bias"] = rand(q_out)
             w[p + "self_attn.k_proj.bias"] = rand(kv_out)
             w[p + "self_attn.v_proj.bias"] = rand(kv_out)
-        if a.arch == "qwen3":
+        if a.arch in ("qwen3", "qwen3_moe"):
             w[p + "self_attn.q_norm.weight"] = ones(head_dim)
             w[p + "self_attn.k_norm.weight"] = ones(head_dim)
-        w[p + "mlp.gate_proj.weight"] = rand(inter, h)
-        w[p + "mlp.up_proj.weight"] = rand(inter, h)
-        w[p + "mlp.down_proj.weight"] = rand(h, inter)
+        if a.arch == "qwen3_moe" and i not in MLP_ONLY_LAYERS:
+            # Hugging Face's layout, one tensor per expert (mlx-lm stacks
+            # them at load; its converter writes them stacked). A router
+            # wider than the other weights, so that routing is decisive.
+            w[p + "mlp.gate.weight"] = rng.normal(0.0, 0.1, size=(a.experts, h)).astype(np.float32)
+            for e in range(a.experts):
+                x = f"{p}mlp.experts.{e}."
+                w[x + "gate_proj.weight"] = rand(a.moe_intermediate, h)
+                w[x + "up_proj.weight"] = rand(a.moe_intermediate, h)
+                w[x + "down_proj.weight"] = rand(h, a.moe_intermediate)
+        else:
+            w[p + "mlp.gate_proj.weight"] = rand(inter, h)
+            w[p + "mlp.up_proj.weight"] = rand(inter, h)
+            w[p + "mlp.down_proj.weight"] = rand(h, inter)
         w[p + "input_layernorm.weight"] = ones(h)
         w[p + "post_attention_layernorm.weight"] = ones(h)
     w["model.norm.weight"] = ones(h)
@@ -106,7 +122,7 @@ def save_weights(weights, path, dtype):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
-    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "mistral"], default="llama")
+    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "mistral", "qwen3_moe"], default="llama")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
@@ -115,6 +131,9 @@ def main():
     ap.add_argument("--vocab", type=int, default=512)
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--experts", type=int, default=8, help="mixture-of-experts architectures")
+    ap.add_argument("--experts-per-tok", type=int, default=2)
+    ap.add_argument("--moe-intermediate", type=int, default=128)
     a = ap.parse_args()
     if a.hidden % a.heads or a.heads % a.kv_heads:
         ap.error("--hidden must be divisible by --heads, and --heads by --kv-heads")
@@ -127,7 +146,8 @@ def main():
     eos_id, bos_id = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
 
     arch_name = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}[a.arch]
+                 "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM"}[a.arch]
     config = {
         "model_type": a.arch,
         "architectures": [arch_name],
@@ -149,6 +169,15 @@ def main():
     }
     if a.arch == "qwen2":
         config["attention_bias"] = True  # qwen2 always has q/k/v biases
+    if a.arch == "qwen3_moe":
+        config.update({
+            "num_experts": a.experts,
+            "num_experts_per_tok": a.experts_per_tok,
+            "moe_intermediate_size": a.moe_intermediate,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": MLP_ONLY_LAYERS,
+            "norm_topk_prob": True,
+        })
     with open(out("config.json"), "w") as f:
         json.dump(config, f, indent=2)
     with open(out("generation_config.json"), "w") as f:

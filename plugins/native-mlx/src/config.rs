@@ -1,8 +1,8 @@
 //! `config.json` of a model folder: which architecture, which shapes, which quantization.
 //!
 //! The defaults follow mlx-lm 0.32's model classes (`llama`, `qwen2`,
-//! `qwen3`; `mistral` is served by the Llama code, as mlx-lm remaps it), so a
-//! folder that loads there loads here with the same numbers.
+//! `qwen3`, `qwen3_moe`; `mistral` is served by the Llama code, as mlx-lm
+//! remaps it), so a folder that loads there loads here with the same numbers.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 /// The `model_type` values this engine implements.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"];
 
 /// The model families this engine implements; they differ only in a few details.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +26,9 @@ pub enum Family {
     Qwen2,
     /// Qwen3 (dense): RMS norms on queries and keys, explicit `head_dim`.
     Qwen3,
+    /// Qwen3 mixture-of-experts: Qwen3's attention, routed experts on the
+    /// sparse layers (see [`MoeConfig`]).
+    Qwen3Moe,
 }
 
 impl Family {
@@ -35,6 +38,7 @@ impl Family {
             "mistral" => Some(Self::Mistral),
             "qwen2" => Some(Self::Qwen2),
             "qwen3" => Some(Self::Qwen3),
+            "qwen3_moe" => Some(Self::Qwen3Moe),
             _ => None,
         }
     }
@@ -93,6 +97,24 @@ impl Quantization {
     }
 }
 
+/// The routed experts of a mixture-of-experts model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    /// Experts in each sparse layer.
+    pub num_experts: i32,
+    /// Experts each token is routed to (the router's top k).
+    pub experts_per_token: i32,
+    /// Width of one expert's MLP.
+    pub intermediate_size: i32,
+    /// Whether the chosen experts' router probabilities are renormalised to
+    /// sum to one (Qwen3's `norm_topk_prob`).
+    pub norm_topk_prob: bool,
+    /// Per layer, whether its MLP is the sparse block (else the dense MLP of
+    /// `intermediate_size`): Qwen3's `decoder_sparse_step` and
+    /// `mlp_only_layers`, as mlx-lm reads them.
+    pub sparse_layers: Vec<bool>,
+}
+
 /// A validated model configuration.
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
@@ -130,6 +152,8 @@ pub struct ModelConfig {
     pub mlp_bias: bool,
     /// MLX quantization, when the checkpoint is quantized.
     pub quantization: Option<Quantization>,
+    /// The routed experts, for mixture-of-experts families.
+    pub moe: Option<MoeConfig>,
     /// End-of-sequence ids declared in `config.json`.
     pub eos_token_ids: Vec<u32>,
 }
@@ -159,6 +183,12 @@ struct RawConfig {
     quantization: Option<Value>,
     quantization_config: Option<Value>,
     eos_token_id: Option<Value>,
+    num_experts: Option<i32>,
+    num_experts_per_tok: Option<i32>,
+    moe_intermediate_size: Option<i32>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
+    norm_topk_prob: Option<bool>,
 }
 
 impl ModelConfig {
@@ -216,7 +246,7 @@ impl ModelConfig {
         let head_dim = match family {
             // mlx-lm's Qwen2 ignores a `head_dim` entry.
             Family::Qwen2 => hidden_size / num_heads,
-            Family::Qwen3 => required(raw.head_dim, "head_dim")?,
+            Family::Qwen3 | Family::Qwen3Moe => required(raw.head_dim, "head_dim")?,
             Family::Llama | Family::Mistral => match raw.head_dim {
                 Some(d) => required(Some(d), "head_dim")?,
                 None => hidden_size / num_heads,
@@ -245,11 +275,15 @@ impl ModelConfig {
             .or(match family {
                 Family::Llama | Family::Mistral => Some(10_000.0),
                 Family::Qwen2 => Some(1_000_000.0),
-                Family::Qwen3 => None,
+                Family::Qwen3 | Family::Qwen3Moe => None,
             })
             .ok_or_else(|| invalid("\"rope_theta\" is missing".into()))?;
-        let rope_scaling =
-            parse_rope_scaling(raw.rope_scaling.as_ref().or(rope)).map_err(&unsupported)?;
+        let rope_scaling = match family {
+            // mlx-lm's Qwen3-MoE builds plain RoPE whatever the config says
+            // (some checkpoints declare YaRN for long contexts).
+            Family::Qwen3Moe => RopeScaling::None,
+            _ => parse_rope_scaling(raw.rope_scaling.as_ref().or(rope)).map_err(&unsupported)?,
+        };
 
         let quantization = match (&raw.quantization, &raw.quantization_config) {
             (Some(q), _) => Some(parse_quantization(q).map_err(&unsupported)?),
@@ -270,7 +304,34 @@ impl ModelConfig {
                 raw.mlp_bias.unwrap_or(false),
             ),
             Family::Qwen2 => (true, false, false),
-            Family::Qwen3 => (false, false, false),
+            Family::Qwen3 | Family::Qwen3Moe => (false, false, false),
+        };
+        let moe = match family {
+            Family::Qwen3Moe => {
+                let num_experts = required(raw.num_experts, "num_experts")?;
+                let experts_per_token = required(raw.num_experts_per_tok, "num_experts_per_tok")?;
+                if experts_per_token > num_experts {
+                    return Err(invalid(format!(
+                        "num_experts_per_tok ({experts_per_token}) exceeds num_experts ({num_experts})"
+                    )));
+                }
+                // transformers' defaults: every layer sparse, no renormalising.
+                let step = raw.decoder_sparse_step.unwrap_or(1).max(1);
+                let dense = raw.mlp_only_layers.clone().unwrap_or_default();
+                Some(MoeConfig {
+                    num_experts,
+                    experts_per_token,
+                    intermediate_size: required(
+                        raw.moe_intermediate_size,
+                        "moe_intermediate_size",
+                    )?,
+                    norm_topk_prob: raw.norm_topk_prob.unwrap_or(false),
+                    sparse_layers: (0..num_layers)
+                        .map(|i| !dense.contains(&i) && (i + 1) % step == 0)
+                        .collect(),
+                })
+            }
+            _ => None,
         };
 
         Ok(Self {
@@ -288,11 +349,14 @@ impl ModelConfig {
             rope_theta,
             rope_traditional: raw.rope_traditional,
             rope_scaling,
-            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(family != Family::Qwen3),
+            tie_word_embeddings: raw
+                .tie_word_embeddings
+                .unwrap_or(!matches!(family, Family::Qwen3 | Family::Qwen3Moe)),
             qkv_bias,
             o_bias,
             mlp_bias,
             quantization,
+            moe,
             eos_token_ids: token_ids(raw.eos_token_id.as_ref()),
         })
     }
@@ -403,7 +467,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "model type 'gpt2' in m/config.json is not supported by native-mlx; \
-             supported model types: llama, mistral, qwen2, qwen3"
+             supported model types: llama, mistral, qwen2, qwen3, qwen3_moe"
         );
     }
 
@@ -439,6 +503,36 @@ mod tests {
         assert_eq!((c.head_dim, c.rope_theta), (32, 5000.0));
         assert_eq!(c.rope_scaling, RopeScaling::None);
         assert!(!c.tie_word_embeddings);
+    }
+
+    #[test]
+    fn qwen3_moe_reads_its_sparse_layers_as_mlx_lm_does() {
+        let json = LLAMA
+            .replace("\"llama\"", "\"qwen3_moe\"")
+            .replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 6")
+            .replace(
+                "\"vocab_size\"",
+                r#""head_dim": 16, "rope_theta": 1e6,
+                "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                "decoder_sparse_step": 2, "mlp_only_layers": [3],
+                "rope_scaling": {"rope_type": "yarn", "factor": 4}, "vocab_size""#,
+            );
+        let c = parse(&json).unwrap();
+        let moe = c.moe.unwrap();
+        assert_eq!(
+            moe.sparse_layers,
+            [false, true, false, false, false, true],
+            "every second layer but layer 3"
+        );
+        assert_eq!((moe.num_experts, moe.experts_per_token), (8, 2));
+        assert!(!moe.norm_topk_prob);
+        assert_eq!(c.rope_scaling, RopeScaling::None);
+        assert!(!c.tie_word_embeddings);
+        let too_many = json.replace("\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9");
+        assert_eq!(
+            parse(&too_many).unwrap_err().to_string(),
+            "m/config.json: num_experts_per_tok (9) exceeds num_experts (8)"
+        );
     }
 
     #[test]

@@ -30,6 +30,30 @@ from transformers import AutoTokenizer
 START = time.monotonic()
 
 
+def allow_gather_qmm_without_global_scale():
+    """Lets mlx-lm's quantized experts run on the pinned MLX.
+
+    mlx-lm 0.32.2's `QuantizedSwitchLinear` passes `global_scale=` to
+    `mx.gather_qmm` (`None` but for nvfp4 experts with a tensor scale),
+    which MLX 0.32.2's `gather_qmm` does not take: every quantized
+    mixture-of-experts model failed with a TypeError there. A `None` scale
+    means no scale, so it is dropped; any other is refused.
+    """
+    if "global_scale" in (mx.gather_qmm.__doc__ or ""):
+        return
+    gather_qmm = mx.gather_qmm
+
+    def without_global_scale(*args, global_scale=None, **kwargs):
+        if global_scale is not None:
+            raise ValueError("this MLX's gather_qmm takes no global_scale")
+        return gather_qmm(*args, **kwargs)
+
+    mx.gather_qmm = without_global_scale
+
+
+allow_gather_qmm_without_global_scale()
+
+
 def log(what):
     """Progress on stderr, seconds since the imports: where a slow machine spends its time."""
     print(f"mlx_lm_reference: {time.monotonic() - START:7.1f} s {what}", file=sys.stderr, flush=True)

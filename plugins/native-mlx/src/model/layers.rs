@@ -272,7 +272,7 @@ impl Sharded {
 
 /// The quantization parameters of the module at `prefix`, if its weights
 /// are quantized: exactly when its scales exist, as in mlx-lm.
-fn quantization_of(
+pub(crate) fn quantization_of(
     weights: &Weights,
     prefix: &str,
     quantization: Option<&Quantization>,

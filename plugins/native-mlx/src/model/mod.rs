@@ -7,6 +7,7 @@
 
 pub(crate) mod encoder;
 mod layers;
+mod moe;
 mod weights;
 
 use std::cell::RefCell;
@@ -28,6 +29,7 @@ use crate::error::Result;
 use crate::indexing::IndexOnStream;
 use crate::pool::KvPool;
 use layers::{Embedding, Layout, Linear, Parallel, Projections};
+use moe::SparseMoe;
 use weights::Weights;
 
 /// How a model is placed on its device.
@@ -645,6 +647,35 @@ impl Mlp {
             .expect("two projections");
         self.down_proj.forward(&swiglu(&gate, &up)?)
     }
+
+    fn arrays(&self) -> Vec<&Array> {
+        let mut all = self.gate_up.arrays();
+        all.extend(self.down_proj.arrays());
+        all
+    }
+}
+
+/// A block's MLP: dense, or a mixture of routed experts.
+#[derive(Clone)]
+enum FeedForward {
+    Dense(Mlp),
+    Sparse(SparseMoe),
+}
+
+impl FeedForward {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            Self::Dense(mlp) => mlp.forward(x),
+            Self::Sparse(moe) => moe.forward(x),
+        }
+    }
+
+    fn arrays(&self) -> Vec<&Array> {
+        match self {
+            Self::Dense(mlp) => mlp.arrays(),
+            Self::Sparse(moe) => moe.arrays(),
+        }
+    }
 }
 
 /// A compiled function of two arrays, as `mlx_rs::transforms::compile` makes it.
@@ -674,7 +705,7 @@ fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
 #[derive(Clone)]
 struct Block {
     attention: Attention,
-    mlp: Mlp,
+    mlp: FeedForward,
     input_norm: Array,
     post_attention_norm: Array,
     eps: f32,
@@ -768,7 +799,7 @@ impl Model {
             let p = format!("model.layers.{i}");
             let attn = |name: &str| format!("{p}.self_attn.{name}");
             let mlp = |name: &str| format!("{p}.mlp.{name}");
-            let qk_norms = if config.family == Family::Qwen3 {
+            let qk_norms = if matches!(config.family, Family::Qwen3 | Family::Qwen3Moe) {
                 Some((
                     w.take(&attn("q_norm.weight"))?,
                     w.take(&attn("k_norm.weight"))?,
@@ -793,16 +824,26 @@ impl Model {
                 eps: config.rms_norm_eps,
                 parallel: layout.parallel.clone(),
             };
-            let mlp = Mlp {
-                gate_up: Projections::take(
+            let mlp = match &config.moe {
+                Some(moe) if moe.sparse_layers[i] => FeedForward::Sparse(SparseMoe::take(
                     &mut w,
-                    &[mlp("gate_proj"), mlp("up_proj")],
-                    config.mlp_bias,
+                    &format!("{p}.mlp"),
+                    moe,
                     q,
                     l,
-                    fuse,
-                )?,
-                down_proj: Linear::take(&mut w, &mlp("down_proj"), config.mlp_bias, q, l)?,
+                    on_cpu,
+                )?),
+                _ => FeedForward::Dense(Mlp {
+                    gate_up: Projections::take(
+                        &mut w,
+                        &[mlp("gate_proj"), mlp("up_proj")],
+                        config.mlp_bias,
+                        q,
+                        l,
+                        fuse,
+                    )?,
+                    down_proj: Linear::take(&mut w, &mlp("down_proj"), config.mlp_bias, q, l)?,
+                }),
             };
             blocks.push(Block {
                 attention,
@@ -928,8 +969,7 @@ impl Model {
             if let Some((q, k)) = &a.qk_norms {
                 all.extend([q, k]);
             }
-            all.extend(block.mlp.gate_up.arrays());
-            all.extend(block.mlp.down_proj.arrays());
+            all.extend(block.mlp.arrays());
             all.extend([&block.input_norm, &block.post_attention_norm]);
         }
         all.push(&self.norm);

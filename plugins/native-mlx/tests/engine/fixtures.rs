@@ -37,7 +37,9 @@ const fn greedy(model: &'static str) -> Case {
 
 /// Every model the parity test covers: each family in float32 and 4-bit,
 /// 8-bit, bfloat16 and float16, tied embeddings (dense and quantized) and
-/// Llama 3 RoPE scaling; then two seeded sampling cases.
+/// Llama 3 RoPE scaling; Qwen3-MoE (Hugging Face's per-expert layout in
+/// float32, mlx-lm's stacked experts in 4- and 8-bit; MLX's CPU `gather_mm`
+/// multiplies float32 only); then two seeded sampling cases.
 pub const CASES: &[Case] = &[
     greedy("llama"),
     greedy("llama-q4"),
@@ -52,6 +54,9 @@ pub const CASES: &[Case] = &[
     greedy("llama-tied"),
     greedy("llama-tied-q4"),
     greedy("llama3-rope"),
+    greedy("qwen3_moe"),
+    greedy("qwen3_moe-q4"),
+    greedy("qwen3_moe-q8"),
     Case {
         model: "llama",
         temp: 0.8,
@@ -201,6 +206,7 @@ fn build() -> Fixtures {
         ("mistral", "mistral", "float32"),
         ("llama-bf16", "llama", "bfloat16"),
         ("qwen3-f16", "qwen3", "float16"),
+        ("qwen3_moe", "qwen3_moe", "float32"),
     ];
     for (name, arch, dtype) in models {
         let status = Command::new(python())
@@ -231,6 +237,8 @@ fn build() -> Fixtures {
         ("qwen2", 4),
         ("qwen3", 4),
         ("llama-tied", 4),
+        ("qwen3_moe", 4),
+        ("qwen3_moe", 8),
     ]
     .iter()
     .map(|(model, bits)| {

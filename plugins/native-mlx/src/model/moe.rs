@@ -1,0 +1,280 @@
+//! Mixture-of-experts MLP blocks: a router picks each token's experts, whose MLPs run as gathered products (mlx-lm's `SwitchGLU`).
+//!
+//! The experts' weights are stacked, `(experts, out, in)` per projection,
+//! and each projection of every token's `k` experts is one `gather_mm` (or,
+//! quantized, one `gather_qmm`) over the whole step: never a loop over
+//! experts. A token's result depends on that token alone, so a packed step's
+//! decoding rows and prompt chunks share the three products of a layer, and
+//! a row's numbers are those it gets alone. The ops are mlx-lm's, in its
+//! order (router softmax, `argpartition`, the sort of many tokens by expert,
+//! the weighted sum), so greedy ids match mlx-lm's on the CPU.
+
+use mlx_rs::ops::indexing::Ellipsis;
+use mlx_rs::ops::{
+    argpartition_axis, argsort_axis, gather_mm, gather_qmm, softmax_axis, stack, unflatten,
+};
+use mlx_rs::transforms::eval;
+use mlx_rs::{Array, Dtype};
+
+use crate::config::{MoeConfig, QuantParams, Quantization};
+use crate::error::{Error, Result};
+use crate::indexing::IndexOnStream;
+use crate::model::layers::{quantization_of, Layout, Linear};
+use crate::model::swiglu;
+use crate::model::weights::Weights;
+
+/// mlx-lm's `SwitchGLU` sorts the tokens by expert from this many
+/// (token, expert) pairs on, so each expert's weights are read in one run.
+const SORT_FROM: usize = 64;
+
+/// One projection of every expert.
+#[derive(Clone)]
+enum SwitchMatrix {
+    /// The stacked weights transposed, `(experts, in, out)`: the view
+    /// mlx-lm's `SwitchLinear` hands to `gather_mm`.
+    Dense(Array),
+    /// Packed `(experts, out, in * bits / 32)` weights, multiplied
+    /// transposed by `gather_qmm` as `QuantizedSwitchLinear` does.
+    Quantized {
+        weight: Array,
+        scales: Array,
+        biases: Array,
+        params: QuantParams,
+    },
+}
+
+/// A projection of every expert, applied to each token with the experts
+/// the router chose for it.
+#[derive(Clone)]
+struct SwitchLinear {
+    matrix: SwitchMatrix,
+    /// `(experts, out)`, when the architecture has biases.
+    bias: Option<Array>,
+}
+
+impl SwitchLinear {
+    /// Takes the stacked projection at `prefix` (`{prefix}.weight`, dense or
+    /// MLX-quantized). Without it, stacks the dense `{expert(e)}.weight` of
+    /// each of `num_experts` experts (Hugging Face's layout), as mlx-lm's
+    /// `sanitize` does at load.
+    fn take(
+        weights: &mut Weights,
+        prefix: &str,
+        expert: impl Fn(i32) -> String,
+        num_experts: i32,
+        quantization: Option<&Quantization>,
+    ) -> Result<Self> {
+        let stacked = format!("{prefix}.weight");
+        let matrix =
+            if !weights.contains(&stacked) && weights.contains(&format!("{}.weight", expert(0))) {
+                let each = (0..num_experts)
+                    .map(|e| weights.take(&format!("{}.weight", expert(e))))
+                    .collect::<Result<Vec<_>>>()?;
+                let weight = stack(&each, 0)?;
+                // Now, so each expert's own array is freed before the next
+                // layer's are read (peak memory at load).
+                eval([&weight])?;
+                SwitchMatrix::Dense(weight.swap_axes(-1, -2)?)
+            } else {
+                match quantization_of(weights, prefix, quantization)? {
+                    None => SwitchMatrix::Dense(weights.take(&stacked)?.swap_axes(-1, -2)?),
+                    Some(params) => SwitchMatrix::Quantized {
+                        weight: weights.take(&stacked)?,
+                        scales: weights.take(&format!("{prefix}.scales"))?,
+                        biases: weights.take(&format!("{prefix}.biases"))?,
+                        params,
+                    },
+                }
+            };
+        Ok(Self { matrix, bias: None })
+    }
+
+    /// Refuses dense experts that MLX cannot multiply on the CPU: its CPU
+    /// `gather_mm` takes float32 alone, and any other dtype failed at the
+    /// first token (mlx-lm's own run fails the same way).
+    fn check_cpu(&self, weights: &Weights, prefix: &str) -> Result<()> {
+        match &self.matrix {
+            SwitchMatrix::Dense(rhs) if rhs.dtype() != Dtype::Float32 => Err(Error::Weights {
+                dir: weights.dir().to_owned(),
+                what: format!(
+                    "the experts '{prefix}' are {:?}, and MLX multiplies experts on the CPU in \
+                     float32 only; on the CPU use a float32 or a quantized checkpoint \
+                     (mlx_lm.convert -q)",
+                    rhs.dtype()
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// `x @ W[e].T` for each expert `e` of `indices`: `x` is `(..., 1, 1,
+    /// in)` with `indices` `(..., k)` (or, sorted, `(m, 1, in)` with `(m,)`),
+    /// the result `(..., k, 1, out)` (`(m, 1, out)`).
+    fn apply(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
+        let y = match &self.matrix {
+            SwitchMatrix::Dense(rhs) => gather_mm(x, rhs, None, indices, sorted)?,
+            SwitchMatrix::Quantized {
+                weight,
+                scales,
+                biases,
+                params,
+            } => gather_qmm(
+                x,
+                weight,
+                scales,
+                biases,
+                None,
+                indices,
+                true,
+                params.group_size,
+                params.bits,
+                sorted,
+            )?,
+        };
+        Ok(match &self.bias {
+            Some(bias) => y.add(bias.take_axis(indices, 0)?.expand_dims(-2)?)?,
+            None => y,
+        })
+    }
+
+    fn arrays(&self) -> Vec<&Array> {
+        let matrix = match &self.matrix {
+            SwitchMatrix::Dense(rhs) => vec![rhs],
+            SwitchMatrix::Quantized {
+                weight,
+                scales,
+                biases,
+                ..
+            } => vec![weight, scales, biases],
+        };
+        matrix.into_iter().chain(&self.bias).collect()
+    }
+}
+
+/// The experts' SwiGLU MLPs (mlx-lm's `SwitchGLU`).
+#[derive(Clone)]
+struct SwitchGlu {
+    gate_proj: SwitchLinear,
+    up_proj: SwitchLinear,
+    down_proj: SwitchLinear,
+}
+
+impl SwitchGlu {
+    /// The MLP of each token's chosen experts: `x` `(..., in)`, `indices`
+    /// `(..., k)`; returns `(..., k, in)`, expert by expert.
+    fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        let x = x.expand_dims_axes(&[-2, -3])?;
+        // Many tokens: sorted by expert, as mlx-lm does (`_gather_sort`),
+        // then put back in order (`_scatter_unsort`).
+        let sort = indices.size() >= SORT_FROM;
+        let (x, idx, inverse) = if sort {
+            let k = indices.dim(-1);
+            let flat = indices.flatten(None, None)?;
+            let order = argsort_axis(&flat, 0)?;
+            let inverse = argsort_axis(&order, 0)?;
+            let tokens = order.floor_divide(Array::from_slice(&[k as u32], &[]))?;
+            let x = x.flatten(0, -3)?.take_axis(&tokens, 0)?;
+            (x, flat.take_axis(&order, 0)?, Some(inverse))
+        } else {
+            (x, indices.clone(), None)
+        };
+        let up = self.up_proj.apply(&x, &idx, sort)?;
+        let gate = self.gate_proj.apply(&x, &idx, sort)?;
+        let y = self.down_proj.apply(&swiglu(&gate, &up)?, &idx, sort)?;
+        let y = match inverse {
+            Some(inverse) => unflatten(y.take_axis(&inverse, 0)?, 0, indices.shape())?,
+            None => y,
+        };
+        Ok(y.squeeze_axes(&[-2])?)
+    }
+
+    fn arrays(&self) -> Vec<&Array> {
+        [&self.gate_proj, &self.up_proj, &self.down_proj]
+            .into_iter()
+            .flat_map(SwitchLinear::arrays)
+            .collect()
+    }
+}
+
+/// A sparse MLP block: the router and the experts (Qwen3-MoE's
+/// `Qwen3MoeSparseMoeBlock`).
+#[derive(Clone)]
+pub(crate) struct SparseMoe {
+    /// Expert logits of each token, `(hidden) -> (experts)`.
+    router: Linear,
+    experts: SwitchGlu,
+    top_k: i32,
+    norm_topk_prob: bool,
+}
+
+impl SparseMoe {
+    /// Takes the block at `prefix` (`model.layers.N.mlp`): the router at
+    /// `gate`, the experts stacked at `switch_mlp.{gate,up,down}_proj` (as
+    /// mlx-lm writes them) or one by one at `experts.E.*` (Hugging Face).
+    /// `on_cpu`: the model runs on the CPU, whose `gather_mm` multiplies
+    /// float32 alone.
+    pub(crate) fn take(
+        weights: &mut Weights,
+        prefix: &str,
+        moe: &MoeConfig,
+        quantization: Option<&Quantization>,
+        layout: &Layout,
+        on_cpu: bool,
+    ) -> Result<Self> {
+        let router = Linear::take(
+            weights,
+            &format!("{prefix}.gate"),
+            false,
+            quantization,
+            layout,
+        )?;
+        let mut projection = |name: &str| {
+            SwitchLinear::take(
+                weights,
+                &format!("{prefix}.switch_mlp.{name}"),
+                |e| format!("{prefix}.experts.{e}.{name}"),
+                moe.num_experts,
+                quantization,
+            )
+        };
+        let experts = SwitchGlu {
+            gate_proj: projection("gate_proj")?,
+            up_proj: projection("up_proj")?,
+            down_proj: projection("down_proj")?,
+        };
+        if on_cpu {
+            experts
+                .gate_proj
+                .check_cpu(weights, &format!("{prefix}.switch_mlp"))?;
+        }
+        Ok(Self {
+            router,
+            experts,
+            top_k: moe.experts_per_token,
+            norm_topk_prob: moe.norm_topk_prob,
+        })
+    }
+
+    /// The block's output for `x` `(..., hidden)`: each token's experts'
+    /// outputs weighted by their router probabilities.
+    pub(crate) fn forward(&self, x: &Array) -> Result<Array> {
+        let gates = softmax_axis(self.router.forward(x)?, -1, true)?;
+        let k = self.top_k;
+        let experts = gates.dim(-1);
+        let indices = argpartition_axis(&gates, -k, -1)?.at((Ellipsis, experts - k..))?;
+        let mut scores = gates.take_along_axis(&indices, -1)?;
+        if self.norm_topk_prob {
+            scores = scores.divide(scores.sum_axis(-1, true)?)?;
+        }
+        let y = self.experts.forward(x, &indices)?;
+        Ok(y.multiply(scores.expand_dims(-1)?)?
+            .sum_axis(-2, None)?
+            .as_dtype(y.dtype())?)
+    }
+
+    pub(crate) fn arrays(&self) -> Vec<&Array> {
+        let mut all = self.router.arrays();
+        all.extend(self.experts.arrays());
+        all
+    }
+}
