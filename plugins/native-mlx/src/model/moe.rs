@@ -97,10 +97,11 @@ impl SwitchLinear {
             SwitchMatrix::Dense(rhs) if rhs.dtype() != Dtype::Float32 => Err(Error::Weights {
                 dir: weights.dir().to_owned(),
                 what: format!(
-                    "the experts '{prefix}' are {:?}, and MLX multiplies experts on the CPU in \
+                    "the experts '{prefix}' are {}, and MLX multiplies experts on the CPU in \
                      float32 only; on the CPU use a float32 or a quantized checkpoint \
                      (mlx_lm.convert -q)",
-                    rhs.dtype()
+                    // "bfloat16", "float16": the names config.json uses.
+                    format!("{:?}", rhs.dtype()).to_lowercase()
                 ),
             }),
             _ => Ok(()),

@@ -161,11 +161,21 @@ fn greedy_tokens_are_the_same_alone_and_batched_bfloat16() {
 }
 
 #[test]
+fn greedy_tokens_are_the_same_alone_and_batched_qwen3_moe() {
+    same_tokens_alone_and_batched("qwen3_moe");
+}
+
+#[test]
+fn greedy_tokens_are_the_same_alone_and_batched_4bit_qwen3_moe() {
+    same_tokens_alone_and_batched("qwen3_moe-q4");
+}
+
+#[test]
 fn a_short_prompt_gives_the_session_tokens() {
     // A prompt within one chunk is prefilled in one pass by both paths;
     // decoding then reads the pool, padded and masked, past a bucket's end
     // (100 + 60 positions), where the session reads its own cache.
-    for model in ["llama", "qwen3-q4", "llama-bf16"] {
+    for model in ["llama", "qwen3-q4", "llama-bf16", "qwen3_moe"] {
         let p = prompt(9, 100);
         let r = request(&p, 60);
         let mut session = Session::load(&fixtures().model(model)).unwrap();
@@ -203,8 +213,17 @@ fn seeded_sampling_is_the_same_alone_and_batched() {
 
 #[test]
 fn a_cached_prefix_gives_the_same_tokens_as_cold() {
-    let b = batcher("llama", 64 << 20);
-    let cold = batcher("llama", 0);
+    cached_prefix_gives_the_same_tokens_as_cold("llama");
+}
+
+#[test]
+fn a_cached_prefix_gives_the_same_tokens_as_cold_qwen3_moe() {
+    cached_prefix_gives_the_same_tokens_as_cold("qwen3_moe");
+}
+
+fn cached_prefix_gives_the_same_tokens_as_cold(model: &str) {
+    let b = batcher(model, 64 << 20);
+    let cold = batcher(model, 0);
     let first = prompt(21, 300);
     let a = run(&b, &request(&first, 16));
     assert_eq!(a.usage.cached_prompt_tokens, 0);

@@ -5,6 +5,7 @@ mod constrained;
 mod embed;
 mod fixtures;
 mod greedy;
+mod moe;
 mod parity;
 mod real;
 mod session;

@@ -85,6 +85,30 @@ fn greedy_ids_are_plain_decodings() {
 }
 
 #[test]
+fn a_mixture_of_experts_verifies_many_tokens_in_one_pass() {
+    // Each verified token is routed to its own experts within one pass.
+    let session = Session::load(&fixtures().model("qwen3_moe")).unwrap();
+    let b = Batcher::start(session, BatchOptions::default());
+    let (plain, _) = ids(&b, &request(Speculation::default(), 40));
+    let predicted = Speculation {
+        prediction: Some(plain.clone()),
+        k: 4,
+        ..Speculation::default()
+    };
+    let (got, usage) = ids(&b, &request(predicted, 40));
+    assert_eq!(got, plain);
+    assert!(usage.accepted_prediction >= 30, "{usage:?}");
+    let wrong = Speculation {
+        prediction: Some(vec![3; 20]),
+        k: 4,
+        ..Speculation::default()
+    };
+    let (got, usage) = ids(&b, &request(wrong, 40));
+    assert_eq!(got, plain);
+    assert!(usage.rejected_prediction > 0, "{usage:?}");
+}
+
+#[test]
 fn company_turns_speculation_off_midway_without_changing_ids() {
     let b = batcher();
     let lookup = Speculation {
