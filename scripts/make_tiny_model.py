@@ -78,14 +78,30 @@ def make_weights(a, head_dim, rng):
         w[p + "self_attn.k_proj.weight"] = rand(kv_out, h)
         w[p + "self_attn.v_proj.weight"] = rand(kv_out, h)
         w[p + "self_attn.o_proj.weight"] = rand(h, q_out)
-        if a.arch == "qwen2":
+        if a.arch in ("qwen2", "gpt_oss"):
             w[p + "self_attn.q_proj.bias"] = rand(q_out)
             w[p + "self_attn.k_proj.bias"] = rand(kv_out)
             w[p + "self_attn.v_proj.bias"] = rand(kv_out)
         if a.arch in ("qwen3", "qwen3_moe"):
             w[p + "self_attn.q_norm.weight"] = ones(head_dim)
             w[p + "self_attn.k_norm.weight"] = ones(head_dim)
-        if a.arch == "qwen3_moe" and i not in MLP_ONLY_LAYERS:
+        if a.arch == "gpt_oss":
+            w[p + "self_attn.o_proj.bias"] = rand(h)
+            w[p + "self_attn.sinks"] = rng.normal(0.0, 1.0, size=(a.heads,)).astype(np.float32)
+            w[p + "mlp.router.weight"] = rng.normal(0.0, 0.1, size=(a.experts, h)).astype(np.float32)
+            w[p + "mlp.router.bias"] = rand(a.experts)
+            # mlx-lm's layout (what its sanitize makes of the original
+            # checkpoint): experts stacked, gate and up apart. Gate and up
+            # wide enough that some activations pass the clamp at 7.
+            wide = lambda *shape: rng.normal(0.0, 0.4, size=shape).astype(np.float32)
+            x = p + "mlp.experts."
+            w[x + "gate_proj.weight"] = wide(a.experts, inter, h)
+            w[x + "gate_proj.bias"] = rand(a.experts, inter)
+            w[x + "up_proj.weight"] = wide(a.experts, inter, h)
+            w[x + "up_proj.bias"] = rand(a.experts, inter)
+            w[x + "down_proj.weight"] = rand(a.experts, h, inter)
+            w[x + "down_proj.bias"] = rand(a.experts, h)
+        elif a.arch == "qwen3_moe" and i not in MLP_ONLY_LAYERS:
             # Hugging Face's layout, one tensor per expert (mlx-lm stacks
             # them at load; its converter writes them stacked). A router
             # wider than the other weights, so that routing is decisive.
@@ -122,7 +138,7 @@ def save_weights(weights, path, dtype):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
-    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "mistral", "qwen3_moe"], default="llama")
+    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "gpt_oss"], default="llama")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
@@ -134,6 +150,7 @@ def main():
     ap.add_argument("--experts", type=int, default=8, help="mixture-of-experts architectures")
     ap.add_argument("--experts-per-tok", type=int, default=2)
     ap.add_argument("--moe-intermediate", type=int, default=128)
+    ap.add_argument("--sliding-window", type=int, default=8, help="gpt_oss")
     a = ap.parse_args()
     if a.hidden % a.heads or a.heads % a.kv_heads:
         ap.error("--hidden must be divisible by --heads, and --heads by --kv-heads")
@@ -147,7 +164,7 @@ def main():
 
     arch_name = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM",
-                 "qwen3_moe": "Qwen3MoeForCausalLM"}[a.arch]
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}[a.arch]
     config = {
         "model_type": a.arch,
         "architectures": [arch_name],
@@ -177,6 +194,24 @@ def main():
             "decoder_sparse_step": 1,
             "mlp_only_layers": MLP_ONLY_LAYERS,
             "norm_topk_prob": True,
+        })
+    if a.arch == "gpt_oss":
+        # gpt-oss-20b's settings at a smaller scale: alternating sliding and
+        # full attention, YaRN RoPE, biases everywhere.
+        config.update({
+            "attention_bias": True,
+            "num_local_experts": a.experts,
+            "num_experts_per_tok": a.experts_per_tok,
+            "experts_per_token": a.experts_per_tok,
+            "layer_types": ["sliding_attention", "full_attention"] * (a.layers // 2)
+            + ["sliding_attention"] * (a.layers % 2),
+            "sliding_window": a.sliding_window,
+            "rope_theta": 150000.0,
+            "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "original_max_position_embeddings": 4096,
+                             "truncate": False},
+            "swiglu_limit": 7.0,
+            "rms_norm_eps": 1e-5,
         })
     with open(out("config.json"), "w") as f:
         json.dump(config, f, indent=2)

@@ -1,8 +1,9 @@
 //! `config.json` of a model folder: which architecture, which shapes, which quantization.
 //!
 //! The defaults follow mlx-lm 0.32's model classes (`llama`, `qwen2`,
-//! `qwen3`, `qwen3_moe`; `mistral` is served by the Llama code, as mlx-lm
-//! remaps it), so a folder that loads there loads here with the same numbers.
+//! `qwen3`, `qwen3_moe`, `gpt_oss`; `mistral` is served by the Llama code, as
+//! mlx-lm remaps it), so a folder that loads there loads here with the same
+//! numbers.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -13,7 +14,8 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 /// The `model_type` values this engine implements.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] =
+    &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"];
 
 /// The model families this engine implements; they differ only in a few details.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +31,9 @@ pub enum Family {
     /// Qwen3 mixture-of-experts: Qwen3's attention, routed experts on the
     /// sparse layers (see [`MoeConfig`]).
     Qwen3Moe,
+    /// gpt-oss: routed experts on every layer, biases everywhere, attention
+    /// sinks, sliding-window and full attention layers in turn, YaRN RoPE.
+    GptOss,
 }
 
 impl Family {
@@ -39,6 +44,7 @@ impl Family {
             "qwen2" => Some(Self::Qwen2),
             "qwen3" => Some(Self::Qwen3),
             "qwen3_moe" => Some(Self::Qwen3Moe),
+            "gpt_oss" => Some(Self::GptOss),
             _ => None,
         }
     }
@@ -64,6 +70,23 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         /// The context length the model was pre-trained with.
         original_max_position_embeddings: f32,
+    },
+    /// YaRN (mlx-lm's `YarnRoPE`): frequencies blended between plain and
+    /// scaled by the correction range, and queries and keys scaled by
+    /// `mscale`. mlx-lm builds it for gpt-oss.
+    Yarn {
+        /// Context extension factor.
+        factor: f32,
+        /// The context length the model was pre-trained with.
+        original_max_position_embeddings: f32,
+        /// Rotations at which the blend starts (high frequencies).
+        beta_fast: f32,
+        /// Rotations at which it ends (low frequencies).
+        beta_slow: f32,
+        /// Attention scale factor.
+        mscale: f32,
+        /// Its divisor's factor.
+        mscale_all_dim: f32,
     },
 }
 
@@ -106,13 +129,45 @@ pub struct MoeConfig {
     pub experts_per_token: i32,
     /// Width of one expert's MLP.
     pub intermediate_size: i32,
-    /// Whether the chosen experts' router probabilities are renormalised to
-    /// sum to one (Qwen3's `norm_topk_prob`).
-    pub norm_topk_prob: bool,
+    /// How the router's logits become the chosen experts' weights.
+    pub routing: Routing,
+    /// Biases on the router and the experts' projections (gpt-oss).
+    pub bias: bool,
+    /// The experts' gated activation.
+    pub activation: ExpertActivation,
     /// Per layer, whether its MLP is the sparse block (else the dense MLP of
     /// `intermediate_size`): Qwen3's `decoder_sparse_step` and
     /// `mlp_only_layers`, as mlx-lm reads them.
     pub sparse_layers: Vec<bool>,
+}
+
+/// How a router's logits become each token's experts and their weights.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Routing {
+    /// Softmax over all experts, then the top k (Qwen3-MoE); with
+    /// `normalize` (`norm_topk_prob`) the k probabilities are divided by
+    /// their sum.
+    SoftmaxTopK {
+        /// Renormalise the chosen experts' probabilities.
+        normalize: bool,
+    },
+    /// The top k logits, then a softmax over those k (gpt-oss).
+    TopKSoftmax,
+}
+
+/// The gated activation of the experts' MLPs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ExpertActivation {
+    /// `silu(gate) * up`.
+    Swiglu,
+    /// gpt-oss's: the gate clamped from above at `limit`, `up` to
+    /// `[-limit, limit]`, then `(up + 1) * gate * sigmoid(alpha * gate)`.
+    SwigluClamped {
+        /// The gate's slope in the sigmoid.
+        alpha: f32,
+        /// The clamp.
+        limit: f32,
+    },
 }
 
 /// A validated model configuration.
@@ -154,6 +209,12 @@ pub struct ModelConfig {
     pub quantization: Option<Quantization>,
     /// The routed experts, for mixture-of-experts families.
     pub moe: Option<MoeConfig>,
+    /// Per layer, the sliding window of its attention (a query sees itself
+    /// and the `window - 1` positions before it), `None` for full attention.
+    pub attention_windows: Vec<Option<i32>>,
+    /// Per-head attention sinks (gpt-oss): a learned logit each head's
+    /// softmax adds to its keys'.
+    pub attention_sinks: bool,
     /// End-of-sequence ids declared in `config.json`.
     pub eos_token_ids: Vec<u32>,
 }
@@ -189,6 +250,8 @@ struct RawConfig {
     decoder_sparse_step: Option<usize>,
     mlp_only_layers: Option<Vec<usize>>,
     norm_topk_prob: Option<bool>,
+    num_local_experts: Option<i32>,
+    sliding_window: Option<i32>,
 }
 
 impl ModelConfig {
@@ -247,6 +310,8 @@ impl ModelConfig {
             // mlx-lm's Qwen2 ignores a `head_dim` entry.
             Family::Qwen2 => hidden_size / num_heads,
             Family::Qwen3 | Family::Qwen3Moe => required(raw.head_dim, "head_dim")?,
+            // mlx-lm's default.
+            Family::GptOss => required(raw.head_dim.or(Some(64)), "head_dim")?,
             Family::Llama | Family::Mistral => match raw.head_dim {
                 Some(d) => required(Some(d), "head_dim")?,
                 None => hidden_size / num_heads,
@@ -256,13 +321,37 @@ impl ModelConfig {
             .num_hidden_layers
             .filter(|n| *n > 0)
             .ok_or_else(|| invalid("\"num_hidden_layers\" is missing or not positive".into()))?;
-        if let Some(types) = &raw.layer_types {
-            if types.iter().any(|t| t != "full_attention") {
+        let attention_windows = match (family, &raw.layer_types) {
+            (Family::GptOss, types) => {
+                // mlx-lm's default: sliding and full in turn.
+                let types = types.clone().unwrap_or_else(|| {
+                    (0..num_layers)
+                        .map(|i| ["sliding_attention", "full_attention"][i % 2].to_owned())
+                        .collect()
+                });
+                if types.len() != num_layers {
+                    return Err(invalid(format!(
+                        "\"layer_types\" has {} entries for {num_layers} layers",
+                        types.len()
+                    )));
+                }
+                let window = required(raw.sliding_window.or(Some(128)), "sliding_window")?;
+                types
+                    .iter()
+                    .map(|t| match t.as_str() {
+                        "sliding_attention" => Ok(Some(window)),
+                        "full_attention" => Ok(None),
+                        other => Err(unsupported(format!("layer type '{other}'"))),
+                    })
+                    .collect::<Result<Vec<_>>>()?
+            }
+            (_, Some(types)) if types.iter().any(|t| t != "full_attention") => {
                 return Err(unsupported(
                     "sliding-window attention (\"layer_types\")".into(),
                 ));
             }
-        }
+            _ => vec![None; num_layers],
+        };
 
         let rope = raw.rope_parameters.as_ref();
         let rope_theta = raw
@@ -276,13 +365,18 @@ impl ModelConfig {
                 Family::Llama | Family::Mistral => Some(10_000.0),
                 Family::Qwen2 => Some(1_000_000.0),
                 Family::Qwen3 | Family::Qwen3Moe => None,
+                Family::GptOss => Some(150_000.0),
             })
             .ok_or_else(|| invalid("\"rope_theta\" is missing".into()))?;
         let rope_scaling = match family {
             // mlx-lm's Qwen3-MoE builds plain RoPE whatever the config says
             // (some checkpoints declare YaRN for long contexts).
             Family::Qwen3Moe => RopeScaling::None,
-            _ => parse_rope_scaling(raw.rope_scaling.as_ref().or(rope)).map_err(&unsupported)?,
+            // YaRN is what gpt-oss declares; mlx-lm builds it for gpt-oss.
+            Family::GptOss => parse_rope_scaling(raw.rope_scaling.as_ref().or(rope), true)
+                .map_err(&unsupported)?,
+            _ => parse_rope_scaling(raw.rope_scaling.as_ref().or(rope), false)
+                .map_err(&unsupported)?,
         };
 
         let quantization = match (&raw.quantization, &raw.quantization_config) {
@@ -305,6 +399,7 @@ impl ModelConfig {
             ),
             Family::Qwen2 => (true, false, false),
             Family::Qwen3 | Family::Qwen3Moe => (false, false, false),
+            Family::GptOss => (true, true, false),
         };
         let moe = match family {
             Family::Qwen3Moe => {
@@ -325,10 +420,39 @@ impl ModelConfig {
                         raw.moe_intermediate_size,
                         "moe_intermediate_size",
                     )?,
-                    norm_topk_prob: raw.norm_topk_prob.unwrap_or(false),
+                    routing: Routing::SoftmaxTopK {
+                        normalize: raw.norm_topk_prob.unwrap_or(false),
+                    },
+                    bias: false,
+                    activation: ExpertActivation::Swiglu,
                     sparse_layers: (0..num_layers)
                         .map(|i| !dense.contains(&i) && (i + 1) % step == 0)
                         .collect(),
+                })
+            }
+            Family::GptOss => {
+                // mlx-lm's defaults (gpt-oss-120b's).
+                let num_experts =
+                    required(raw.num_local_experts.or(Some(128)), "num_local_experts")?;
+                let experts_per_token =
+                    required(raw.num_experts_per_tok.or(Some(4)), "num_experts_per_tok")?;
+                if experts_per_token > num_experts {
+                    return Err(invalid(format!(
+                        "num_experts_per_tok ({experts_per_token}) exceeds num_local_experts ({num_experts})"
+                    )));
+                }
+                Some(MoeConfig {
+                    num_experts,
+                    experts_per_token,
+                    intermediate_size: required(raw.intermediate_size, "intermediate_size")?,
+                    routing: Routing::TopKSoftmax,
+                    bias: true,
+                    // mlx-lm's `SwigluOAI()`, whatever `swiglu_limit` says.
+                    activation: ExpertActivation::SwigluClamped {
+                        alpha: 1.702,
+                        limit: 7.0,
+                    },
+                    sparse_layers: vec![true; num_layers],
                 })
             }
             _ => None,
@@ -349,14 +473,18 @@ impl ModelConfig {
             rope_theta,
             rope_traditional: raw.rope_traditional,
             rope_scaling,
-            tie_word_embeddings: raw
-                .tie_word_embeddings
-                .unwrap_or(!matches!(family, Family::Qwen3 | Family::Qwen3Moe)),
+            // mlx-lm's gpt-oss always has its own output projection.
+            tie_word_embeddings: family != Family::GptOss
+                && raw
+                    .tie_word_embeddings
+                    .unwrap_or(!matches!(family, Family::Qwen3 | Family::Qwen3Moe)),
             qkv_bias,
             o_bias,
             mlp_bias,
             quantization,
             moe,
+            attention_windows,
+            attention_sinks: family == Family::GptOss,
             eos_token_ids: token_ids(raw.eos_token_id.as_ref()),
         })
     }
@@ -375,7 +503,9 @@ pub(crate) fn token_ids(value: Option<&Value>) -> Vec<u32> {
     }
 }
 
-fn parse_rope_scaling(value: Option<&Value>) -> Result<RopeScaling, String> {
+/// The RoPE scaling of a config; `yarn` only where the family's mlx-lm
+/// model builds it (`allow_yarn`).
+fn parse_rope_scaling(value: Option<&Value>, allow_yarn: bool) -> Result<RopeScaling, String> {
     let Some(value) = value.filter(|v| !v.is_null()) else {
         return Ok(RopeScaling::None);
     };
@@ -406,8 +536,20 @@ fn parse_rope_scaling(value: Option<&Value>) -> Result<RopeScaling, String> {
                 Some(8192.0),
             )?,
         }),
+        "yarn" if allow_yarn => Ok(RopeScaling::Yarn {
+            factor: number("factor", None)?,
+            original_max_position_embeddings: number(
+                "original_max_position_embeddings",
+                Some(4096.0),
+            )?,
+            beta_fast: number("beta_fast", Some(32.0))?,
+            beta_slow: number("beta_slow", Some(1.0))?,
+            mscale: number("mscale", Some(1.0))?,
+            mscale_all_dim: number("mscale_all_dim", Some(0.0))?,
+        }),
         other => Err(format!(
-            "rope scaling type '{other}' (supported: default, linear, llama3)"
+            "rope scaling type '{other}' (supported: default, linear, llama3{})",
+            if allow_yarn { ", yarn" } else { "" }
         )),
     }
 }
@@ -467,7 +609,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "model type 'gpt2' in m/config.json is not supported by native-mlx; \
-             supported model types: llama, mistral, qwen2, qwen3, qwen3_moe"
+             supported model types: llama, mistral, qwen2, qwen3, qwen3_moe, gpt_oss"
         );
     }
 
@@ -525,7 +667,7 @@ mod tests {
             "every second layer but layer 3"
         );
         assert_eq!((moe.num_experts, moe.experts_per_token), (8, 2));
-        assert!(!moe.norm_topk_prob);
+        assert_eq!(moe.routing, Routing::SoftmaxTopK { normalize: false });
         assert_eq!(c.rope_scaling, RopeScaling::None);
         assert!(!c.tie_word_embeddings);
         let too_many = json.replace("\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9");

@@ -9,6 +9,7 @@ pub(crate) mod encoder;
 mod layers;
 mod moe;
 mod weights;
+mod window;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -18,7 +19,7 @@ use mlx_rs::fast::{
     rms_norm, rope, rope_dynamic, scaled_dot_product_attention, ScaledDotProductAttentionMask,
 };
 use mlx_rs::nn::sigmoid;
-use mlx_rs::ops::{arange, concatenate, select};
+use mlx_rs::ops::{arange, clip, concatenate, minimum, select};
 use mlx_rs::transforms::compile::compile;
 use mlx_rs::transforms::eval;
 use mlx_rs::{Array, Device, DeviceType, Stream};
@@ -68,8 +69,10 @@ struct Rope {
     traditional: bool,
     base: Option<f32>,
     scale: f32,
-    /// Precomputed frequencies (Llama 3 scaling) instead of `base`.
+    /// Precomputed frequencies (Llama 3 and YaRN scaling) instead of `base`.
     freqs: Option<Array>,
+    /// YaRN's factor on queries and keys before the rotation (1: none).
+    mscale: f32,
 }
 
 impl Rope {
@@ -80,6 +83,7 @@ impl Rope {
             base: Some(config.rope_theta),
             scale: 1.0,
             freqs: None,
+            mscale: 1.0,
         };
         match config.rope_scaling {
             RopeScaling::None => {}
@@ -100,11 +104,42 @@ impl Rope {
                     old_context,
                 )?);
             }
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                mscale,
+                mscale_all_dim,
+            } => {
+                let (freqs, scale) = yarn_freqs(
+                    config.head_dim,
+                    config.rope_theta,
+                    factor,
+                    original_max_position_embeddings,
+                    (beta_fast, beta_slow),
+                    (mscale, mscale_all_dim),
+                )?;
+                rope.base = None;
+                rope.freqs = Some(freqs);
+                rope.mscale = scale;
+            }
         }
         Ok(rope)
     }
 
+    /// `x` times YaRN's `mscale`, as mlx-lm's `YarnRoPE` scales it (in
+    /// `x`'s dtype); `x` itself without one.
+    fn scaled(&self, x: &Array) -> Result<Array> {
+        Ok(if self.mscale == 1.0 {
+            x.clone()
+        } else {
+            x.multiply(Array::from_f32(self.mscale).as_dtype(x.dtype())?)?
+        })
+    }
+
     fn apply(&self, x: &Array, offset: i32) -> Result<Array> {
+        let x = &self.scaled(x)?;
         Ok(rope(
             x,
             self.dims,
@@ -120,6 +155,7 @@ impl Rope {
     /// `i` is at position `positions[i]` (MLX computes a scalar offset the
     /// same way).
     fn apply_at(&self, x: &Array, positions: &Array) -> Result<Array> {
+        let x = &self.scaled(x)?;
         Ok(rope_dynamic(
             x,
             self.dims,
@@ -227,6 +263,64 @@ fn llama3_freqs(
     Ok(freqs)
 }
 
+/// YaRN's frequencies and `mscale`, with the same ops, dtypes and float64
+/// arithmetic as mlx-lm's `YarnRoPE`.
+fn yarn_freqs(
+    dims: i32,
+    base: f32,
+    factor: f32,
+    original_context: f32,
+    (beta_fast, beta_slow): (f32, f32),
+    (mscale, mscale_all_dim): (f32, f32),
+) -> Result<(Array, f32)> {
+    let (d, b, context) = (dims as f64, base as f64, original_context as f64);
+    let correction_dim = |rotations: f64| {
+        d * (context / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * b.ln())
+    };
+    let low = correction_dim(beta_fast as f64).floor().max(0.0);
+    let mut high = correction_dim(beta_slow as f64).ceil().min(d - 1.0);
+    if low == high {
+        high += 0.001; // mlx-lm's guard against a zero-width ramp
+    }
+    let get_mscale = |scale: f64, m: f64| {
+        if scale <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * scale.ln() + 1.0
+        }
+    };
+    let factor = factor as f64;
+    let scale = get_mscale(factor, mscale as f64) / get_mscale(factor, mscale_all_dim as f64);
+    let scalar = |v: f64| Array::from_f32(v as f32);
+    let exponents = arange::<_, f32>(0.0, d as f32, 2.0)?.divide(scalar(d))?;
+    let freq_extra = scalar(b).power(&exponents)?;
+    let freq_inter = scalar(factor).multiply(&freq_extra)?;
+    let ramp = arange::<_, f32>(0.0, (dims / 2) as f32, 1.0)?
+        .subtract(scalar(low))?
+        .divide(scalar(high - low))?;
+    let ramp = clip(&ramp, (&scalar(0.0), &scalar(1.0)))?;
+    let freq_mask = scalar(1.0).subtract(&ramp)?;
+    let freqs = freq_inter.multiply(&freq_extra)?.divide(
+        freq_inter
+            .multiply(&freq_mask)?
+            .add(freq_extra.multiply(scalar(1.0).subtract(&freq_mask)?)?)?,
+    )?;
+    eval([&freqs])?;
+    Ok((freqs, scale as f32))
+}
+
+/// An attention mask as [`Attention::sdpa_heads`] slices it by heads.
+#[derive(Clone, Copy)]
+enum Mask<'a> {
+    None,
+    /// Causal, aligned to the end of the keys.
+    Causal,
+    /// One mask for every row of the batch axis.
+    Shared(&'a Array),
+    /// One mask per row of the batch axis (its first axis).
+    Rows(&'a Array),
+}
+
 #[derive(Clone)]
 struct Attention {
     /// Queries, keys and values.
@@ -241,6 +335,11 @@ struct Attention {
     /// Attention of different key/value heads is independent: long
     /// attentions are split by heads over the CPU streams.
     parallel: Parallel,
+    /// gpt-oss's learned logit per query head, `(num_heads,)`, that each
+    /// head's softmax adds beside its keys'.
+    sinks: Option<Array>,
+    /// A sliding layer's window (see `window`); `None`: full attention.
+    window: Option<i32>,
 }
 
 /// The query, key and value projections of some tokens, before they are
@@ -423,8 +522,15 @@ impl Attention {
                 .transpose_axes(&[1, 0, 2, 3])?
                 .reshape(&[kv_heads * g, repeats, 1, -1])?;
             let (k, v) = KvPool::gather(pool, &group.index, group.padded)?;
-            let mask = ScaledDotProductAttentionMask::Array(&group.mask);
-            let out = scaled_dot_product_attention(q, k, v, self.scale, mask, None)?;
+            let mask = match self.window {
+                Some(w) => {
+                    let positions = d.positions.at(start - g..start)?;
+                    let inside = window::decoding(&positions, group.padded, w, kv_heads)?;
+                    group.mask.logical_and(&inside)?
+                }
+                None => group.mask.clone(),
+            };
+            let out = self.sdpa_heads(&q, &k, &v, Mask::Rows(&mask), 0, (0, kv_heads), g, g)?;
             // Back to `(1, g, q_heads * head_dim)`, query heads in order.
             let out = out
                 .reshape(&[kv_heads, g, repeats, -1])?
@@ -598,18 +704,26 @@ impl Attention {
         kv_per: i32,
     ) -> Result<Array> {
         let len = queries.dim(2);
-        let sdpa = |q: &Array, k: &Array, v: &Array| -> Result<Array> {
-            // One query attends to every cached key; several (prefill) need
-            // the causal mask, which the kernel aligns to the end of the keys.
-            let mask = (len > 1).then_some(ScaledDotProductAttentionMask::Causal);
-            Ok(scaled_dot_product_attention(
-                q, k, v, self.scale, mask, None,
-            )?)
+        // The queries are the last `len` positions of the keys.
+        let offset = keys.dim(2) - len;
+        let window = match self.window {
+            Some(w) if window::needed(len, offset, w) => Some(window::causal(len, offset, w)?),
+            _ => None,
+        };
+        // One query attends to every cached key; several (prefill) need
+        // the causal mask, which the kernel aligns to the end of the keys.
+        let mask = match &window {
+            Some(m) => Mask::Shared(m),
+            None if len > 1 => Mask::Causal,
+            None => Mask::None,
+        };
+        let sdpa = |q: &Array, k: &Array, v: &Array, heads: (i32, i32)| -> Result<Array> {
+            self.sdpa_heads(q, k, v, mask, axis, heads, q_per, kv_per)
         };
         let work = queries.size() * keys.dim(2) as usize;
         let parts = self.parallel.parts(self.num_kv_heads as usize, work);
         if parts == 1 {
-            return sdpa(queries, keys, values);
+            return sdpa(queries, keys, values, (0, self.num_kv_heads));
         }
         let slice = |a: &Array, range: std::ops::Range<i32>| -> Result<Array> {
             Ok(if axis == 0 {
@@ -624,10 +738,67 @@ impl Attention {
                 let q = slice(queries, start * q_per..end * q_per)?;
                 let k = slice(keys, start * kv_per..end * kv_per)?;
                 let v = slice(values, start * kv_per..end * kv_per)?;
-                self.parallel.on(i, || sdpa(&q, &k, &v))
+                self.parallel.on(i, || sdpa(&q, &k, &v, (start, end)))
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(concatenate(&outs, axis)?)
+    }
+
+    /// One attention kernel over key/value heads `heads` (`start..end`),
+    /// whose rows these are: along `axis` (0 or 1), `q_per` query rows and
+    /// `kv_per` key rows per head. With sinks, each query head gets its own;
+    /// the kernel takes them by query head of axis 1, so where the heads lie
+    /// along axis 0 each key/value head has a kernel of its own.
+    #[allow(clippy::too_many_arguments)]
+    fn sdpa_heads(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        mask: Mask,
+        axis: i32,
+        (start, end): (i32, i32),
+        q_per: i32,
+        kv_per: i32,
+    ) -> Result<Array> {
+        let kernel = |q: &Array, k: &Array, v: &Array, mask: Mask, sinks: Option<&Array>| {
+            let mask = match mask {
+                Mask::None => None,
+                Mask::Causal => Some(ScaledDotProductAttentionMask::Causal),
+                Mask::Shared(m) | Mask::Rows(m) => Some(ScaledDotProductAttentionMask::Array(m)),
+            };
+            scaled_dot_product_attention(q, k, v, self.scale, mask, sinks)
+        };
+        let Some(sinks) = &self.sinks else {
+            return Ok(kernel(q, k, v, mask, None)?);
+        };
+        let repeats = self.num_heads / self.num_kv_heads;
+        if axis == 1 {
+            let sinks = sinks.at(start * repeats..end * repeats)?;
+            return Ok(kernel(q, k, v, mask, Some(&sinks))?);
+        }
+        let outs = (0..end - start)
+            .map(|i| {
+                let h = start + i;
+                let rows_mask;
+                let mask = match mask {
+                    Mask::Rows(m) => {
+                        rows_mask = m.at(i * q_per..(i + 1) * q_per)?;
+                        Mask::Rows(&rows_mask)
+                    }
+                    other => other,
+                };
+                let sinks = sinks.at(h * repeats..(h + 1) * repeats)?;
+                Ok(kernel(
+                    &q.at(i * q_per..(i + 1) * q_per)?,
+                    &k.at(i * kv_per..(i + 1) * kv_per)?,
+                    &v.at(i * kv_per..(i + 1) * kv_per)?,
+                    mask,
+                    Some(&sinks),
+                )?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(concatenate(&outs, 0)?)
     }
 }
 
@@ -688,6 +859,34 @@ thread_local! {
     /// every step; and MLX replays a compiled graph on the stream it was
     /// traced on, hence one per stream.
     static SWIGLU: RefCell<HashMap<i32, Compiled2>> = RefCell::new(HashMap::new());
+}
+
+thread_local! {
+    /// `swiglu_clamped`, compiled once per stream of this thread and
+    /// constants (as `SWIGLU`).
+    static SWIGLU_CLAMPED: RefCell<HashMap<(i32, u32, u32), Compiled2>> =
+        RefCell::new(HashMap::new());
+}
+
+/// gpt-oss's `swiglu_oai` as mlx-lm computes it (compiled, shapeless): the
+/// gate clamped from above at `limit`, `x` to `[-limit, limit]`, then
+/// `(x + 1) * gate * sigmoid(alpha * gate)`, the constants in the gate's dtype.
+fn swiglu_clamped(gate: &Array, x: &Array, alpha: f32, limit: f32) -> Result<Array> {
+    let stream = Stream::thread_local_or_default().get_index()?;
+    SWIGLU_CLAMPED.with_borrow_mut(|compiled| {
+        let key = (stream, alpha.to_bits(), limit.to_bits());
+        let f = compiled.entry(key).or_insert_with(|| {
+            let f = move |(gate, x): (&Array, &Array)| {
+                let scalar = |v: f32| Array::from_f32(v).as_dtype(gate.dtype());
+                let gate = minimum(gate, scalar(limit)?)?;
+                let x = clip(x, (&scalar(-limit)?, &scalar(limit)?))?;
+                let glu = gate.multiply(sigmoid(scalar(alpha)?.multiply(&gate)?)?)?;
+                x.add(scalar(1.0)?)?.multiply(glu)
+            };
+            Box::new(compile(f, true))
+        });
+        Ok(f((gate, x))?)
+    })
 }
 
 /// mlx-lm's `swiglu`: `silu(gate) * x`, compiled (shapeless) into one kernel.
@@ -799,6 +998,11 @@ impl Model {
             let p = format!("model.layers.{i}");
             let attn = |name: &str| format!("{p}.self_attn.{name}");
             let mlp = |name: &str| format!("{p}.mlp.{name}");
+            let sinks = if config.attention_sinks {
+                Some(w.take(&attn("sinks"))?)
+            } else {
+                None
+            };
             let qk_norms = if matches!(config.family, Family::Qwen3 | Family::Qwen3Moe) {
                 Some((
                     w.take(&attn("q_norm.weight"))?,
@@ -823,11 +1027,14 @@ impl Model {
                 scale: (config.head_dim as f32).powf(-0.5),
                 eps: config.rms_norm_eps,
                 parallel: layout.parallel.clone(),
+                sinks,
+                window: config.attention_windows[i],
             };
             let mlp = match &config.moe {
                 Some(moe) if moe.sparse_layers[i] => FeedForward::Sparse(SparseMoe::take(
                     &mut w,
                     &format!("{p}.mlp"),
+                    config.family,
                     moe,
                     q,
                     l,
@@ -969,6 +1176,7 @@ impl Model {
             if let Some((q, k)) = &a.qk_norms {
                 all.extend([q, k]);
             }
+            all.extend(&a.sinks);
             all.extend(block.mlp.arrays());
             all.extend([&block.input_norm, &block.post_attention_norm]);
         }

@@ -16,12 +16,12 @@ use mlx_rs::ops::{
 use mlx_rs::transforms::eval;
 use mlx_rs::{Array, Dtype};
 
-use crate::config::{MoeConfig, QuantParams, Quantization};
+use crate::config::{ExpertActivation, Family, MoeConfig, QuantParams, Quantization, Routing};
 use crate::error::{Error, Result};
 use crate::indexing::IndexOnStream;
 use crate::model::layers::{quantization_of, Layout, Linear};
-use crate::model::swiglu;
 use crate::model::weights::Weights;
+use crate::model::{swiglu, swiglu_clamped};
 
 /// mlx-lm's `SwitchGLU` sorts the tokens by expert from this many
 /// (token, expert) pairs on, so each expert's weights are read in one run.
@@ -57,11 +57,13 @@ impl SwitchLinear {
     /// MLX-quantized). Without it, stacks the dense `{expert(e)}.weight` of
     /// each of `num_experts` experts (Hugging Face's layout), as mlx-lm's
     /// `sanitize` does at load.
+    /// `bias`: the architecture has `{prefix}.bias`, `(experts, out)`.
     fn take(
         weights: &mut Weights,
         prefix: &str,
         expert: impl Fn(i32) -> String,
         num_experts: i32,
+        bias: bool,
         quantization: Option<&Quantization>,
     ) -> Result<Self> {
         let stacked = format!("{prefix}.weight");
@@ -86,7 +88,12 @@ impl SwitchLinear {
                     },
                 }
             };
-        Ok(Self { matrix, bias: None })
+        let bias = if bias {
+            Some(weights.take(&format!("{prefix}.bias"))?)
+        } else {
+            None
+        };
+        Ok(Self { matrix, bias })
     }
 
     /// Refuses dense experts that MLX cannot multiply on the CPU: its CPU
@@ -158,6 +165,7 @@ struct SwitchGlu {
     gate_proj: SwitchLinear,
     up_proj: SwitchLinear,
     down_proj: SwitchLinear,
+    activation: ExpertActivation,
 }
 
 impl SwitchGlu {
@@ -181,7 +189,13 @@ impl SwitchGlu {
         };
         let up = self.up_proj.apply(&x, &idx, sort)?;
         let gate = self.gate_proj.apply(&x, &idx, sort)?;
-        let y = self.down_proj.apply(&swiglu(&gate, &up)?, &idx, sort)?;
+        let hidden = match self.activation {
+            ExpertActivation::Swiglu => swiglu(&gate, &up)?,
+            ExpertActivation::SwigluClamped { alpha, limit } => {
+                swiglu_clamped(&gate, &up, alpha, limit)?
+            }
+        };
+        let y = self.down_proj.apply(&hidden, &idx, sort)?;
         let y = match inverse {
             Some(inverse) => unflatten(y.take_axis(&inverse, 0)?, 0, indices.shape())?,
             None => y,
@@ -198,43 +212,51 @@ impl SwitchGlu {
 }
 
 /// A sparse MLP block: the router and the experts (Qwen3-MoE's
-/// `Qwen3MoeSparseMoeBlock`).
+/// `Qwen3MoeSparseMoeBlock`, gpt-oss's `MLPBlock`).
 #[derive(Clone)]
 pub(crate) struct SparseMoe {
     /// Expert logits of each token, `(hidden) -> (experts)`.
     router: Linear,
     experts: SwitchGlu,
     top_k: i32,
-    norm_topk_prob: bool,
+    routing: Routing,
 }
 
 impl SparseMoe {
-    /// Takes the block at `prefix` (`model.layers.N.mlp`): the router at
-    /// `gate`, the experts stacked at `switch_mlp.{gate,up,down}_proj` (as
-    /// mlx-lm writes them) or one by one at `experts.E.*` (Hugging Face).
-    /// `on_cpu`: the model runs on the CPU, whose `gather_mm` multiplies
-    /// float32 alone.
+    /// Takes the block at `prefix` (`model.layers.N.mlp`). Qwen3-MoE: the
+    /// router at `gate`, the experts stacked at
+    /// `switch_mlp.{gate,up,down}_proj` (as mlx-lm writes them) or one by
+    /// one at `experts.E.*` (Hugging Face). gpt-oss: the router at `router`,
+    /// the experts stacked at `experts.{gate,up,down}_proj`, as mlx-lm's
+    /// `sanitize` leaves them. `on_cpu`: the model runs on the CPU, whose
+    /// `gather_mm` multiplies float32 alone.
     pub(crate) fn take(
         weights: &mut Weights,
         prefix: &str,
+        family: Family,
         moe: &MoeConfig,
         quantization: Option<&Quantization>,
         layout: &Layout,
         on_cpu: bool,
     ) -> Result<Self> {
+        let (router, stacked) = match family {
+            Family::GptOss => ("router", "experts"),
+            _ => ("gate", "switch_mlp"),
+        };
         let router = Linear::take(
             weights,
-            &format!("{prefix}.gate"),
-            false,
+            &format!("{prefix}.{router}"),
+            moe.bias,
             quantization,
             layout,
         )?;
         let mut projection = |name: &str| {
             SwitchLinear::take(
                 weights,
-                &format!("{prefix}.switch_mlp.{name}"),
+                &format!("{prefix}.{stacked}.{name}"),
                 |e| format!("{prefix}.experts.{e}.{name}"),
                 moe.num_experts,
+                moe.bias,
                 quantization,
             )
         };
@@ -242,35 +264,50 @@ impl SparseMoe {
             gate_proj: projection("gate_proj")?,
             up_proj: projection("up_proj")?,
             down_proj: projection("down_proj")?,
+            activation: moe.activation,
         };
         if on_cpu {
             experts
                 .gate_proj
-                .check_cpu(weights, &format!("{prefix}.switch_mlp"))?;
+                .check_cpu(weights, &format!("{prefix}.{stacked}"))?;
         }
         Ok(Self {
             router,
             experts,
             top_k: moe.experts_per_token,
-            norm_topk_prob: moe.norm_topk_prob,
+            routing: moe.routing,
         })
     }
 
     /// The block's output for `x` `(..., hidden)`: each token's experts'
     /// outputs weighted by their router probabilities.
     pub(crate) fn forward(&self, x: &Array) -> Result<Array> {
-        let gates = softmax_axis(self.router.forward(x)?, -1, true)?;
+        let logits = self.router.forward(x)?;
         let k = self.top_k;
-        let experts = gates.dim(-1);
-        let indices = argpartition_axis(&gates, -k, -1)?.at((Ellipsis, experts - k..))?;
-        let mut scores = gates.take_along_axis(&indices, -1)?;
-        if self.norm_topk_prob {
-            scores = scores.divide(scores.sum_axis(-1, true)?)?;
+        let top_k = |a: &Array| -> Result<Array> {
+            let experts = a.dim(-1);
+            argpartition_axis(a, -k, -1)?.at((Ellipsis, experts - k..))
+        };
+        match self.routing {
+            Routing::SoftmaxTopK { normalize } => {
+                let gates = softmax_axis(&logits, -1, true)?;
+                let indices = top_k(&gates)?;
+                let mut scores = gates.take_along_axis(&indices, -1)?;
+                if normalize {
+                    scores = scores.divide(scores.sum_axis(-1, true)?)?;
+                }
+                let y = self.experts.forward(x, &indices)?;
+                Ok(y.multiply(scores.expand_dims(-1)?)?
+                    .sum_axis(-2, None)?
+                    .as_dtype(y.dtype())?)
+            }
+            Routing::TopKSoftmax => {
+                let indices = top_k(&logits)?;
+                let weights = softmax_axis(logits.take_along_axis(&indices, -1)?, -1, true)?;
+                let y = self.experts.forward(x, &indices)?;
+                Ok(y.multiply(weights.expand_dims(-1)?)?.sum_axis(-2, None)?)
+            }
         }
-        let y = self.experts.forward(x, &indices)?;
-        Ok(y.multiply(scores.expand_dims(-1)?)?
-            .sum_axis(-2, None)?
-            .as_dtype(y.dtype())?)
     }
 
     pub(crate) fn arrays(&self) -> Vec<&Array> {

@@ -39,7 +39,9 @@ const fn greedy(model: &'static str) -> Case {
 /// 8-bit, bfloat16 and float16, tied embeddings (dense and quantized) and
 /// Llama 3 RoPE scaling; Qwen3-MoE (Hugging Face's per-expert layout in
 /// float32, mlx-lm's stacked experts in 4- and 8-bit; MLX's CPU `gather_mm`
-/// multiplies float32 only); then two seeded sampling cases.
+/// multiplies float32 only); gpt-oss (sliding windows of 8 positions, shorter
+/// than the prompt; sinks, YaRN, biases) in float32 and 4-bit; then two
+/// seeded sampling cases.
 pub const CASES: &[Case] = &[
     greedy("llama"),
     greedy("llama-q4"),
@@ -57,6 +59,8 @@ pub const CASES: &[Case] = &[
     greedy("qwen3_moe"),
     greedy("qwen3_moe-q4"),
     greedy("qwen3_moe-q8"),
+    greedy("gpt_oss"),
+    greedy("gpt_oss-q4"),
     Case {
         model: "llama",
         temp: 0.8,
@@ -207,6 +211,7 @@ fn build() -> Fixtures {
         ("llama-bf16", "llama", "bfloat16"),
         ("qwen3-f16", "qwen3", "float16"),
         ("qwen3_moe", "qwen3_moe", "float32"),
+        ("gpt_oss", "gpt_oss", "float32"),
     ];
     for (name, arch, dtype) in models {
         let status = Command::new(python())
@@ -239,6 +244,7 @@ fn build() -> Fixtures {
         ("llama-tied", 4),
         ("qwen3_moe", 4),
         ("qwen3_moe", 8),
+        ("gpt_oss", 4),
     ]
     .iter()
     .map(|(model, bits)| {
