@@ -171,11 +171,21 @@ fn greedy_tokens_are_the_same_alone_and_batched_4bit_qwen3_moe() {
 }
 
 #[test]
+fn greedy_tokens_are_the_same_alone_and_batched_gpt_oss() {
+    same_tokens_alone_and_batched("gpt_oss");
+}
+
+#[test]
+fn greedy_tokens_are_the_same_alone_and_batched_4bit_gpt_oss() {
+    same_tokens_alone_and_batched("gpt_oss-q4");
+}
+
+#[test]
 fn a_short_prompt_gives_the_session_tokens() {
     // A prompt within one chunk is prefilled in one pass by both paths;
     // decoding then reads the pool, padded and masked, past a bucket's end
     // (100 + 60 positions), where the session reads its own cache.
-    for model in ["llama", "qwen3-q4", "llama-bf16", "qwen3_moe"] {
+    for model in ["llama", "qwen3-q4", "llama-bf16", "qwen3_moe", "gpt_oss"] {
         let p = prompt(9, 100);
         let r = request(&p, 60);
         let mut session = Session::load(&fixtures().model(model)).unwrap();
@@ -213,15 +223,39 @@ fn seeded_sampling_is_the_same_alone_and_batched() {
 
 #[test]
 fn a_cached_prefix_gives_the_same_tokens_as_cold() {
-    cached_prefix_gives_the_same_tokens_as_cold("llama");
+    cached_prefix_gives_the_same_tokens_as_cold("llama", true);
 }
 
 #[test]
 fn a_cached_prefix_gives_the_same_tokens_as_cold_qwen3_moe() {
-    cached_prefix_gives_the_same_tokens_as_cold("qwen3_moe");
+    cached_prefix_gives_the_same_tokens_as_cold("qwen3_moe", true);
 }
 
-fn cached_prefix_gives_the_same_tokens_as_cold(model: &str) {
+#[test]
+fn a_cached_prefix_gives_the_same_tokens_as_cold_gpt_oss() {
+    // The fixture's first block reaches the answer only through its one
+    // full-attention layer, averaged over 290 positions (its sliding layer
+    // sees 8): another first block gives the same 16 ids, in mlx-lm too.
+    cached_prefix_gives_the_same_tokens_as_cold("gpt_oss", false);
+    // A prompt that ends 3 tokens after the cached block: the sliding
+    // layer's windows read the block's last positions from the cache.
+    let b = batcher("gpt_oss", 64 << 20);
+    let cold = batcher("gpt_oss", 0);
+    let block = prompt(24, 128);
+    run(&b, &request(&[block.clone(), prompt(25, 20)].concat(), 4));
+    let short = [block.clone(), prompt(26, 3)].concat();
+    let warm = run(&b, &request(&short, 16));
+    assert_eq!(warm.usage.cached_prompt_tokens, 128);
+    assert_eq!(warm.token_ids, run(&cold, &request(&short, 16)).token_ids);
+    // Teeth: the block's last positions change the answer.
+    let mut changed = short.clone();
+    changed[121..128].copy_from_slice(&prompt(27, 7));
+    assert_ne!(run(&cold, &request(&changed, 16)).token_ids, warm.token_ids);
+}
+
+/// `first_block_matters`: the model's answer to the test's prompt changes
+/// with its first block, which shows that the cached block is used.
+fn cached_prefix_gives_the_same_tokens_as_cold(model: &str, first_block_matters: bool) {
     let b = batcher(model, 64 << 20);
     let cold = batcher(model, 0);
     let first = prompt(21, 300);
@@ -240,9 +274,11 @@ fn cached_prefix_gives_the_same_tokens_as_cold(model: &str) {
     assert_eq!(warm.usage.cached_prompt_tokens, 128);
     assert_eq!(warm.token_ids, run(&cold, &request(&other, 16)).token_ids);
     // The check has teeth: a different first block changes the answer.
-    let mut changed = other.clone();
-    changed[..128].copy_from_slice(&prompt(23, 128));
-    assert_ne!(run(&cold, &request(&changed, 16)).token_ids, warm.token_ids);
+    if first_block_matters {
+        let mut changed = other.clone();
+        changed[..128].copy_from_slice(&prompt(23, 128));
+        assert_ne!(run(&cold, &request(&changed, 16)).token_ids, warm.token_ids);
+    }
 
     // Batched with others, from the cache: still the same.
     let mut requests = mixed_requests();
@@ -259,7 +295,7 @@ fn a_request_decoding_alone_keeps_its_tokens_as_company_comes_and_goes() {
     // moves it to the pool, and it is alone again once that one is done.
     // Its tokens are those of a run alone throughout, and the newcomer's
     // those of its own run alone.
-    for model in ["llama", "llama-bf16"] {
+    for model in ["llama", "llama-bf16", "gpt_oss"] {
         let b = batcher(model, 0);
         let long = request(&prompt(31, 150), 60);
         let short = request(&prompt(32, 40), 8);

@@ -18,7 +18,8 @@ fn long_prompt() -> Vec<u32> {
 
 #[test]
 fn a_long_prompt_sorted_by_expert_gives_mlx_lm_ids() {
-    let models = ["qwen3_moe", "qwen3_moe-q4"];
+    // gpt-oss: the prompt is also 12 times its window.
+    let models = ["qwen3_moe", "qwen3_moe-q4", "gpt_oss", "gpt_oss-q4"];
     let prompt = long_prompt();
     let cases: Vec<_> = models
         .iter()

@@ -86,8 +86,15 @@ fn greedy_ids_are_plain_decodings() {
 
 #[test]
 fn a_mixture_of_experts_verifies_many_tokens_in_one_pass() {
-    // Each verified token is routed to its own experts within one pass.
-    let session = Session::load(&fixtures().model("qwen3_moe")).unwrap();
+    // Each verified token is routed to its own experts within one pass;
+    // gpt-oss's sliding layers mask each verified token's own window.
+    for model in ["qwen3_moe", "gpt_oss"] {
+        verifies_many_tokens_in_one_pass(model);
+    }
+}
+
+fn verifies_many_tokens_in_one_pass(model: &str) {
+    let session = Session::load(&fixtures().model(model)).unwrap();
     let b = Batcher::start(session, BatchOptions::default());
     let (plain, _) = ids(&b, &request(Speculation::default(), 40));
     let predicted = Speculation {
@@ -96,16 +103,16 @@ fn a_mixture_of_experts_verifies_many_tokens_in_one_pass() {
         ..Speculation::default()
     };
     let (got, usage) = ids(&b, &request(predicted, 40));
-    assert_eq!(got, plain);
-    assert!(usage.accepted_prediction >= 30, "{usage:?}");
+    assert_eq!(got, plain, "{model}");
+    assert!(usage.accepted_prediction >= 30, "{model}: {usage:?}");
     let wrong = Speculation {
         prediction: Some(vec![3; 20]),
         k: 4,
         ..Speculation::default()
     };
     let (got, usage) = ids(&b, &request(wrong, 40));
-    assert_eq!(got, plain);
-    assert!(usage.rejected_prediction > 0, "{usage:?}");
+    assert_eq!(got, plain, "{model}");
+    assert!(usage.rejected_prediction > 0, "{model}: {usage:?}");
 }
 
 #[test]
