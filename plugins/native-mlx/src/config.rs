@@ -678,6 +678,45 @@ mod tests {
     }
 
     #[test]
+    fn gpt_oss_reads_windows_yarn_and_sinks_with_mlx_lm_defaults() {
+        let json = r#"{"model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 3,
+            "intermediate_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "vocab_size": 512, "rms_norm_eps": 1e-5, "num_local_experts": 4,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "sliding_window": 8, "tie_word_embeddings": true,
+            "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                "beta_slow": 1.0, "original_max_position_embeddings": 4096}}"#;
+        let c = parse(json).unwrap();
+        assert_eq!(c.attention_windows, [Some(8), None, Some(8)]);
+        assert!(c.attention_sinks && c.qkv_bias && c.o_bias);
+        assert!(
+            !c.tie_word_embeddings,
+            "mlx-lm's gpt-oss has its own lm_head"
+        );
+        assert_eq!(c.rope_theta, 150_000.0);
+        assert!(matches!(c.rope_scaling, RopeScaling::Yarn { factor, .. } if factor == 32.0));
+        let moe = c.moe.unwrap();
+        assert_eq!((moe.num_experts, moe.experts_per_token), (4, 4));
+        assert_eq!(moe.routing, Routing::TopKSoftmax);
+        assert_eq!(moe.sparse_layers, [true; 3]);
+        // Without layer_types: sliding and full in turn, as mlx-lm.
+        let json = json.replace(
+            r#""layer_types": ["sliding_attention", "full_attention", "sliding_attention"],"#,
+            "",
+        );
+        assert_eq!(
+            parse(&json).unwrap().attention_windows,
+            [Some(8), None, Some(8)]
+        );
+        // Yarn stays refused where mlx-lm does not build it.
+        let llama = LLAMA.replace(
+            "\"vocab_size\"",
+            r#""rope_scaling": {"rope_type": "yarn", "factor": 4}, "vocab_size""#,
+        );
+        assert!(parse(&llama).is_err());
+    }
+
+    #[test]
     fn quantization_with_overrides() {
         let json = LLAMA.replace(
             "\"vocab_size\"",
