@@ -90,13 +90,35 @@ pub enum RopeScaling {
     },
 }
 
-/// MLX affine quantization of a linear or embedding layer.
+/// MLX quantization of a linear or embedding layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuantParams {
-    /// Weights that share one scale and bias.
+    /// Weights that share one scale (and bias).
     pub group_size: i32,
     /// Bits per weight.
     pub bits: i32,
+    /// How the weights are packed.
+    pub mode: QuantMode,
+}
+
+/// How MLX packs a quantized layer's weights (its `mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantMode {
+    /// Integers with a float scale and bias per group.
+    Affine,
+    /// OCP MXFP4: 4-bit floats with a power-of-two scale (`uint8`) per 32
+    /// weights and no biases, as gpt-oss ships its experts.
+    Mxfp4,
+}
+
+impl QuantMode {
+    /// The name MLX and `config.json` give the mode.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Affine => "affine",
+            Self::Mxfp4 => "mxfp4",
+        }
+    }
 }
 
 /// The `quantization` block of an MLX-quantized checkpoint.
@@ -563,14 +585,21 @@ fn parse_quantization(value: &Value) -> Result<Quantization, String> {
                 .or(default)
                 .ok_or_else(|| format!("a quantization block without \"{key}\""))
         };
-        if let Some(mode) = v.get("mode").and_then(Value::as_str) {
-            if mode != "affine" {
-                return Err(format!("quantization mode '{mode}' (only 'affine' is)"));
+        // A layer's own block without a mode is affine: MLX's
+        // `to_quantized(**block)` defaults it so, whatever the model's mode.
+        let mode = match v.get("mode").and_then(Value::as_str) {
+            None | Some("affine") => QuantMode::Affine,
+            Some("mxfp4") => QuantMode::Mxfp4,
+            Some(mode) => {
+                return Err(format!(
+                    "quantization mode '{mode}' (only 'affine' and 'mxfp4' are)"
+                ))
             }
-        }
+        };
         Ok(QuantParams {
             group_size: field("group_size", fallback.map(|p| p.group_size))?,
             bits: field("bits", fallback.map(|p| p.bits))?,
+            mode,
         })
     };
     let default = params(value, None)?;
@@ -728,14 +757,16 @@ mod tests {
             q.default,
             QuantParams {
                 group_size: 64,
-                bits: 4
+                bits: 4,
+                mode: QuantMode::Affine,
             }
         );
         assert_eq!(
             q.for_module("lm_head"),
             Some(QuantParams {
                 group_size: 64,
-                bits: 8
+                bits: 8,
+                mode: QuantMode::Affine,
             })
         );
         assert_eq!(q.for_module("model.embed_tokens"), None);

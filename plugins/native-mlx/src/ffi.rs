@@ -1,9 +1,10 @@
 //! The crate's only unsafe code: the few things mlx-rs does not offer safely.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 
-use mlx_rs::Stream;
+use mlx_rs::{Array, Stream};
 
+use crate::config::QuantParams;
 use crate::error::{Error, Result};
 
 /// The version string of the loaded `libmlx` (mlx-rs does not wrap `mlx_version`).
@@ -27,6 +28,124 @@ pub(crate) fn mlx_version() -> Result<String> {
             Error::Mlx(mlx_rs::error::Exception::custom(
                 "mlx_version failed to report the MLX version",
             ))
+        })
+    }
+}
+
+/// A quantized weight as MLX's quantized ops take it, for a `mode` that
+/// mlx-rs 0.33 does not pass (its `quantized_matmul`, `gather_qmm` and
+/// `dequantize` always ask for "affine"): MXFP4, gpt-oss's experts.
+pub(crate) struct Packed<'a> {
+    pub(crate) weight: &'a Array,
+    pub(crate) scales: &'a Array,
+    /// Affine mode's per-group biases; other modes have none.
+    pub(crate) biases: Option<&'a Array>,
+    pub(crate) params: QuantParams,
+}
+
+/// Runs one MLX C op that writes its result into a new array handle.
+#[allow(unsafe_code)]
+fn mlx_op(what: &str, op: impl FnOnce(*mut mlx_sys::mlx_array) -> i32) -> Result<Array> {
+    // SAFETY: `res` is a fresh, empty handle that the op fills; on success
+    // `Array::from_ptr` takes ownership of it (and frees it on drop), on
+    // failure it is freed here and never used.
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        if op(&mut res as *mut _) != 0 {
+            mlx_sys::mlx_array_free(res);
+            return Err(Error::Mlx(mlx_rs::error::Exception::custom(format!(
+                "MLX's {what} failed"
+            ))));
+        }
+        Ok(Array::from_ptr(res))
+    }
+}
+
+impl Packed<'_> {
+    fn mode(&self) -> CString {
+        CString::new(self.params.mode.name()).expect("a mode name has no NUL")
+    }
+
+    fn int(value: i32) -> mlx_sys::mlx_optional_int {
+        mlx_sys::mlx_optional_int {
+            value,
+            has_value: true,
+        }
+    }
+
+    /// `x @ W.T` (`mx.quantized_matmul(..., transpose=True, mode=...)`).
+    #[allow(unsafe_code)]
+    pub(crate) fn matmul(&self, x: &Array) -> Result<Array> {
+        let (mode, stream) = (self.mode(), Stream::thread_local_or_default());
+        // SAFETY: every handle is borrowed from a live `Array` (or is the
+        // empty handle MLX reads as "none") for the duration of the call; the
+        // mode string outlives it; MLX writes the result into `res` only.
+        mlx_op("quantized_matmul", |res| unsafe {
+            mlx_sys::mlx_quantized_matmul(
+                res,
+                x.as_ptr(),
+                self.weight.as_ptr(),
+                self.scales.as_ptr(),
+                self.biases
+                    .map_or_else(|| mlx_sys::mlx_array_new(), Array::as_ptr),
+                true,
+                Self::int(self.params.group_size),
+                Self::int(self.params.bits),
+                mode.as_ptr(),
+                stream.as_ptr(),
+            )
+        })
+    }
+
+    /// `x @ W[e].T` for the experts `indices` of each row of `x`
+    /// (`mx.gather_qmm(..., rhs_indices=indices, transpose=True, mode=...)`).
+    #[allow(unsafe_code)]
+    pub(crate) fn gather_matmul(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
+        let (mode, stream) = (self.mode(), Stream::thread_local_or_default());
+        // SAFETY: as in `matmul`; the empty left-hand indices mean "none".
+        mlx_op("gather_qmm", |res| unsafe {
+            mlx_sys::mlx_gather_qmm(
+                res,
+                x.as_ptr(),
+                self.weight.as_ptr(),
+                self.scales.as_ptr(),
+                self.biases
+                    .map_or_else(|| mlx_sys::mlx_array_new(), Array::as_ptr),
+                mlx_sys::mlx_array_new(),
+                indices.as_ptr(),
+                true,
+                Self::int(self.params.group_size),
+                Self::int(self.params.bits),
+                mode.as_ptr(),
+                sorted,
+                stream.as_ptr(),
+            )
+        })
+    }
+
+    /// The weights as floats (`mx.dequantize(..., mode=...)`), in the
+    /// dtype MLX picks from the scales.
+    #[allow(unsafe_code)]
+    pub(crate) fn dequantize(&self) -> Result<Array> {
+        let (mode, stream) = (self.mode(), Stream::thread_local_or_default());
+        // SAFETY: as in `matmul`; no global scale, no dtype asked for.
+        mlx_op("dequantize", |res| unsafe {
+            mlx_sys::mlx_dequantize(
+                res,
+                self.weight.as_ptr(),
+                self.scales.as_ptr(),
+                self.biases
+                    .map_or_else(|| mlx_sys::mlx_array_new(), Array::as_ptr),
+                Self::int(self.params.group_size),
+                Self::int(self.params.bits),
+                mode.as_ptr(),
+                mlx_sys::mlx_array_new(),
+                mlx_sys::mlx_optional_dtype {
+                    value: mlx_sys::mlx_dtype__MLX_FLOAT32,
+                    has_value: false,
+                },
+                stream.as_ptr(),
+            )
         })
     }
 }

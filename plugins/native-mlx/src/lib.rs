@@ -52,7 +52,8 @@ mod turn;
 pub use batch::{BatchOptions, Batcher, StepStats};
 pub use chat::{ChatMessage, ChatOptions, ChatTemplate};
 pub use config::{
-    Family, ModelConfig, MoeConfig, QuantParams, Quantization, RopeScaling, SUPPORTED_MODEL_TYPES,
+    ExpertActivation, Family, ModelConfig, MoeConfig, QuantMode, QuantParams, Quantization,
+    RopeScaling, Routing, SUPPORTED_MODEL_TYPES,
 };
 pub use draft::{DraftLoad, Drafter};
 pub use embed::{model_kind, Answer, Embedder, ModelKind, Pooling};

@@ -2,7 +2,7 @@
 """Token ids from mlx-lm and chat prompts from transformers: the references native-mlx must match.
 
 Reads a JSON request on stdin:
-  {"convert": [{"hf_path": DIR, "mlx_path": OUT, "bits": 4}, ...],
+  {"convert": [{"hf_path": DIR, "mlx_path": OUT, "bits": 4, "mode": "affine"}, ...],
    "cases": [{"model": DIR, "prompt": [ids], "max_tokens": N,
               "temp": 0.0, "top_p": 0.0, "top_k": 0, "min_p": 0.0, "seed": 0}, ...],
    "chats": [{"model": DIR, "template": JINJA, "messages": [...], "tools": [...] | null,
@@ -110,7 +110,8 @@ def main():
         # convert() prints progress on stdout, which carries the answer here.
         stdout, sys.stdout = sys.stdout, sys.stderr
         try:
-            convert(job["hf_path"], job["mlx_path"], quantize=True, q_bits=job["bits"])
+            convert(job["hf_path"], job["mlx_path"], quantize=True, q_bits=job["bits"],
+                    q_mode=job.get("mode", "affine"))
         finally:
             sys.stdout = stdout
         log(f"converted {job['mlx_path']}")

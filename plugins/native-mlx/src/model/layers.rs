@@ -13,9 +13,9 @@ use mlx_rs::ops::{addmm, concatenate, dequantize, matmul, quantized_matmul};
 use mlx_rs::transforms::eval;
 use mlx_rs::{with_stream, Array};
 
-use crate::config::{QuantParams, Quantization};
+use crate::config::{QuantMode, QuantParams, Quantization};
 use crate::error::{Error, Result};
-use crate::ffi::SendStream;
+use crate::ffi::{Packed, SendStream};
 use crate::indexing::IndexOnStream;
 use crate::model::weights::Weights;
 
@@ -88,11 +88,11 @@ enum Matrix {
     /// Dense: the right operand of `x @ rhs`, `W.T` as a strided view or a
     /// contiguous copy (see [`Layout::pretranspose`]).
     Dense { rhs: Array },
-    /// Packed `uint32` weights with one scale and bias per group.
+    /// Packed `uint32` weights with one scale (and, affine, one bias) per group.
     Quantized {
         weight: Array,
         scales: Array,
-        biases: Array,
+        biases: Option<Array>,
         params: QuantParams,
     },
 }
@@ -114,15 +114,24 @@ impl Matrix {
                 },
                 bias,
             ) => {
-                let y = quantized_matmul(
-                    x,
-                    weight,
-                    scales,
-                    biases,
-                    true,
-                    params.group_size,
-                    params.bits,
-                )?;
+                let y = match params.mode {
+                    QuantMode::Affine => quantized_matmul(
+                        x,
+                        weight,
+                        scales,
+                        biases.as_ref(),
+                        true,
+                        params.group_size,
+                        params.bits,
+                    )?,
+                    _ => Packed {
+                        weight,
+                        scales,
+                        biases: biases.as_ref(),
+                        params: *params,
+                    }
+                    .matmul(x)?,
+                };
                 match bias {
                     Some(bias) => y.add(bias)?,
                     None => y,
@@ -139,7 +148,7 @@ impl Matrix {
                 scales,
                 biases,
                 ..
-            } => vec![weight, scales, biases],
+            } => [weight, scales].into_iter().chain(biases).collect(),
         }
     }
 }
@@ -168,7 +177,7 @@ impl Sharded {
     /// and biases) and `bias` by output rows as `layout` says.
     fn new(
         weight: &Array,
-        quantized: Option<(&Array, &Array, QuantParams)>,
+        quantized: Option<(&Array, Option<&Array>, QuantParams)>,
         bias: Option<&Array>,
         layout: &Layout,
         pretranspose: bool,
@@ -199,7 +208,7 @@ impl Sharded {
                 Some((scales, biases, params)) => Matrix::Quantized {
                     weight: rows_of(weight)?,
                     scales: rows_of(scales)?,
-                    biases: rows_of(biases)?,
+                    biases: biases.map(rows_of).transpose()?,
                     params,
                 },
             };
@@ -289,6 +298,19 @@ pub(crate) fn quantization_of(
         })
 }
 
+/// The per-group biases of the quantized module at `prefix`: affine mode
+/// has them, the float modes do not.
+pub(crate) fn take_biases(
+    weights: &mut Weights,
+    prefix: &str,
+    params: QuantParams,
+) -> Result<Option<Array>> {
+    match params.mode {
+        QuantMode::Affine => Ok(Some(weights.take(&format!("{prefix}.biases"))?)),
+        QuantMode::Mxfp4 => Ok(None),
+    }
+}
+
 /// A linear layer: a matrix and an optional bias.
 #[derive(Clone)]
 pub(crate) struct Linear(Sharded);
@@ -313,10 +335,10 @@ impl Linear {
             None => Sharded::new(&weight, None, bias.as_ref(), layout, layout.pretranspose)?,
             Some(params) => {
                 let scales = weights.take(&format!("{prefix}.scales"))?;
-                let biases = weights.take(&format!("{prefix}.biases"))?;
+                let biases = take_biases(weights, prefix, params)?;
                 Sharded::new(
                     &weight,
-                    Some((&scales, &biases, params)),
+                    Some((&scales, biases.as_ref(), params)),
                     bias.as_ref(),
                     layout,
                     false,
@@ -402,10 +424,13 @@ impl Projections {
             None => Sharded::new(&weight, None, bias.as_ref(), layout, layout.pretranspose)?,
             Some(params) => {
                 let scales = concatenate(&parts("scales")?, 0)?;
-                let biases = concatenate(&parts("biases")?, 0)?;
+                let biases = match params.mode {
+                    QuantMode::Affine => Some(concatenate(&parts("biases")?, 0)?),
+                    QuantMode::Mxfp4 => None,
+                };
                 Sharded::new(
                     &weight,
-                    Some((&scales, &biases, params)),
+                    Some((&scales, biases.as_ref(), params)),
                     bias.as_ref(),
                     layout,
                     false,
@@ -458,7 +483,7 @@ enum Table {
     Quantized {
         weight: Array,
         scales: Array,
-        biases: Array,
+        biases: Option<Array>,
         params: QuantParams,
     },
 }
@@ -481,7 +506,7 @@ impl Embedding {
             Some(params) => Table::Quantized {
                 weight,
                 scales: weights.take(&format!("{prefix}.scales"))?,
-                biases: weights.take(&format!("{prefix}.biases"))?,
+                biases: take_biases(weights, prefix, params)?,
                 params,
             },
         };
@@ -498,7 +523,7 @@ impl Embedding {
                 true,
             ) => Some(Sharded::new(
                 weight,
-                Some((scales, biases, *params)),
+                Some((scales, biases.as_ref(), *params)),
                 None,
                 layout,
                 false,
@@ -517,13 +542,26 @@ impl Embedding {
                 scales,
                 biases,
                 params,
-            } => dequantize(
-                weight.take_axis(ids, 0)?,
-                scales.take_axis(ids, 0)?,
-                &biases.take_axis(ids, 0)?,
-                params.group_size,
-                params.bits,
-            )?,
+            } => {
+                let biases = biases.as_ref().map(|b| b.take_axis(ids, 0)).transpose()?;
+                let (weight, scales) = (weight.take_axis(ids, 0)?, scales.take_axis(ids, 0)?);
+                match params.mode {
+                    QuantMode::Affine => dequantize(
+                        weight,
+                        scales,
+                        biases.as_ref(),
+                        params.group_size,
+                        params.bits,
+                    )?,
+                    _ => Packed {
+                        weight: &weight,
+                        scales: &scales,
+                        biases: biases.as_ref(),
+                        params: *params,
+                    }
+                    .dequantize()?,
+                }
+            }
         })
     }
 
@@ -541,7 +579,7 @@ impl Embedding {
                 scales,
                 biases,
                 ..
-            } => vec![weight, scales, biases],
+            } => [weight, scales].into_iter().chain(biases).collect(),
         }
     }
 }

@@ -16,10 +16,13 @@ use mlx_rs::ops::{
 use mlx_rs::transforms::eval;
 use mlx_rs::{Array, Dtype};
 
-use crate::config::{ExpertActivation, Family, MoeConfig, QuantParams, Quantization, Routing};
+use crate::config::{
+    ExpertActivation, Family, MoeConfig, QuantMode, QuantParams, Quantization, Routing,
+};
 use crate::error::{Error, Result};
+use crate::ffi::Packed;
 use crate::indexing::IndexOnStream;
-use crate::model::layers::{quantization_of, Layout, Linear};
+use crate::model::layers::{quantization_of, take_biases, Layout, Linear};
 use crate::model::weights::Weights;
 use crate::model::{swiglu, swiglu_clamped};
 
@@ -34,11 +37,12 @@ enum SwitchMatrix {
     /// mlx-lm's `SwitchLinear` hands to `gather_mm`.
     Dense(Array),
     /// Packed `(experts, out, in * bits / 32)` weights, multiplied
-    /// transposed by `gather_qmm` as `QuantizedSwitchLinear` does.
+    /// transposed by `gather_qmm` as `QuantizedSwitchLinear` does (MXFP4
+    /// has no biases).
     Quantized {
         weight: Array,
         scales: Array,
-        biases: Array,
+        biases: Option<Array>,
         params: QuantParams,
     },
 }
@@ -83,7 +87,7 @@ impl SwitchLinear {
                     Some(params) => SwitchMatrix::Quantized {
                         weight: weights.take(&stacked)?,
                         scales: weights.take(&format!("{prefix}.scales"))?,
-                        biases: weights.take(&format!("{prefix}.biases"))?,
+                        biases: take_biases(weights, prefix, params)?,
                         params,
                     },
                 }
@@ -126,18 +130,27 @@ impl SwitchLinear {
                 scales,
                 biases,
                 params,
-            } => gather_qmm(
-                x,
-                weight,
-                scales,
-                biases,
-                None,
-                indices,
-                true,
-                params.group_size,
-                params.bits,
-                sorted,
-            )?,
+            } => match params.mode {
+                QuantMode::Affine => gather_qmm(
+                    x,
+                    weight,
+                    scales,
+                    biases.as_ref(),
+                    None,
+                    indices,
+                    true,
+                    params.group_size,
+                    params.bits,
+                    sorted,
+                )?,
+                _ => Packed {
+                    weight,
+                    scales,
+                    biases: biases.as_ref(),
+                    params: *params,
+                }
+                .gather_matmul(x, indices, sorted)?,
+            },
         };
         Ok(match &self.bias {
             Some(bias) => y.add(bias.take_axis(indices, 0)?.expand_dims(-2)?)?,
@@ -153,7 +166,7 @@ impl SwitchLinear {
                 scales,
                 biases,
                 ..
-            } => vec![weight, scales, biases],
+            } => [weight, scales].into_iter().chain(biases).collect(),
         };
         matrix.into_iter().chain(&self.bias).collect()
     }

@@ -51,12 +51,12 @@ impl Weights {
         for (name, tensor) in &tensors {
             let supported = matches!(
                 tensor.dtype(),
-                Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16 | Dtype::Uint32
+                Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16 | Dtype::Uint32 | Dtype::Uint8
             );
             if !supported {
                 return Err(error(format!(
                     "tensor '{name}' has dtype {:?}; native-mlx reads float32, float16, \
-                     bfloat16 and MLX-quantized (uint32) weights",
+                     bfloat16 and MLX-quantized (uint32, with uint8 MXFP4 scales) weights",
                     tensor.dtype()
                 )));
             }

@@ -181,6 +181,11 @@ fn greedy_tokens_are_the_same_alone_and_batched_4bit_gpt_oss() {
 }
 
 #[test]
+fn greedy_tokens_are_the_same_alone_and_batched_mxfp4_gpt_oss() {
+    same_tokens_alone_and_batched("gpt_oss-mxfp4");
+}
+
+#[test]
 fn a_short_prompt_gives_the_session_tokens() {
     // A prompt within one chunk is prefilled in one pass by both paths;
     // decoding then reads the pool, padded and masked, past a bucket's end

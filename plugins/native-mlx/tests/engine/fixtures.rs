@@ -40,8 +40,8 @@ const fn greedy(model: &'static str) -> Case {
 /// Llama 3 RoPE scaling; Qwen3-MoE (Hugging Face's per-expert layout in
 /// float32, mlx-lm's stacked experts in 4- and 8-bit; MLX's CPU `gather_mm`
 /// multiplies float32 only); gpt-oss (sliding windows of 8 positions, shorter
-/// than the prompt; sinks, YaRN, biases) in float32 and 4-bit; then two
-/// seeded sampling cases.
+/// than the prompt; sinks, YaRN, biases) in float32, 4-bit and MXFP4; then
+/// two seeded sampling cases.
 pub const CASES: &[Case] = &[
     greedy("llama"),
     greedy("llama-q4"),
@@ -61,6 +61,7 @@ pub const CASES: &[Case] = &[
     greedy("qwen3_moe-q8"),
     greedy("gpt_oss"),
     greedy("gpt_oss-q4"),
+    greedy("gpt_oss-mxfp4"),
     Case {
         model: "llama",
         temp: 0.8,
@@ -236,7 +237,7 @@ fn build() -> Fixtures {
             "original_max_position_embeddings": 64});
     });
 
-    let convert: Vec<Value> = [
+    let mut convert: Vec<Value> = [
         ("llama", 4),
         ("llama", 8),
         ("qwen2", 4),
@@ -251,6 +252,12 @@ fn build() -> Fixtures {
         json!({"hf_path": root.join(model), "mlx_path": root.join(format!("{model}-q{bits}")), "bits": bits})
     })
     .collect();
+    // MXFP4, as gpt-oss ships its experts (mlx-lm's converter keeps the
+    // router in 8-bit affine and packs every other layer so).
+    convert.push(
+        json!({"hf_path": root.join("gpt_oss"), "mlx_path": root.join("gpt_oss-mxfp4"),
+        "bits": 4, "mode": "mxfp4"}),
+    );
     let cases: Vec<Value> = CASES
         .iter()
         .map(|c| {
