@@ -252,7 +252,8 @@ fn an_unknown_model_type_is_refused_at_load() {
     let err = Session::load(dir.path()).err().unwrap();
     assert!(
         err.to_string().ends_with(
-            "is not supported by native-mlx; supported model types: llama, mistral, qwen2, qwen3"
+            "is not supported by native-mlx; supported model types: llama, mistral, qwen2, qwen3, \
+             qwen3_moe, gpt_oss"
         ),
         "{err}"
     );
