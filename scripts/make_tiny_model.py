@@ -122,6 +122,31 @@ def make_weights(a, head_dim, rng):
     return w
 
 
+def openai_mxfp4_experts(w, layers):
+    """Rewrites gpt_oss experts in the layout of OpenAI's release: each
+    projection MXFP4-packed (`_blocks` of 16 bytes per 32 weights, `_scales`
+    one byte per 32), gate and up as one `gate_up_proj` with their rows
+    interleaved (gate, up, gate, ...), biases likewise."""
+    import mlx.core as mx
+
+    def pack(weight):
+        q, scales = mx.quantize(mx.array(weight), group_size=32, bits=4, mode="mxfp4")
+        blocks = q.view(mx.uint8).reshape(*q.shape[:-1], -1, 16)
+        return np.array(blocks), np.array(scales)
+
+    def interleave(gate, up):
+        return np.stack([gate, up], axis=2).reshape(gate.shape[0], -1, *gate.shape[2:])
+
+    for i in range(layers):
+        x = f"model.layers.{i}.mlp.experts."
+        gate, up = pack(w.pop(x + "gate_proj.weight")), pack(w.pop(x + "up_proj.weight"))
+        w[x + "gate_up_proj_blocks"] = interleave(gate[0], up[0])
+        w[x + "gate_up_proj_scales"] = interleave(gate[1], up[1])
+        w[x + "gate_up_proj_bias"] = interleave(w.pop(x + "gate_proj.bias"), w.pop(x + "up_proj.bias"))
+        w[x + "down_proj_blocks"], w[x + "down_proj_scales"] = pack(w.pop(x + "down_proj.weight"))
+        w[x + "down_proj_bias"] = w.pop(x + "down_proj.bias")
+
+
 def save_weights(weights, path, dtype):
     meta = {"format": "pt"}
     if dtype == "bfloat16":  # numpy has no bfloat16: let MLX convert and write
@@ -131,7 +156,9 @@ def save_weights(weights, path, dtype):
     else:
         from safetensors.numpy import save_file
 
-        save_file({k: v.astype(dtype) for k, v in weights.items()}, path, metadata=meta)
+        # Packed (integer) tensors keep their dtype.
+        save_file({k: v.astype(dtype) if v.dtype.kind == "f" else v for k, v in weights.items()},
+                  path, metadata=meta)
     os.chmod(path, 0o644)  # safetensors writes 0600
 
 
@@ -151,6 +178,9 @@ def main():
     ap.add_argument("--experts-per-tok", type=int, default=2)
     ap.add_argument("--moe-intermediate", type=int, default=128)
     ap.add_argument("--sliding-window", type=int, default=8, help="gpt_oss")
+    ap.add_argument("--openai-mxfp4", action="store_true",
+                    help="gpt_oss: the experts as OpenAI released them (MXFP4 blocks, gate and up "
+                    "rows interleaved, quantization_config mxfp4)")
     a = ap.parse_args()
     if a.hidden % a.heads or a.heads % a.kv_heads:
         ap.error("--hidden must be divisible by --heads, and --heads by --kv-heads")
@@ -230,7 +260,15 @@ def main():
         }, f, indent=2)
 
     rng = np.random.default_rng(a.seed)
-    save_weights(make_weights(a, head_dim, rng), out("model.safetensors"), a.dtype)
+    weights = make_weights(a, head_dim, rng)
+    if a.openai_mxfp4:
+        if a.arch != "gpt_oss" or a.dtype != "float32":
+            ap.error("--openai-mxfp4 is for gpt_oss in float32")
+        openai_mxfp4_experts(weights, a.layers)
+        config["quantization_config"] = {"quant_method": "mxfp4"}
+        with open(out("config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+    save_weights(weights, out("model.safetensors"), a.dtype)
     print(a.out_dir)
 
 

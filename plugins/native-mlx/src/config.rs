@@ -403,9 +403,22 @@ impl ModelConfig {
 
         let quantization = match (&raw.quantization, &raw.quantization_config) {
             (Some(q), _) => Some(parse_quantization(q).map_err(&unsupported)?),
+            // OpenAI's gpt-oss release: MXFP4 experts, every other layer
+            // dense; mlx-lm reads it as MXFP4 with MLX's defaults.
+            (None, Some(q)) if q.get("quant_method").and_then(Value::as_str) == Some("mxfp4") => {
+                Some(Quantization {
+                    default: QuantParams {
+                        group_size: 32,
+                        bits: 4,
+                        mode: QuantMode::Mxfp4,
+                    },
+                    overrides: BTreeMap::new(),
+                })
+            }
             (None, Some(q)) if q.get("quant_method").is_some() => {
                 return Err(unsupported(format!(
-                    "quantization method {} (only MLX affine quantization is)",
+                    "quantization method {} (native-mlx reads MLX's own, affine or mxfp4: \
+                     convert the model with mlx_lm.convert)",
                     q["quant_method"]
                 )))
             }

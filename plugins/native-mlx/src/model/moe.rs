@@ -9,7 +9,7 @@
 //! order (router softmax, `argpartition`, the sort of many tokens by expert,
 //! the weighted sum), so greedy ids match mlx-lm's on the CPU.
 
-use mlx_rs::ops::indexing::Ellipsis;
+use mlx_rs::ops::indexing::{Ellipsis, IntoStrideBy};
 use mlx_rs::ops::{
     argpartition_axis, argsort_axis, gather_mm, gather_qmm, softmax_axis, stack, unflatten,
 };
@@ -172,6 +172,66 @@ impl SwitchLinear {
     }
 }
 
+/// gpt-oss's experts at `prefix` as OpenAI released them, made into the
+/// gate, up and down projections mlx-lm's `sanitize` makes of them: MXFP4
+/// `_blocks` (16 bytes per 32 weights) read as packed `uint32` words,
+/// `_scales`, and `gate_up_proj`'s rows (and bias) split into the even ones
+/// (gate) and the odd ones (up).
+fn openai_experts(
+    weights: &mut Weights,
+    prefix: &str,
+    quantization: Option<&Quantization>,
+) -> Result<[SwitchLinear; 3]> {
+    let params = quantization
+        .map(|q| q.default)
+        .filter(|p| p.mode == QuantMode::Mxfp4)
+        .ok_or_else(|| Error::Weights {
+            dir: weights.dir().to_owned(),
+            what: format!(
+                "'{prefix}' holds MXFP4 blocks but config.json declares no mxfp4 quantization"
+            ),
+        })?;
+    let mut take = |name: &str| weights.take(&format!("{prefix}.{name}"));
+    let packed = |blocks: Array| -> Result<Array> { Ok(blocks.view::<u32>()?.flatten(-2, None)?) };
+    let (gate_up, gate_up_scales, gate_up_bias) = (
+        packed(take("gate_up_proj_blocks")?)?,
+        take("gate_up_proj_scales")?,
+        take("gate_up_proj_bias")?,
+    );
+    let (down, down_scales, down_bias) = (
+        packed(take("down_proj_blocks")?)?,
+        take("down_proj_scales")?,
+        take("down_proj_bias")?,
+    );
+    let rows = |a: &Array, first: i32| -> Result<Array> {
+        let half = a.at((.., (first..).stride_by(2)))?.contiguous()?;
+        eval([&half])?;
+        Ok(half)
+    };
+    let linear = |weight: Array, scales: Array, bias: Array| SwitchLinear {
+        matrix: SwitchMatrix::Quantized {
+            weight,
+            scales,
+            biases: None,
+            params,
+        },
+        bias: Some(bias),
+    };
+    Ok([
+        linear(
+            rows(&gate_up, 0)?,
+            rows(&gate_up_scales, 0)?,
+            rows(&gate_up_bias, 0)?,
+        ),
+        linear(
+            rows(&gate_up, 1)?,
+            rows(&gate_up_scales, 1)?,
+            rows(&gate_up_bias, 1)?,
+        ),
+        linear(down, down_scales, down_bias),
+    ])
+}
+
 /// The experts' SwiGLU MLPs (mlx-lm's `SwitchGLU`).
 #[derive(Clone)]
 struct SwitchGlu {
@@ -263,20 +323,31 @@ impl SparseMoe {
             quantization,
             layout,
         )?;
-        let mut projection = |name: &str| {
-            SwitchLinear::take(
-                weights,
-                &format!("{prefix}.{stacked}.{name}"),
-                |e| format!("{prefix}.experts.{e}.{name}"),
-                moe.num_experts,
-                moe.bias,
-                quantization,
-            )
-        };
+        let openai = format!("{prefix}.experts.gate_up_proj_blocks");
+        let [gate_proj, up_proj, down_proj] =
+            if family == Family::GptOss && weights.contains(&openai) {
+                openai_experts(weights, &format!("{prefix}.experts"), quantization)?
+            } else {
+                let mut projection = |name: &str| {
+                    SwitchLinear::take(
+                        weights,
+                        &format!("{prefix}.{stacked}.{name}"),
+                        |e| format!("{prefix}.experts.{e}.{name}"),
+                        moe.num_experts,
+                        moe.bias,
+                        quantization,
+                    )
+                };
+                [
+                    projection("gate_proj")?,
+                    projection("up_proj")?,
+                    projection("down_proj")?,
+                ]
+            };
         let experts = SwitchGlu {
-            gate_proj: projection("gate_proj")?,
-            up_proj: projection("up_proj")?,
-            down_proj: projection("down_proj")?,
+            gate_proj,
+            up_proj,
+            down_proj,
             activation: moe.activation,
         };
         if on_cpu {

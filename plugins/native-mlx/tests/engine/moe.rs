@@ -80,3 +80,44 @@ fn dense_bfloat16_experts_are_refused_on_the_cpu_and_run_on_a_gpu() {
         )
     );
 }
+
+#[test]
+fn gpt_oss_as_openai_released_it_gives_mlx_lm_ids() {
+    // MXFP4 blocks with gate and up rows interleaved and
+    // `quantization_config` mxfp4, which mlx-lm reads through its sanitize.
+    let dir = tempfile::tempdir().unwrap();
+    let status = Command::new(python())
+        .arg(repo().join("scripts/make_tiny_model.py"))
+        .arg(dir.path())
+        .args(["--arch", "gpt_oss", "--hidden", "128", "--heads", "8"])
+        .arg("--openai-mxfp4")
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "make_tiny_model.py failed");
+    let prompt = long_prompt();
+    let answer = reference(json!({"cases": [
+        {"model": dir.path(), "prompt": prompt, "max_tokens": 32}]}));
+    let expected: Vec<Vec<u32>> = serde_json::from_value(answer["ids"].clone()).unwrap();
+    let mut session = Session::load(dir.path()).unwrap();
+    let request = GenerateRequest {
+        ignore_eos: true,
+        ..GenerateRequest::new(Prompt::Tokens(prompt.clone()), 32)
+    };
+    let got = session
+        .generate(&request, |_| ControlFlow::Continue(()))
+        .unwrap()
+        .token_ids;
+    // The folder's absolute path serves as the fixture's name.
+    let model = dir.path().to_str().unwrap();
+    let greedy = SamplingParams::greedy();
+    check_same_tokens(
+        model,
+        &prompt,
+        &got,
+        &expected[0],
+        &greedy,
+        "OpenAI's layout",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
