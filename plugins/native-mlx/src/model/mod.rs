@@ -1,8 +1,9 @@
 //! The decoder-only transformer of the supported families, built from a config and its weights.
 //!
-//! The graph is the one mlx-lm builds for `llama`, `qwen2` and `qwen3` (op
-//! for op, including `addmm` for biased projections and the fast RoPE, RMS
-//! norm and attention kernels), which is what makes greedy outputs
+//! The graph is the one mlx-lm builds for `llama`, `qwen2`, `qwen3`,
+//! `qwen3_moe` and `gpt_oss` (op for op, including `addmm` for biased
+//! projections, the fast RoPE, RMS norm and attention kernels, and the
+//! routed experts of `moe`), which is what makes greedy outputs
 //! bit-identical to mlx-lm's on the same MLX.
 
 pub(crate) mod encoder;
