@@ -144,6 +144,31 @@ pub struct Model {
     pub rule: String,
     /// What it does (chat, embeddings, reranking), from its own files.
     pub kind: ModelKind,
+    /// Its family as its `config.json` names it (`qwen3`, `gemma3_text`);
+    /// `None` for a model file or a folder without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_type: Option<String>,
+}
+
+impl Model {
+    /// What the model asks of the engine that serves it, beside its format.
+    pub fn needs(&self) -> Needs {
+        Needs {
+            capability: self.kind.capability(),
+            model_type: self.model_type.clone(),
+        }
+    }
+}
+
+/// What a model asks of the engine that serves it, beside its format:
+/// resolution passes over engines that cannot give it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Needs {
+    /// The capability its kind needs ([`ModelKind::capability`]).
+    pub capability: Option<&'static str>,
+    /// Its `model_type`, which an engine that lists the families it loads
+    /// (the manifest's `model_types`) must list.
+    pub model_type: Option<String>,
 }
 
 /// Which layout a [`Model`] was found in.
@@ -491,6 +516,7 @@ impl Found {
     fn into_model(self, id: String, path: &Path, source: ModelSource) -> Model {
         Model {
             kind: ModelKind::of(path, &self.files),
+            model_type: kind::model_type_of(path, &self.files),
             id,
             path: path.to_path_buf(),
             format: self.format,

@@ -394,6 +394,7 @@ mod tests {
             files: vec![],
             rule: String::new(),
             kind: Default::default(),
+            model_type: None,
         }
     }
 

@@ -337,6 +337,7 @@ mod tests {
                     files: vec![],
                     rule: String::new(),
                     kind: hangar_engine::models::ModelKind::Chat,
+                    model_type: None,
                 })
                 .collect(),
             rejected: vec![],

@@ -114,6 +114,17 @@ fn read_json(path: &Path) -> Option<Value> {
     serde_json::from_slice(&read_capped(path, MAX_CONFIG_BYTES).ok()?).ok()
 }
 
+/// The `model_type` in the `config.json` of the model folder `path`
+/// holding `files`; `None` for a model file, or a folder whose config has
+/// none.
+pub(crate) fn model_type_of(path: &Path, files: &[String]) -> Option<String> {
+    if !files.iter().any(|f| f == "config.json") || path.is_file() {
+        return None;
+    }
+    let config = read_json(&path.join("config.json"))?;
+    Some(config.get("model_type")?.as_str()?.to_string())
+}
+
 fn folder_kind(folder: &Path) -> ModelKind {
     let Some(config) = read_json(&folder.join("config.json")) else {
         return ModelKind::Chat;
