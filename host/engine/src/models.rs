@@ -148,6 +148,10 @@ pub struct Model {
     /// `None` for a model file or a folder without one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model_type: Option<String>,
+    /// Whether it takes images (a vision-language model: its config has a
+    /// vision tower); images sent to any other model are refused.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub vision: bool,
 }
 
 impl Model {
@@ -514,9 +518,11 @@ struct Found {
 
 impl Found {
     fn into_model(self, id: String, path: &Path, source: ModelSource) -> Model {
+        let (model_type, vision) = kind::family_of(path, &self.files);
         Model {
             kind: ModelKind::of(path, &self.files),
-            model_type: kind::model_type_of(path, &self.files),
+            model_type,
+            vision,
             id,
             path: path.to_path_buf(),
             format: self.format,

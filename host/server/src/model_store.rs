@@ -395,6 +395,7 @@ mod tests {
             rule: String::new(),
             kind: Default::default(),
             model_type: None,
+            vision: false,
         }
     }
 

@@ -338,6 +338,7 @@ mod tests {
                     rule: String::new(),
                     kind: hangar_engine::models::ModelKind::Chat,
                     model_type: None,
+                    vision: false,
                 })
                 .collect(),
             rejected: vec![],

@@ -114,15 +114,20 @@ fn read_json(path: &Path) -> Option<Value> {
     serde_json::from_slice(&read_capped(path, MAX_CONFIG_BYTES).ok()?).ok()
 }
 
-/// The `model_type` in the `config.json` of the model folder `path`
-/// holding `files`; `None` for a model file, or a folder whose config has
-/// none.
-pub(crate) fn model_type_of(path: &Path, files: &[String]) -> Option<String> {
+/// What the `config.json` of the model folder `path` holding `files` says
+/// of its family: the `model_type` (`None` for a model file, or a config
+/// without one) and whether it has a vision tower (a `vision_config`, as
+/// Qwen2.5-VL, Gemma 3, LLaVA and the other Hugging Face VLMs write it).
+pub(crate) fn family_of(path: &Path, files: &[String]) -> (Option<String>, bool) {
     if !files.iter().any(|f| f == "config.json") || path.is_file() {
-        return None;
+        return (None, false);
     }
-    let config = read_json(&path.join("config.json"))?;
-    Some(config.get("model_type")?.as_str()?.to_string())
+    let Some(config) = read_json(&path.join("config.json")) else {
+        return (None, false);
+    };
+    let model_type = config.get("model_type").and_then(Value::as_str);
+    let vision = config.get("vision_config").is_some_and(Value::is_object);
+    (model_type.map(str::to_string), vision)
 }
 
 fn folder_kind(folder: &Path) -> ModelKind {
