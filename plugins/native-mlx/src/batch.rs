@@ -45,13 +45,14 @@ use crate::pool::{KvPool, Pages};
 use crate::prefix::{block_hashes, PrefixCache, BLOCK};
 use crate::sampling::Sampler;
 use crate::session::{ids, StopMatcher};
+use crate::specprefill::{self, SpecPrefill};
 use crate::speculate::{verify_greedy, verify_sampled, Proposer};
 use crate::tokenizer::StreamDecoder;
 use crate::turn::mlx_turn;
 use crate::{Completion, FinishReason, GenerateRequest, Session, Timings, TokenEvent, Usage};
 
 /// How the engine thread schedules.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct BatchOptions {
     /// Most requests generating at once; more wait in line.
     pub max_sequences: usize,
@@ -70,6 +71,9 @@ pub struct BatchOptions {
     pub prefix_cache_dir: Option<std::path::PathBuf>,
     /// Bytes of block files the disk tier keeps.
     pub prefix_cache_disk_bytes: u64,
+    /// Long prompts prefilled in part, scored by the drafter (see
+    /// `specprefill`); `None`, the default, or without a drafter: whole.
+    pub spec_prefill: Option<SpecPrefill>,
 }
 
 impl Default for BatchOptions {
@@ -80,6 +84,7 @@ impl Default for BatchOptions {
             prefix_cache_bytes: 1 << 30,
             prefix_cache_dir: None,
             prefix_cache_disk_bytes: 8 << 30,
+            spec_prefill: None,
         }
     }
 }
@@ -273,6 +278,11 @@ struct Seq {
     alone: Option<Vec<KvCache>>,
     /// Prompt tokens in the pool.
     filled: usize,
+    /// Prompt positions SpecPrefill left out: `prompt` holds the others,
+    /// and each decoded token sits this far past its cache position.
+    skipped: usize,
+    /// The RoPE position of each token of `prompt`, when some were left out.
+    positions: Option<Vec<i32>>,
     cached_prompt_tokens: usize,
     sampler: Sampler,
     /// The grammar its answer follows, if the request has one.
@@ -475,6 +485,8 @@ impl Engine {
             match self.start(&job.request) {
                 Ok(parts) => {
                     let (prompt, hashes, pages, filled, sampler, constraint) = parts;
+                    let (prompt, hashes, skipped, positions) =
+                        self.spec_prefill(prompt, hashes, filled);
                     let stops = StopMatcher::new(&job.request.stop);
                     let mut spec = job.request.speculation.clone();
                     // Without a drafter that fits, a draft model proposes nothing.
@@ -487,6 +499,8 @@ impl Engine {
                         pages,
                         alone: None,
                         filled,
+                        skipped,
+                        positions,
                         cached_prompt_tokens: filled,
                         sampler,
                         constraint,
@@ -510,6 +524,43 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// The prompt to prefill, its block hashes, the positions left out and
+    /// the RoPE positions of the rest: `prompt` whole, unless SpecPrefill is
+    /// on, a drafter scores, and enough of it is not cached yet (`filled`
+    /// positions are). Only the blocks before the first gap stay cacheable.
+    /// A scorer that fails leaves the prompt whole.
+    #[allow(clippy::type_complexity)]
+    fn spec_prefill(
+        &self,
+        prompt: Vec<u32>,
+        hashes: Vec<u64>,
+        filled: usize,
+    ) -> (Vec<u32>, Vec<u64>, usize, Option<Vec<i32>>) {
+        let (Some(options), Some(drafter)) = (&self.options.spec_prefill, &self.drafter) else {
+            return (prompt, hashes, 0, None);
+        };
+        if prompt.len().saturating_sub(filled) < options.min_tokens.max(1) {
+            return (prompt, hashes, 0, None);
+        }
+        let Ok(scores) = drafter.importance(&prompt, options.lookahead) else {
+            return (prompt, hashes, 0, None);
+        };
+        let kept = specprefill::select(&scores, filled, options.keep);
+        if kept.len() == prompt.len() {
+            return (prompt, hashes, 0, None);
+        }
+        let gap = kept
+            .iter()
+            .enumerate()
+            .find(|&(i, &p)| i != p)
+            .map_or(kept.len(), |(i, _)| i);
+        let hashes = hashes[..(gap / BLOCK).min(hashes.len())].to_vec();
+        let skipped = prompt.len() - kept.len();
+        let tokens = kept.iter().map(|&p| prompt[p]).collect();
+        let positions = kept.iter().map(|&p| p as i32).collect();
+        (tokens, hashes, skipped, Some(positions))
     }
 
     /// Checks a request and puts its cached prefix in the pool.
@@ -622,6 +673,7 @@ impl Engine {
             && seq.prefilled()
             && seq.constraint.is_none()
             && seq.proposer.is_some()
+            && seq.skipped == 0
             && seq.sampled < seq.job.request.max_tokens
     }
 
@@ -716,7 +768,10 @@ impl Engine {
 
     /// Builds and queues one packed forward pass; returns its sampled tokens.
     fn build(&mut self) -> Result<Option<InFlight>> {
-        let lone = self.active.len() == 1 && self.active[0].prefilled();
+        // A cache of its own counts positions from 0 up: not for a prompt
+        // prefilled in part.
+        let lone =
+            self.active.len() == 1 && self.active[0].prefilled() && self.active[0].skipped == 0;
         if !lone {
             // Company came: a sequence that decoded alone moves to the pool.
             for seq in &mut self.active {
@@ -861,9 +916,11 @@ impl Engine {
             let start = seq.filled;
             seq.filled = end;
             // A whole block computed as one chunk goes to the prefix cache.
-            if end - start == BLOCK && end % BLOCK == 0 {
-                let index = end / BLOCK - 1;
-                let hash = seq.hashes[index];
+            let index = (end / BLOCK).wrapping_sub(1);
+            if let (true, Some(&hash)) = (
+                end - start == BLOCK && end % BLOCK == 0,
+                seq.hashes.get(index),
+            ) {
                 if self.prefix.enabled() && !self.prefix.contains(hash) {
                     let rows: Vec<i32> = (start..end).map(|p| seq.pages.row(p as i32)).collect();
                     let layers = self.pool.copy_rows(&rows)?;
@@ -1070,11 +1127,13 @@ impl Engine {
         while let Some(&&(padded, _, _)) = members.peek() {
             let (mut index, mut mask, mut count) = (Vec::new(), Vec::new(), 0);
             while let Some((_, at, _)) = members.next_if(|m| m.0 == padded) {
-                let pages = &mut self.active[*at].pages;
+                let seq = &mut self.active[*at];
+                let skipped = seq.skipped as i32;
+                let pages = &mut seq.pages;
                 let pos = pages.len();
                 KvPool::fill(pages, pos + 1);
                 rows.push(pages.row(pos));
-                positions.push(pos);
+                positions.push(pos + skipped);
                 index.extend((0..padded).map(|p| pages.row(if p <= pos { p } else { 0 })));
                 mask.extend((0..padded).map(|p| p <= pos));
                 count += 1;
@@ -1115,14 +1174,25 @@ impl Engine {
             KvPool::fill(&mut seq.pages, offset + len);
             let pages = &seq.pages;
             rows.extend((offset..offset + len).map(|p| pages.row(p)));
+            let positions = seq.positions.as_ref().map(|all| {
+                let own = &all[offset as usize..(offset + len) as usize];
+                Array::from_slice(own, &[len])
+            });
             match groups.last_mut() {
-                Some(g) if (g.offset, g.len) == (offset, len) => g.seqs += 1,
+                Some(g)
+                    if (g.offset, g.len) == (offset, len)
+                        && g.positions.is_none()
+                        && positions.is_none() =>
+                {
+                    g.seqs += 1
+                }
                 _ => {
                     groups.push(Chunks {
                         seqs: 1,
                         offset,
                         len,
                         index: None,
+                        positions,
                     });
                     reads.push(Vec::new());
                 }
@@ -1239,7 +1309,7 @@ fn finish(seq: &mut Seq, reason: FinishReason, tokenizer: &crate::Tokenizer) -> 
         token_ids: std::mem::take(&mut seq.token_ids),
         finish_reason: reason,
         usage: Usage {
-            prompt_tokens: seq.prompt.len(),
+            prompt_tokens: seq.prompt.len() + seq.skipped,
             cached_prompt_tokens: seq.cached_prompt_tokens,
             completion_tokens,
         },

@@ -20,6 +20,17 @@ pub(crate) struct KvCache {
     keys: Option<Array>,
     values: Option<Array>,
     offset: i32,
+    /// While a prompt is scored (SpecPrefill): how much attention its last
+    /// queries give each position, summed over this layer's heads.
+    pub(crate) importance: Option<Importance>,
+}
+
+/// The attention the last `last` queries of a forward pass give every
+/// cached position, summed over heads and queries (`(positions,)`
+/// float32), accumulated by the layer's attention.
+pub(crate) struct Importance {
+    pub(crate) last: i32,
+    pub(crate) sum: Option<Array>,
 }
 
 impl KvCache {
@@ -31,6 +42,7 @@ impl KvCache {
             keys: Some(keys),
             values: Some(values),
             offset,
+            importance: None,
         }
     }
 

@@ -45,6 +45,7 @@ mod prefix;
 mod probe;
 mod sampling;
 mod session;
+mod specprefill;
 mod speculate;
 mod tokenizer;
 mod turn;
@@ -64,6 +65,7 @@ pub use session::{
     Completion, DrawScore, FinishReason, GenerateRequest, Prompt, Session, Timings, TokenEvent,
     TokenScore, Usage,
 };
+pub use specprefill::SpecPrefill;
 pub use speculate::{SpecUsage, Speculation, MAX_K};
 pub use tokenizer::{StreamDecoder, Tokenizer};
 pub use turn::mlx_turn;

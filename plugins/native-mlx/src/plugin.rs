@@ -21,7 +21,7 @@ use serde_json::Value;
 use crate::{
     model_kind, Answer, BatchOptions, Batcher, ChatMessage, ChatOptions, DeviceKind, DraftLoad,
     Drafter, Embedder, FinishReason, GenerateRequest, LoadOptions, ModelKind, Prompt,
-    SamplingParams, Session, Speculation, Tokenizer, MAX_K,
+    SamplingParams, Session, SpecPrefill, Speculation, Tokenizer, MAX_K,
 };
 
 struct NativeMlx;
@@ -56,7 +56,14 @@ impl Plugin for NativeMlx {
                 embedder: Box::new(std::sync::Mutex::new(embedder)),
             }));
         }
-        let (mut speculate, draft) = speculate_settings(&request.settings)?;
+        let (mut speculate, mut draft) = speculate_settings(&request.settings)?;
+        let spec_prefill = spec_prefill_settings(&request.settings)?;
+        if spec_prefill.is_some() && draft.is_none() {
+            // The scorer loads even where it proposes nothing.
+            draft = Some(named_drafter(&request.settings).ok_or(
+                "setting 'spec_prefill' of native-mlx needs a scorer: set 'draft_model' (a small MLX model of the same tokenizer) or 'draft_layers' (the model's own first layers)",
+            )?);
+        }
         let session = Session::load(Path::new(&request.model_path))
             .map_err(|e| format!("model '{}': {e}", request.model_id))?;
         let mut notes = Vec::new();
@@ -76,10 +83,19 @@ impl Plugin for NativeMlx {
                     notes.push(format!(
                         "the draft model {dir} is not used, so requests decode without it: {why}"
                     ));
+                    if spec_prefill.is_some() {
+                        notes.push(
+                            "spec_prefill is off: its scorer, the draft model, is not used".into(),
+                        );
+                    }
                     speculate.draft_model = false;
                     None
                 }
             },
+        };
+        let options = BatchOptions {
+            spec_prefill,
+            ..options
         };
         Ok(Box::new(Loaded::Chat {
             id: request.model_id,
@@ -234,6 +250,58 @@ fn speculate_settings(
         },
         source,
     ))
+}
+
+/// SpecPrefill, from the settings `spec_prefill` (on or off, the default),
+/// `spec_prefill_min_tokens` (prompts with fewer uncached tokens are
+/// prefilled whole) and `spec_prefill_keep` (the share prefilled); `None`
+/// when off.
+fn spec_prefill_settings(
+    settings: &std::collections::BTreeMap<String, Value>,
+) -> Result<Option<SpecPrefill>, String> {
+    match settings.get("spec_prefill") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => return Ok(None),
+        Some(Value::Bool(true)) => {}
+        Some(other) => {
+            return Err(format!(
+                "setting 'spec_prefill' of native-mlx must be true or false, got {other}"
+            ))
+        }
+    }
+    let mut options = SpecPrefill::default();
+    match settings.get("spec_prefill_min_tokens") {
+        None | Some(Value::Null) => {}
+        Some(v) => match v.as_u64() {
+            Some(n @ 1..) => options.min_tokens = n as usize,
+            _ => {
+                return Err(format!(
+                    "setting 'spec_prefill_min_tokens' of native-mlx must be a positive integer, got {v}"
+                ))
+            }
+        },
+    }
+    match settings.get("spec_prefill_keep") {
+        None | Some(Value::Null) => {}
+        Some(v) => match v.as_f64() {
+            Some(keep) if keep > 0.0 && keep <= 1.0 => options.keep = keep as f32,
+            _ => {
+                return Err(format!(
+                    "setting 'spec_prefill_keep' of native-mlx must be a number above 0 and at most 1 (the share of the prompt prefilled), got {v}"
+                ))
+            }
+        },
+    }
+    Ok(Some(options))
+}
+
+/// The drafter the settings name (`draft_model` or `draft_layers`, as
+/// [`speculate_settings`] checked them), whatever `draft_kind` says.
+fn named_drafter(settings: &std::collections::BTreeMap<String, Value>) -> Option<DraftSource> {
+    if let Some(Value::String(dir)) = settings.get("draft_model") {
+        return Some(DraftSource::Folder(dir.clone()));
+    }
+    let layers = settings.get("draft_layers")?.as_u64()?;
+    Some(DraftSource::Layers(layers as usize))
 }
 
 /// A loaded model: a chat model behind its batcher, or an embedder or
@@ -486,5 +554,44 @@ mod tests {
             let error = check(settings.clone()).unwrap_err();
             assert!(error.contains(words), "{settings}: {error}");
         }
+    }
+
+    #[test]
+    fn spec_prefill_settings_are_checked_and_find_their_scorer() {
+        let of = |v: Value| spec_prefill_settings(&serde_json::from_value(v).unwrap());
+        assert_eq!(of(json!({})).unwrap(), None);
+        assert_eq!(of(json!({"spec_prefill": false})).unwrap(), None);
+        let on = of(
+            json!({"spec_prefill": true, "spec_prefill_keep": 0.5, "spec_prefill_min_tokens": 100}),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((on.keep, on.min_tokens), (0.5, 100));
+        for (settings, words) in [
+            (
+                json!({"spec_prefill": "yes"}),
+                "'spec_prefill' of native-mlx must be true or false",
+            ),
+            (
+                json!({"spec_prefill": true, "spec_prefill_keep": 0}),
+                "above 0 and at most 1",
+            ),
+            (
+                json!({"spec_prefill": true, "spec_prefill_keep": 1.5}),
+                "above 0 and at most 1",
+            ),
+            (
+                json!({"spec_prefill": true, "spec_prefill_min_tokens": 0}),
+                "positive integer",
+            ),
+        ] {
+            let error = of(settings.clone()).unwrap_err();
+            assert!(error.contains(words), "{settings}: {error}");
+        }
+        // A scorer named with speculation off is still found.
+        let settings = json!({"draft_layers": 3, "draft_kind": "off"});
+        assert_eq!(check(settings.clone()).unwrap().1, None);
+        let named = named_drafter(&serde_json::from_value(settings).unwrap());
+        assert_eq!(named, Some(DraftSource::Layers(3)));
     }
 }

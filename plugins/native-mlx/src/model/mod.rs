@@ -178,6 +178,10 @@ pub(crate) struct Chunks {
     /// (offset + len), 1)` int32, sequence by sequence. A first chunk
     /// attends to its own keys and values alone.
     pub(crate) index: Option<Array>,
+    /// The RoPE position of each token, `(len,)` int32, where they are not
+    /// `offset..offset + len` (a prompt prefilled in part, see
+    /// `specprefill`); such a group holds one sequence.
+    pub(crate) positions: Option<Array>,
 }
 
 /// Llama 3.1's scaled RoPE frequencies, with the same ops and the same
@@ -328,7 +332,7 @@ impl Attention {
         let decoded = match &step.decode {
             Some(d) => {
                 let part = parts.next().expect("a decoding part");
-                let (queries, keys, values) = self.decoding_heads(part, d, rope)?;
+                let (queries, keys, values) = self.decoding_heads(part, &d.positions, rope)?;
                 // `(n, kv_heads, 1, head_dim)` to `(kv_heads, n, head_dim)`.
                 let n = d.positions.dim(0);
                 let head_major = |y: &Array| -> Result<Array> {
@@ -342,7 +346,16 @@ impl Attention {
         };
         let mut chunks = Vec::with_capacity(step.chunks.len());
         for (part, c) in parts.zip(&step.chunks) {
-            let (queries, keys, values) = self.heads(part.batch(c.seqs)?, c.offset, rope)?;
+            let (queries, keys, values) = match &c.positions {
+                // One token per row at its own position, then `(1, heads,
+                // len, head_dim)` as a chunk's.
+                Some(positions) => {
+                    let (q, k, v) = self.decoding_heads(part, positions, rope)?;
+                    let chunk = |a: Array| a.transpose_axes(&[2, 1, 0, 3]);
+                    (chunk(q)?, chunk(k)?, chunk(v)?)
+                }
+                None => self.heads(part.batch(c.seqs)?, c.offset, rope)?,
+            };
             // `(seqs, kv_heads, len, head_dim)` to `(kv_heads, seqs * len, head_dim)`.
             let head_major = |y: &Array| -> Result<Array> {
                 Ok(y.transpose_axes(&[1, 0, 2, 3])?
@@ -377,15 +390,15 @@ impl Attention {
     }
 
     /// The decoding rows' queries, keys and values (`(1, n, ...)`
-    /// projections of one token each) as `(n, heads, 1, head_dim)`: the
-    /// same memory, as for one token alone.
+    /// projections of one token each, row `i` at `positions[i]`) as `(n,
+    /// heads, 1, head_dim)`: the same memory, as for one token alone.
     fn decoding_heads(
         &self,
         projected: Projected,
-        d: &Decode,
+        positions: &Array,
         rope: &Rope,
     ) -> Result<(Array, Array, Array)> {
-        let n = d.positions.dim(0);
+        let n = positions.dim(0);
         let heads = |y: Array, count: i32, norm: Option<&Array>| -> Result<Array> {
             let y = y.reshape(&[n, count, 1, -1])?;
             Ok(match norm {
@@ -393,7 +406,7 @@ impl Attention {
                 None => y,
             })
         };
-        self.heads_of(projected, heads, |x| rope.apply_at(x, &d.positions))
+        self.heads_of(projected, heads, |x| rope.apply_at(x, positions))
     }
 
     /// The decoding rows' attention over the pool `pool` (after this step's
@@ -522,7 +535,42 @@ impl Attention {
     fn attend_one(&self, projected: Projected, cache: &mut KvCache, rope: &Rope) -> Result<Array> {
         let (queries, keys, values) = self.heads(projected, cache.offset(), rope)?;
         let (keys, values) = cache.update_and_fetch(&keys, &values)?;
+        if let Some(importance) = cache.importance.as_mut() {
+            let scores = self.attention_of_last(&queries, &keys, importance.last)?;
+            importance.sum = Some(match importance.sum.take() {
+                Some(sum) => sum.add(&scores)?,
+                None => scores,
+            });
+        }
         merge_heads(&self.attend(&queries, &keys, &values)?)
+    }
+
+    /// The attention weights of the last `last` of one sequence's queries
+    /// (`(1, heads, len, head_dim)`) over all its keys (`(1, kv_heads,
+    /// positions, head_dim)`), causal, summed over heads and queries:
+    /// `(positions,)` float32. What SpecPrefill's scorer reads.
+    fn attention_of_last(&self, queries: &Array, keys: &Array, last: i32) -> Result<Array> {
+        let (len, positions) = (queries.dim(2), keys.dim(2));
+        let last = last.clamp(1, len);
+        let (kv_heads, repeats) = (self.num_kv_heads, self.num_heads / self.num_kv_heads);
+        let q = queries
+            .at((.., .., len - last..))?
+            .as_dtype(mlx_rs::Dtype::Float32)?
+            .reshape(&[kv_heads, repeats * last, -1])?;
+        let k = keys
+            .as_dtype(mlx_rs::Dtype::Float32)?
+            .reshape(&[kv_heads, positions, -1])?;
+        let scores = q
+            .matmul(&k.transpose_axes(&[0, 2, 1])?)?
+            .multiply(Array::from_f32(self.scale))?
+            .reshape(&[kv_heads, repeats, last, positions])?;
+        // Query r (at position positions - last + r) sees keys up to it.
+        let rows = arange::<_, i32>(positions - last, positions, None)?.reshape(&[last, 1])?;
+        let cols = arange::<_, i32>(0, positions, None)?.reshape(&[1, positions])?;
+        let visible = cols.le(&rows)?;
+        let scores = select(&visible, &scores, Array::from_f32(f32::NEG_INFINITY))?;
+        let weights = mlx_rs::ops::softmax_axis(&scores, -1, None)?;
+        Ok(weights.sum_axes(&[0, 1, 2], false)?)
     }
 
     /// Queries, keys and values of `(batch, len, ...)` projections as
@@ -859,6 +907,41 @@ impl Model {
     /// A fresh, empty cache with one entry per layer.
     pub(crate) fn new_cache(&self) -> Vec<KvCache> {
         (0..self.blocks.len()).map(|_| KvCache::default()).collect()
+    }
+
+    /// How much each token of `tokens` matters to the end of the prompt:
+    /// the attention the last `last` tokens give it, summed over every
+    /// layer, head and one of those queries. The prompt runs through the
+    /// model in chunks of `chunk` tokens, only the last `last` tokens
+    /// scored. SpecPrefill's scorer.
+    pub fn importance(&self, tokens: &[u32], last: usize, chunk: usize) -> Result<Vec<f32>> {
+        let last = last.clamp(1, tokens.len().max(1));
+        let (head, tail) = tokens.split_at(tokens.len() - last);
+        let mut caches = self.new_cache();
+        for part in head.chunks(chunk.max(1)) {
+            self.hidden(&crate::session::ids(part)?, &mut caches)?;
+            let state: Vec<&Array> = caches.iter().flat_map(KvCache::state).collect();
+            eval(state)?;
+        }
+        for cache in &mut caches {
+            cache.importance = Some(crate::cache::Importance {
+                last: last as i32,
+                sum: None,
+            });
+        }
+        self.hidden(&crate::session::ids(tail)?, &mut caches)?;
+        let mut total: Option<Array> = None;
+        for cache in &mut caches {
+            if let Some(sum) = cache.importance.take().and_then(|i| i.sum) {
+                total = Some(match total {
+                    Some(t) => t.add(&sum)?,
+                    None => sum,
+                });
+            }
+        }
+        let total = total.expect("a model has layers");
+        eval([&total])?;
+        Ok(total.as_slice::<f32>().to_vec())
     }
 
     /// Runs `ids` (`(1, len)`, appended after the cached positions) through

@@ -8,4 +8,5 @@ mod greedy;
 mod parity;
 mod real;
 mod session;
+mod specprefill;
 mod speculate;
