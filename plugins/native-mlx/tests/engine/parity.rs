@@ -9,7 +9,7 @@ use hangar_native_mlx::{
 };
 use serde_json::{json, Map, Value};
 
-use crate::fixtures::{fixtures, CASES, CHATS, MAX_TOKENS, PROMPT};
+use crate::fixtures::{fixtures, reference, CASES, CHATS, MAX_TOKENS, PROMPT};
 use crate::greedy::check_same_tokens;
 
 /// The default placement; every matrix split over three CPU streams (uneven
@@ -73,6 +73,43 @@ fn token_ids_match_mlx_lm() {
             &request.sampling,
             &what,
         ) {
+            mismatches.push(e);
+        }
+    }
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+}
+
+/// Gemma 3's sliding windows (8 positions) against mlx-lm's rotating cache
+/// at prompt lengths below the window, at it, past it, and past it by far:
+/// a decoding query sums its window in the ring buffer's order, which
+/// depends on where the prompt ended.
+#[test]
+fn sliding_windows_match_mlx_lm_at_every_prompt_length() {
+    let fixtures = fixtures();
+    let models = ["gemma3_text", "gemma3_text-q4"];
+    let lengths = [1, 2, 5, 8, 9, 10, 17, 200];
+    let prompt = |n: usize| -> Vec<u32> { (0..n as u32).map(|i| (i * 37 + 11) % 500 + 3).collect() };
+    let max_tokens = 24;
+    let cases: Vec<(&str, Vec<u32>)> = models
+        .iter()
+        .flat_map(|m| lengths.iter().map(move |&n| (*m, prompt(n))))
+        .collect();
+    let request = json!({"cases": cases.iter().map(|(m, p)| json!({
+        "model": fixtures.model(m), "prompt": p, "max_tokens": max_tokens})).collect::<Vec<_>>()});
+    let expected: Vec<Vec<u32>> = serde_json::from_value(reference(request)["ids"].take()).unwrap();
+    let mut mismatches = Vec::new();
+    for ((model, ids), expected) in cases.iter().zip(&expected) {
+        let mut session = Session::load(&fixtures.model(model)).unwrap();
+        let request = GenerateRequest {
+            ignore_eos: true,
+            ..GenerateRequest::new(Prompt::Tokens(ids.clone()), max_tokens)
+        };
+        let got = session
+            .generate(&request, |_| ControlFlow::Continue(()))
+            .unwrap()
+            .token_ids;
+        let what = format!("{model}, a prompt of {}", ids.len());
+        if let Err(e) = check_same_tokens(model, ids, &got, expected, &request.sampling, &what) {
             mismatches.push(e);
         }
     }
