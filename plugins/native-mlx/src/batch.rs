@@ -1096,9 +1096,10 @@ impl Engine {
                     let base = seq.prompt.len() as i32 - 1;
                     let read = window::decoding_positions(pos + 1, base, w);
                     let len = read.len();
-                    window_index.extend((0..window_padded as usize).map(|p| {
-                        pages.row(if p < len { read[p] } else { read[0] })
-                    }));
+                    window_index.extend(
+                        (0..window_padded as usize)
+                            .map(|p| pages.row(if p < len { read[p] } else { read[0] })),
+                    );
                     window_mask.extend((0..window_padded as usize).map(|p| p < len));
                 }
                 count += 1;

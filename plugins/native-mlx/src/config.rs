@@ -722,6 +722,96 @@ mod tests {
     }
 
     #[test]
+    fn phi3_reads_partial_rotary_and_longrope_as_mlx_lm() {
+        let json = LLAMA.replace("\"llama\"", "\"phi3\"").replace(
+            "\"vocab_size\"",
+            r#""head_dim": 99, "partial_rotary_factor": 0.75, "max_position_embeddings": 131072,
+                "original_max_position_embeddings": 4096,
+                "rope_scaling": {"type": "longrope", "long_factor": [1, 2, 3, 4, 5, 6],
+                "short_factor": [1, 1, 1, 1, 1, 1]}, "vocab_size""#,
+        );
+        let c = parse(&json).unwrap();
+        assert_eq!((c.head_dim, c.rope_dims), (16, 12));
+        let RopeScaling::SuScaled { long_factor, scale } = &c.rope_scaling else {
+            panic!("{:?}", c.rope_scaling);
+        };
+        assert_eq!(long_factor, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let expected = (1.0 + 32f64.ln() / 4096f64.ln()).sqrt() as f32;
+        assert_eq!(*scale, expected);
+        assert!(!c.tie_word_embeddings);
+        // One factor per rotated pair, and only Phi-3's scaling types.
+        let short = json.replace("[1, 2, 3, 4, 5, 6]", "[1, 2]");
+        assert!(parse(&short)
+            .unwrap_err()
+            .to_string()
+            .contains("2 long factors"));
+        let yarn = json.replace("\"longrope\"", "\"yarn\"");
+        assert!(parse(&yarn).unwrap_err().to_string().contains("'yarn'"));
+        let linear = LLAMA.replace("\"llama\"", "\"phi3\"").replace(
+            "\"vocab_size\"",
+            r#""rope_scaling": {"type": "linear", "factor": 2.0}, "vocab_size""#,
+        );
+        assert_eq!(
+            parse(&linear).unwrap().rope_scaling,
+            RopeScaling::Linear { factor: 2.0 }
+        );
+    }
+
+    #[test]
+    fn gemma3_text_layers_slide_by_pattern_or_layer_types() {
+        let json = r#"{"model_type": "gemma3_text", "hidden_size": 64,
+            "num_hidden_layers": 5, "intermediate_size": 128, "head_dim": 16,
+            "vocab_size": 512, "query_pre_attn_scalar": 168, "sliding_window": 8,
+            "sliding_window_pattern": 3, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}"#;
+        let c = parse(json).unwrap();
+        assert_eq!(c.family, Family::Gemma3);
+        // mlx-lm's defaults: 4 query heads, 1 key/value head, its bases.
+        assert_eq!(
+            (c.num_heads, c.num_kv_heads, c.rope_theta),
+            (4, 1, 1_000_000.0)
+        );
+        assert_eq!(c.attention_scale, 168f64.powf(-0.5) as f32);
+        assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+        let window = c.sliding_window.unwrap();
+        assert_eq!((window.size, window.rope_theta), (8, 10_000.0));
+        assert_eq!(window.layers, [true, true, false, true, true]);
+        assert_eq!(c.weights_prefix, "");
+        let listed = json.replace(
+            "\"sliding_window_pattern\": 3",
+            r#""layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                "full_attention", "full_attention"]"#,
+        );
+        let layers = parse(&listed).unwrap().sliding_window.unwrap().layers;
+        assert_eq!(layers, [true, false, true, false, false]);
+        let capped = json.replace(
+            "\"head_dim\"",
+            "\"attn_logit_softcapping\": 50.0, \"head_dim\"",
+        );
+        assert!(parse(&capped)
+            .unwrap_err()
+            .to_string()
+            .contains("attention logit soft-capping"));
+    }
+
+    #[test]
+    fn gemma3_reads_its_text_config() {
+        let json = r#"{"model_type": "gemma3", "vocab_size": 1024, "eos_token_id": [1, 106],
+            "text_config": {"model_type": "gemma3_text", "hidden_size": 64,
+                "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 7,
+                "final_logit_softcapping": 30.0},
+            "vision_config": {"model_type": "siglip_vision_model"}}"#;
+        let c = parse(json).unwrap();
+        assert_eq!(c.family, Family::Gemma3);
+        assert_eq!((c.vocab_size, c.num_heads, c.num_kv_heads), (1024, 8, 4));
+        assert_eq!(c.head_dim, 256);
+        assert_eq!(c.eos_token_ids, vec![1, 106]);
+        assert_eq!(c.weights_prefix, "language_model.");
+        assert_eq!(c.final_logit_softcapping, Some(30.0));
+        let no_text = parse(r#"{"model_type": "gemma3", "vocab_size": 1024}"#).unwrap_err();
+        assert!(no_text.to_string().contains("\"text_config\""), "{no_text}");
+    }
+
+    #[test]
     fn unsupported_settings_are_named() {
         let json = LLAMA.replace(
             "\"vocab_size\"",

@@ -41,7 +41,9 @@ pub(crate) fn residual(x: &Array, y: &Array) -> Result<Array> {
         return Ok(x.add(y)?);
     }
     let bound = 65504.0_f32;
-    let sum = x.as_dtype(Dtype::Float32)?.add(y.as_dtype(Dtype::Float32)?)?;
+    let sum = x
+        .as_dtype(Dtype::Float32)?
+        .add(y.as_dtype(Dtype::Float32)?)?;
     Ok(clip(&sum, (-bound, bound))?.as_dtype(Dtype::Float16)?)
 }
 
@@ -94,4 +96,55 @@ pub(crate) fn gelu_approx(x: &Array) -> Result<Array> {
         };
         Ok(f(x)?)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn soft_cap_bounds_logits_by_tanh() {
+        let logits = Array::from_slice(&[-100.0f32, -3.0, 0.0, 2.5, 1000.0], &[5]);
+        let capped = soft_cap(&logits, 30.0).unwrap();
+        capped.eval().unwrap();
+        for (&got, x) in capped
+            .as_slice::<f32>()
+            .iter()
+            .zip([-100.0f64, -3.0, 0.0, 2.5, 1000.0])
+        {
+            let want = 30.0 * (x / 30.0).tanh();
+            assert!(
+                (got as f64 - want).abs() < 1e-5,
+                "{x}: {got} against {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn norm_weights_and_embedding_scale_are_as_mlx_lm_makes_them() {
+        let w = Array::from_slice(&[-0.5f32, 0.0, 0.25], &[3])
+            .as_dtype(Dtype::Bfloat16)
+            .unwrap();
+        let weight = norm_weight(&w).unwrap();
+        assert_eq!(weight.dtype(), Dtype::Bfloat16);
+        let weight = weight.as_dtype(Dtype::Float32).unwrap();
+        weight.eval().unwrap();
+        assert_eq!(weight.as_slice::<f32>(), [0.5, 1.0, 1.25]);
+        // sqrt(128) = 11.3137... is 11.3125 in bfloat16, as mlx-lm rounds it.
+        let scale = embed_scale(128).unwrap().as_dtype(Dtype::Float32).unwrap();
+        scale.eval().unwrap();
+        assert_eq!(scale.as_slice::<f32>(), [11.3125]);
+    }
+
+    #[test]
+    fn residual_clips_float16_to_its_range() {
+        let x = Array::from_slice(&[60000.0f32, -60000.0, 1.0], &[3])
+            .as_dtype(Dtype::Float16)
+            .unwrap();
+        let sum = residual(&x, &x).unwrap();
+        assert_eq!(sum.dtype(), Dtype::Float16);
+        let sum = sum.as_dtype(Dtype::Float32).unwrap();
+        sum.eval().unwrap();
+        assert_eq!(sum.as_slice::<f32>(), [65504.0, -65504.0, 2.0]);
+    }
 }

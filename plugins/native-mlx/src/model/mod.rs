@@ -243,7 +243,8 @@ pub(crate) struct Chunks {
 /// Su / LongRoPE frequencies with the ops of mlx-lm's `SuScaledRoPE`:
 /// `long_factor * base ** (arange(0, dims, 2) / dims)`, in float32.
 fn su_freqs(dims: i32, base: f32, long_factor: &[f32]) -> Result<Array> {
-    let exponents = arange::<_, f32>(0.0, dims as f64, 2.0)?.divide(Array::from_f32(dims as f32))?;
+    let exponents =
+        arange::<_, f32>(0.0, dims as f64, 2.0)?.divide(Array::from_f32(dims as f32))?;
     let freqs = Array::from_f32(base).power(&exponents)?;
     let factors = Array::from_slice(long_factor, &[long_factor.len() as i32]);
     let freqs = factors.multiply(&freqs)?;

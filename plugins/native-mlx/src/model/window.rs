@@ -87,7 +87,10 @@ mod tests {
         // last 8 and written from slot 0 on.
         assert_eq!(decoding_positions(12, 11, 8), [11, 4, 5, 6, 7, 8, 9, 10]);
         assert_eq!(decoding_positions(13, 11, 8), [11, 12, 5, 6, 7, 8, 9, 10]);
-        assert_eq!(decoding_positions(19, 11, 8), [11, 12, 13, 14, 15, 16, 17, 18]);
+        assert_eq!(
+            decoding_positions(19, 11, 8),
+            [11, 12, 13, 14, 15, 16, 17, 18]
+        );
         // A short prompt: in order until the window fills, then it wraps
         // at slot 0.
         assert_eq!(decoding_positions(6, 4, 8), [0, 1, 2, 3, 4, 5]);
