@@ -224,6 +224,7 @@ struct RawConfig {
     rope_local_base_freq: Option<f32>,
     final_logit_softcapping: Option<f32>,
     attn_logit_softcapping: Option<f32>,
+    use_bidirectional_attention: Option<bool>,
 }
 
 /// mlx-lm's `gemma3_text.ModelArgs` defaults, for the fields a config leaves out.
@@ -367,6 +368,12 @@ impl ModelConfig {
             }
             None
         };
+        if raw.use_bidirectional_attention == Some(true) {
+            // EmbeddingGemma: a gemma3_text whose every query sees every position.
+            return Err(unsupported(
+                "bidirectional attention (\"use_bidirectional_attention\")".into(),
+            ));
+        }
         if let Some(cap) = raw.attn_logit_softcapping {
             return Err(unsupported(format!(
                 "attention logit soft-capping (\"attn_logit_softcapping\": {cap})"
@@ -791,6 +798,14 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("attention logit soft-capping"));
+        let both_ways = json.replace(
+            "\"head_dim\"",
+            "\"use_bidirectional_attention\": true, \"head_dim\"",
+        );
+        assert!(parse(&both_ways)
+            .unwrap_err()
+            .to_string()
+            .contains("bidirectional attention"));
     }
 
     #[test]

@@ -100,7 +100,8 @@ fn sliding_windows_match_mlx_lm_at_every_prompt_length() {
         ("phi3", &[12, 200]),
         ("phi3-q4", &[12, 200]),
     ];
-    let prompt = |n: usize| -> Vec<u32> { (0..n as u32).map(|i| (i * 37 + 11) % 500 + 3).collect() };
+    let prompt =
+        |n: usize| -> Vec<u32> { (0..n as u32).map(|i| (i * 37 + 11) % 500 + 3).collect() };
     let max_tokens = 24;
     let cases: Vec<(&str, Vec<u32>)> = models
         .iter()
@@ -134,7 +135,11 @@ fn sliding_windows_match_mlx_lm_at_every_prompt_length() {
                 .iter()
                 .map(|s| s.logprob)
                 .collect();
-            if scored.iter().map(|l| l.to_bits()).ne(logprobs.iter().map(|l| l.to_bits())) {
+            if scored
+                .iter()
+                .map(|l| l.to_bits())
+                .ne(logprobs.iter().map(|l| l.to_bits()))
+            {
                 mismatches.push(format!(
                     "{what}: log-probabilities {scored:?}, mlx-lm's {logprobs:?}"
                 ));
