@@ -40,7 +40,7 @@ use crate::disk::DiskTier;
 use crate::draft::Drafter;
 use crate::error::{Error, Result};
 use crate::indexing::IndexOnStream;
-use crate::model::{Chunks, Decode, Group, Packed};
+use crate::model::{window, Chunks, Decode, Group, Packed, WindowRead};
 use crate::pool::{KvPool, Pages};
 use crate::prefix::{block_hashes, PrefixCache, BLOCK};
 use crate::sampling::Sampler;
@@ -541,6 +541,11 @@ impl Engine {
         let (Some(options), Some(drafter)) = (&self.options.spec_prefill, &self.drafter) else {
             return (prompt, hashes, 0, None);
         };
+        // Sliding windows count cache rows, which a prompt with gaps no
+        // longer lines up with positions: such models prefill whole.
+        if self.session.model.config().sliding_window.is_some() {
+            return (prompt, hashes, 0, None);
+        }
         if prompt.len().saturating_sub(filled) < options.min_tokens.max(1) {
             return (prompt, hashes, 0, None);
         }
@@ -1060,7 +1065,7 @@ impl Engine {
         if seq.alone.is_none() {
             let len = seq.pages.len();
             let rows: Vec<i32> = (0..len).map(|p| seq.pages.row(p)).collect();
-            let cache = if len == 0 {
+            let mut cache = if len == 0 {
                 self.session.model.new_cache()
             } else {
                 self.pool
@@ -1069,6 +1074,10 @@ impl Engine {
                     .map(|(k, v)| KvCache::from_state(k, v))
                     .collect()
             };
+            // Its prompt was prefilled but its last token, as a session's.
+            for layer in &mut cache {
+                layer.set_prefilled(seq.prompt.len() as i32 - 1);
+            }
             self.pool.release(std::mem::take(&mut seq.pages));
             seq.alone = Some(cache);
         }
@@ -1124,8 +1133,18 @@ impl Engine {
         let mut positions = Vec::new();
         let mut groups = Vec::new();
         let mut members = decoding.iter().peekable();
+        let heads = self.session.model.config().num_kv_heads;
+        // The mask once per key/value head, as the pool's gather lays the
+        // rows out.
+        let per_head = |mask: &[bool]| -> Vec<bool> {
+            (0..heads).flat_map(|_| mask.iter().copied()).collect()
+        };
+        let window = (self.session.model.config().sliding_window.as_ref()).map(|w| w.size);
         while let Some(&&(padded, _, _)) = members.peek() {
             let (mut index, mut mask, mut count) = (Vec::new(), Vec::new(), 0);
+            // Sliding-window layers read each row's window, in mlx-lm's order.
+            let window_padded = window.map_or(0, |w| padded.min(Pages::padded(w)));
+            let (mut window_index, mut window_mask) = (Vec::new(), Vec::new());
             while let Some((_, at, _)) = members.next_if(|m| m.0 == padded) {
                 let seq = &mut self.active[*at];
                 let skipped = seq.skipped as i32;
@@ -1136,17 +1155,31 @@ impl Engine {
                 positions.push(pos + skipped);
                 index.extend((0..padded).map(|p| pages.row(if p <= pos { p } else { 0 })));
                 mask.extend((0..padded).map(|p| p <= pos));
+                if let Some(w) = window {
+                    let base = seq.prompt.len() as i32 - 1;
+                    let read = window::decoding_positions(pos + 1, base, w);
+                    let len = read.len();
+                    window_index.extend(
+                        (0..window_padded as usize)
+                            .map(|p| pages.row(if p < len { read[p] } else { read[0] })),
+                    );
+                    window_mask.extend((0..window_padded as usize).map(|p| p < len));
+                }
                 count += 1;
             }
-            // The mask once per key/value head, as the pool's gather lays
-            // the rows out.
-            let heads = self.session.model.config().num_kv_heads;
-            let mask: Vec<bool> = (0..heads).flat_map(|_| mask.iter().copied()).collect();
             groups.push(Group {
                 rows: count,
                 padded,
                 index: Array::from_slice(&index, &[1, count * padded, 1]),
-                mask: Array::from_slice(&mask, &[heads * count, 1, 1, padded]),
+                mask: Array::from_slice(&per_head(&mask), &[heads * count, 1, 1, padded]),
+                window: window.map(|_| WindowRead {
+                    padded: window_padded,
+                    index: Array::from_slice(&window_index, &[1, count * window_padded, 1]),
+                    mask: Array::from_slice(
+                        &per_head(&window_mask),
+                        &[heads * count, 1, 1, window_padded],
+                    ),
+                }),
             });
         }
         let n = positions.len() as i32;

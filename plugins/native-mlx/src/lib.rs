@@ -53,7 +53,8 @@ mod turn;
 pub use batch::{BatchOptions, Batcher, StepStats};
 pub use chat::{ChatMessage, ChatOptions, ChatTemplate};
 pub use config::{
-    Family, ModelConfig, QuantParams, Quantization, RopeScaling, SUPPORTED_MODEL_TYPES,
+    Family, ModelConfig, QuantParams, Quantization, RopeScaling, SlidingWindow,
+    SUPPORTED_MODEL_TYPES,
 };
 pub use draft::{DraftLoad, Drafter};
 pub use embed::{model_kind, Answer, Embedder, ModelKind, Pooling};

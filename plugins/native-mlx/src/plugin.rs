@@ -556,6 +556,26 @@ mod tests {
         }
     }
 
+    /// The manifest lists every family the engine loads, so that
+    /// resolution sends them here (and nothing it cannot load).
+    #[test]
+    fn the_manifest_lists_the_model_types_the_engine_loads() {
+        let manifest = include_str!("../plugin.toml");
+        let list = manifest
+            .split("\nmodel_types = [")
+            .nth(1)
+            .and_then(|rest| rest.split(']').next())
+            .expect("plugin.toml has model_types");
+        let listed: Vec<&str> = list
+            .split(',')
+            .map(|t| t.trim().trim_matches('"'))
+            .filter(|t| !t.is_empty())
+            .collect();
+        let mut engine: Vec<&str> = crate::SUPPORTED_MODEL_TYPES.to_vec();
+        engine.extend(["bert", "roberta", "xlm-roberta"]);
+        assert_eq!(listed, engine);
+    }
+
     #[test]
     fn spec_prefill_settings_are_checked_and_find_their_scorer() {
         let of = |v: Value| spec_prefill_settings(&serde_json::from_value(v).unwrap());

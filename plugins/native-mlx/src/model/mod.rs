@@ -1,13 +1,15 @@
 //! The decoder-only transformer of the supported families, built from a config and its weights.
 //!
-//! The graph is the one mlx-lm builds for `llama`, `qwen2` and `qwen3` (op
-//! for op, including `addmm` for biased projections and the fast RoPE, RMS
-//! norm and attention kernels), which is what makes greedy outputs
-//! bit-identical to mlx-lm's on the same MLX.
+//! The graph is the one mlx-lm builds for `llama`, `qwen2`, `qwen3`, `phi3`
+//! and `gemma3_text` (op for op, including `addmm` for biased projections
+//! and the fast RoPE, RMS norm and attention kernels), which is what makes
+//! greedy outputs bit-identical to mlx-lm's on the same MLX.
 
 pub(crate) mod encoder;
+mod gemma;
 mod layers;
 mod weights;
+pub(crate) mod window;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -17,13 +19,14 @@ use mlx_rs::fast::{
     rms_norm, rope, rope_dynamic, scaled_dot_product_attention, ScaledDotProductAttentionMask,
 };
 use mlx_rs::nn::sigmoid;
+use mlx_rs::ops::indexing::Ellipsis;
 use mlx_rs::ops::{arange, concatenate, select};
 use mlx_rs::transforms::compile::compile;
 use mlx_rs::transforms::eval;
 use mlx_rs::{Array, Device, DeviceType, Stream};
 
 use crate::cache::KvCache;
-use crate::config::{Family, ModelConfig, RopeScaling};
+use crate::config::{Family, ModelConfig, RopeScaling, SlidingWindow};
 use crate::error::Result;
 use crate::indexing::IndexOnStream;
 use crate::pool::KvPool;
@@ -66,22 +69,45 @@ struct Rope {
     traditional: bool,
     base: Option<f32>,
     scale: f32,
-    /// Precomputed frequencies (Llama 3 scaling) instead of `base`.
+    /// Precomputed frequencies (Llama 3 and Su scaling) instead of `base`.
     freqs: Option<Array>,
+    /// Su scaling's factor of the rotated dimensions, applied before RoPE.
+    input_scale: Option<f32>,
 }
 
 impl Rope {
+    /// The model's RoPE (of its global layers, where some slide).
     fn new(config: &ModelConfig) -> Result<Self> {
+        Self::with(config, config.rope_theta, &config.rope_scaling)
+    }
+
+    /// The RoPE of sliding-window layers: their own base, never scaled.
+    fn local(config: &ModelConfig, window: &SlidingWindow) -> Result<Self> {
+        Self::with(config, window.rope_theta, &RopeScaling::None)
+    }
+
+    fn with(config: &ModelConfig, base: f32, scaling: &RopeScaling) -> Result<Self> {
         let mut rope = Self {
-            dims: config.head_dim,
+            dims: config.rope_dims,
             traditional: config.rope_traditional,
-            base: Some(config.rope_theta),
+            base: Some(base),
             scale: 1.0,
             freqs: None,
+            input_scale: None,
         };
-        match config.rope_scaling {
+        match *scaling {
             RopeScaling::None => {}
             RopeScaling::Linear { factor } => rope.scale = 1.0 / factor,
+            RopeScaling::SuScaled {
+                ref long_factor,
+                scale,
+            } => {
+                rope.base = None;
+                // mlx-lm's `SuScaledRoPE` is never traditional.
+                rope.traditional = false;
+                rope.freqs = Some(su_freqs(config.rope_dims, base, long_factor)?);
+                rope.input_scale = (scale != 1.0).then_some(scale);
+            }
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -90,8 +116,8 @@ impl Rope {
             } => {
                 rope.base = None;
                 rope.freqs = Some(llama3_freqs(
-                    config.head_dim,
-                    config.rope_theta,
+                    config.rope_dims,
+                    base,
                     factor,
                     low_freq_factor,
                     high_freq_factor,
@@ -102,7 +128,24 @@ impl Rope {
         Ok(rope)
     }
 
+    /// Su scaling's `x.at[..., :dims].multiply(scale)`: the rotated part of
+    /// `x` scaled, in `x`'s type, the rest as it is.
+    fn scaled_input(&self, x: &Array) -> Result<Option<Array>> {
+        let Some(scale) = self.input_scale else {
+            return Ok(None);
+        };
+        let scale = Array::from_f32(scale).as_dtype(x.dtype())?;
+        Ok(Some(if self.dims == x.dim(-1) {
+            x.multiply(&scale)?
+        } else {
+            let rotated = x.at((Ellipsis, ..self.dims))?.multiply(&scale)?;
+            concatenate(&[rotated, x.at((Ellipsis, self.dims..))?], -1)?
+        }))
+    }
+
     fn apply(&self, x: &Array, offset: i32) -> Result<Array> {
+        let scaled = self.scaled_input(x)?;
+        let x = scaled.as_ref().unwrap_or(x);
         Ok(rope(
             x,
             self.dims,
@@ -118,6 +161,8 @@ impl Rope {
     /// `i` is at position `positions[i]` (MLX computes a scalar offset the
     /// same way).
     fn apply_at(&self, x: &Array, positions: &Array) -> Result<Array> {
+        let scaled = self.scaled_input(x)?;
+        let x = scaled.as_ref().unwrap_or(x);
         Ok(rope_dynamic(
             x,
             self.dims,
@@ -164,6 +209,21 @@ pub(crate) struct Group {
     /// the pool's gather lays them out: `(kv_heads * rows, 1, 1, padded)`
     /// bool, head `h` of row `i` at `h * rows + i`.
     pub(crate) mask: Array,
+    /// What the sliding-window layers read instead, if the model has any.
+    pub(crate) window: Option<WindowRead>,
+}
+
+/// The reads of a decoding group's sliding-window layers: each row's
+/// window in the order mlx-lm sums it (`window::decoding_positions`),
+/// padded and masked as [`Group`]'s reads are.
+pub(crate) struct WindowRead {
+    /// The length each reads: the group's, or the window's rounded up to
+    /// the pool's bucket where that is shorter.
+    pub(crate) padded: i32,
+    /// As [`Group::index`], for `padded` positions a row.
+    pub(crate) index: Array,
+    /// As [`Group::mask`].
+    pub(crate) mask: Array,
 }
 
 /// Prompt chunks of `seqs` sequences, each `len` tokens from position
@@ -182,6 +242,18 @@ pub(crate) struct Chunks {
     /// `offset..offset + len` (a prompt prefilled in part, see
     /// `specprefill`); such a group holds one sequence.
     pub(crate) positions: Option<Array>,
+}
+
+/// Su / LongRoPE frequencies with the ops of mlx-lm's `SuScaledRoPE`:
+/// `long_factor * base ** (arange(0, dims, 2) / dims)`, in float32.
+fn su_freqs(dims: i32, base: f32, long_factor: &[f32]) -> Result<Array> {
+    let exponents =
+        arange::<_, f32>(0.0, dims as f64, 2.0)?.divide(Array::from_f32(dims as f32))?;
+    let freqs = Array::from_f32(base).power(&exponents)?;
+    let factors = Array::from_slice(long_factor, &[long_factor.len() as i32]);
+    let freqs = factors.multiply(&freqs)?;
+    eval([&freqs])?;
+    Ok(freqs)
 }
 
 /// Llama 3.1's scaled RoPE frequencies, with the same ops and the same
@@ -234,11 +306,13 @@ struct Attention {
     /// Queries, keys and values.
     qkv: Projections,
     o_proj: Linear,
-    /// Qwen3's per-head RMS norms of queries and keys.
+    /// Qwen3's and Gemma's per-head RMS norms of queries and keys.
     qk_norms: Option<(Array, Array)>,
     num_heads: i32,
     num_kv_heads: i32,
     scale: f32,
+    /// A sliding-window layer's window (see `window`).
+    window: Option<i32>,
     eps: f32,
     /// Attention of different key/value heads is independent: long
     /// attentions are split by heads over the CPU streams.
@@ -433,8 +507,12 @@ impl Attention {
                 .reshape(&[g, kv_heads, repeats, -1])?
                 .transpose_axes(&[1, 0, 2, 3])?
                 .reshape(&[kv_heads * g, repeats, 1, -1])?;
-            let (k, v) = KvPool::gather(pool, &group.index, group.padded)?;
-            let mask = ScaledDotProductAttentionMask::Array(&group.mask);
+            let (index, mask, padded) = match (&group.window, self.window) {
+                (Some(w), Some(_)) => (&w.index, &w.mask, w.padded),
+                _ => (&group.index, &group.mask, group.padded),
+            };
+            let (k, v) = KvPool::gather(pool, index, padded)?;
+            let mask = ScaledDotProductAttentionMask::Array(mask);
             let out = scaled_dot_product_attention(q, k, v, self.scale, mask, None)?;
             // Back to `(1, g, q_heads * head_dim)`, query heads in order.
             let out = out
@@ -463,8 +541,11 @@ impl Attention {
         c: &Chunks,
         pool: &(Array, Array),
     ) -> Result<Array> {
+        let window_mask = self
+            .window
+            .and_then(|w| window::prefill_mask(c.offset, c.len, w));
         let out = match &c.index {
-            None => self.attend(&queries, &keys, &values)?,
+            None => self.attend(&queries, &keys, &values, window_mask.as_ref())?,
             Some(index) => {
                 let (kv_heads, repeats) = (self.num_kv_heads, self.num_heads / self.num_kv_heads);
                 let (b, len) = (c.seqs, c.len);
@@ -475,7 +556,7 @@ impl Attention {
                     .reshape(&[b, kv_heads, repeats, len, -1])?
                     .transpose_axes(&[1, 0, 2, 3, 4])?
                     .reshape(&[kv_heads * b, repeats, len, -1])?;
-                self.attend_split(&q, &k, &v, 0, b, b)?
+                self.attend_split(&q, &k, &v, 0, b, b, window_mask.as_ref())?
                     .reshape(&[kv_heads, b, repeats, len, -1])?
                     .transpose_axes(&[1, 0, 2, 3, 4])?
                     .reshape(&[b, kv_heads * repeats, len, -1])?
@@ -533,7 +614,8 @@ impl Attention {
     /// One sequence's attention from its projections (`(1, len, ...)`),
     /// appending its keys and values to `cache`; the output before `o_proj`.
     fn attend_one(&self, projected: Projected, cache: &mut KvCache, rope: &Rope) -> Result<Array> {
-        let (queries, keys, values) = self.heads(projected, cache.offset(), rope)?;
+        let offset = cache.offset();
+        let (queries, keys, values) = self.heads(projected, offset, rope)?;
         let (keys, values) = cache.update_and_fetch(&keys, &values)?;
         if let Some(importance) = cache.importance.as_mut() {
             let scores = self.attention_of_last(&queries, &keys, importance.last)?;
@@ -542,7 +624,21 @@ impl Attention {
                 None => scores,
             });
         }
-        merge_heads(&self.attend(&queries, &keys, &values)?)
+        let len = queries.dim(2);
+        let out = match self.window {
+            Some(w) if len == 1 => {
+                let base = cache.prefilled();
+                let keys = window::decoding_view(&keys, base, w)?;
+                let values = window::decoding_view(&values, base, w)?;
+                self.attend(&queries, &keys, &values, None)?
+            }
+            Some(w) => {
+                let mask = window::prefill_mask(offset, len, w);
+                self.attend(&queries, &keys, &values, mask.as_ref())?
+            }
+            None => self.attend(&queries, &keys, &values, None)?,
+        };
+        merge_heads(&out)
     }
 
     /// The attention weights of the last `last` of one sequence's queries
@@ -624,16 +720,25 @@ fn merge_heads(out: &Array) -> Result<Array> {
 
 impl Attention {
     /// Scaled dot-product attention of `(batch, heads, len, head_dim)`
-    /// queries over all cached keys and values.
-    fn attend(&self, queries: &Array, keys: &Array, values: &Array) -> Result<Array> {
+    /// queries over all cached keys and values; causal, or under `mask`
+    /// (`(len, keys)`, a sliding window's).
+    fn attend(
+        &self,
+        queries: &Array,
+        keys: &Array,
+        values: &Array,
+        mask: Option<&Array>,
+    ) -> Result<Array> {
         let repeats = self.num_heads / self.num_kv_heads;
-        self.attend_split(queries, keys, values, 1, repeats, 1)
+        self.attend_split(queries, keys, values, 1, repeats, 1, mask)
     }
 
     /// Scaled dot-product attention whose key/value heads lie along `axis`
     /// (0 or 1), `q_per` query rows and `kv_per` key rows of that axis per
     /// head; one kernel, or on the CPU, for long attentions, one per range
-    /// of heads over the CPU streams (heads are independent).
+    /// of heads over the CPU streams (heads are independent). `mask`
+    /// replaces the causal mask.
+    #[allow(clippy::too_many_arguments)]
     fn attend_split(
         &self,
         queries: &Array,
@@ -642,12 +747,16 @@ impl Attention {
         axis: i32,
         q_per: i32,
         kv_per: i32,
+        mask: Option<&Array>,
     ) -> Result<Array> {
         let len = queries.dim(2);
         let sdpa = |q: &Array, k: &Array, v: &Array| -> Result<Array> {
             // One query attends to every cached key; several (prefill) need
             // the causal mask, which the kernel aligns to the end of the keys.
-            let mask = (len > 1).then_some(ScaledDotProductAttentionMask::Causal);
+            let mask = match mask {
+                Some(mask) => Some(ScaledDotProductAttentionMask::Array(mask)),
+                None => (len > 1).then_some(ScaledDotProductAttentionMask::Causal),
+            };
             Ok(scaled_dot_product_attention(
                 q, k, v, self.scale, mask, None,
             )?)
@@ -682,6 +791,17 @@ struct Mlp {
     /// The gate and up projections.
     gate_up: Projections,
     down_proj: Linear,
+    /// What the gate goes through.
+    activation: Activation,
+}
+
+/// The gate's nonlinearity of a gated MLP.
+#[derive(Clone, Copy)]
+enum Activation {
+    /// `silu(gate) * up` (mlx-lm's compiled `swiglu`).
+    Silu,
+    /// `gelu_approx(gate) * up` (Gemma).
+    GeluApprox,
 }
 
 impl Mlp {
@@ -691,7 +811,11 @@ impl Mlp {
             .forward(x)?
             .try_into()
             .expect("two projections");
-        self.down_proj.forward(&swiglu(&gate, &up)?)
+        let gated = match self.activation {
+            Activation::Silu => swiglu(&gate, &up)?,
+            Activation::GeluApprox => gemma::gelu_approx(&gate)?.multiply(&up)?,
+        };
+        self.down_proj.forward(&gated)
     }
 }
 
@@ -724,7 +848,13 @@ struct Block {
     attention: Attention,
     mlp: Mlp,
     input_norm: Array,
+    /// The MLP's input norm; with `feedforward_norms`, the norm of the
+    /// attention's output instead.
     post_attention_norm: Array,
+    /// Gemma's norms of the MLP's input and output (`pre_feedforward` and
+    /// `post_feedforward_layernorm`): both sublayers' outputs are normed
+    /// before their residual sum, which is clipped in float16.
+    feedforward_norms: Option<(Array, Array)>,
     eps: f32,
 }
 
@@ -733,11 +863,24 @@ impl Block {
         let r =
             self.attention
                 .forward(&rms_norm(x, Some(&self.input_norm), self.eps)?, cache, rope)?;
-        let h = x.add(&r)?;
-        let r = self
-            .mlp
-            .forward(&rms_norm(&h, Some(&self.post_attention_norm), self.eps)?)?;
-        Ok(h.add(&r)?)
+        self.after_attention(x, &r)
+    }
+
+    /// The residual sum with the attention's output `r`, then the MLP.
+    fn after_attention(&self, x: &Array, r: &Array) -> Result<Array> {
+        let norm = |a: &Array, w: &Array| rms_norm(a, Some(w), self.eps);
+        match &self.feedforward_norms {
+            None => {
+                let h = x.add(r)?;
+                let r = self.mlp.forward(&norm(&h, &self.post_attention_norm)?)?;
+                Ok(h.add(&r)?)
+            }
+            Some((pre, post)) => {
+                let h = gemma::residual(x, &norm(r, &self.post_attention_norm)?)?;
+                let r = self.mlp.forward(&norm(&h, pre)?)?;
+                gemma::residual(&h, &norm(&r, post)?)
+            }
+        }
     }
 
     fn forward_packed(
@@ -755,11 +898,7 @@ impl Block {
             layers,
             rope,
         )?;
-        let h = x.add(&r)?;
-        let r = self
-            .mlp
-            .forward(&rms_norm(&h, Some(&self.post_attention_norm), self.eps)?)?;
-        Ok(h.add(&r)?)
+        self.after_attention(x, &r)
     }
 }
 
@@ -788,98 +927,172 @@ fn layout_for(options: &LoadOptions) -> Result<(Layout, bool)> {
 pub struct Model {
     config: ModelConfig,
     embed: Embedding,
+    /// Gemma's embedding scale (see `gemma::embed_scale`).
+    embed_scale: Option<Array>,
     blocks: Vec<Block>,
     norm: Array,
     /// `None` when the output projection is tied to the embedding.
     lm_head: Option<Linear>,
     rope: Rope,
+    /// The RoPE of sliding-window layers, where the model has them.
+    local_rope: Option<Rope>,
 }
 
 impl Model {
     /// Loads the weights of `dir` for `config` and evaluates them, so the
     /// first request does not pay for reading the files.
-    pub fn load(dir: &Path, config: ModelConfig, options: &LoadOptions) -> Result<Self> {
+    pub fn load(dir: &Path, mut config: ModelConfig, options: &LoadOptions) -> Result<Self> {
         let (layout, on_cpu) = layout_for(options)?;
         let fuse = options.fuse_projections.unwrap_or(!on_cpu);
         let mut w = Weights::load(dir)?;
         let q = config.quantization.as_ref();
         let l = &layout;
+        let family = config.family;
+        let gemma = family == Family::Gemma3;
+        // Tensor names: `language_model.` first for a vision-language folder.
+        let prefix = config.weights_prefix.clone();
+        let name = |n: &str| format!("{prefix}{n}");
+        if gemma {
+            // mlx-lm's `sanitize`: tied exactly when there is no output layer.
+            config.tie_word_embeddings = !w.contains(&name("lm_head.weight"));
+        }
+        // Gemma's norms weigh `1 + w`.
+        let norm_weight = |w: Array| -> Result<Array> {
+            if gemma {
+                gemma::norm_weight(&w)
+            } else {
+                Ok(w)
+            }
+        };
         let embed = Embedding::take(
             &mut w,
-            "model.embed_tokens",
+            &name("model.embed_tokens"),
             q,
             config.tie_word_embeddings,
             l,
         )?;
+        let (head_dim, heads, kv_heads) = (config.head_dim, config.num_heads, config.num_kv_heads);
         let mut blocks = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
-            let p = format!("model.layers.{i}");
+            let p = name(&format!("model.layers.{i}"));
             let attn = |name: &str| format!("{p}.self_attn.{name}");
             let mlp = |name: &str| format!("{p}.mlp.{name}");
-            let qk_norms = if config.family == Family::Qwen3 {
+            let qk_norms = if matches!(family, Family::Qwen3 | Family::Gemma3) {
                 Some((
-                    w.take(&attn("q_norm.weight"))?,
-                    w.take(&attn("k_norm.weight"))?,
+                    norm_weight(w.take(&attn("q_norm.weight"))?)?,
+                    norm_weight(w.take(&attn("k_norm.weight"))?)?,
                 ))
             } else {
                 None
             };
-            let attention = Attention {
-                qkv: Projections::take(
+            let qkv = if family == Family::Phi3 {
+                let ends = vec![heads * head_dim, (heads + kv_heads) * head_dim];
+                Projections::take_fused(&mut w, &attn("qkv_proj"), ends, q, l)?
+            } else {
+                Projections::take(
                     &mut w,
                     &[attn("q_proj"), attn("k_proj"), attn("v_proj")],
                     config.qkv_bias,
                     q,
                     l,
                     fuse,
-                )?,
+                )?
+            };
+            let window = config
+                .sliding_window
+                .as_ref()
+                .filter(|sw| sw.layers[i])
+                .map(|sw| sw.size);
+            let attention = Attention {
+                qkv,
                 o_proj: Linear::take(&mut w, &attn("o_proj"), config.o_bias, q, l)?,
                 qk_norms,
-                num_heads: config.num_heads,
-                num_kv_heads: config.num_kv_heads,
-                scale: (config.head_dim as f32).powf(-0.5),
+                num_heads: heads,
+                num_kv_heads: kv_heads,
+                scale: config.attention_scale,
+                window,
                 eps: config.rms_norm_eps,
                 parallel: layout.parallel.clone(),
             };
-            let mlp = Mlp {
-                gate_up: Projections::take(
+            let gate_up = if family == Family::Phi3 {
+                let ends = vec![config.intermediate_size];
+                Projections::take_fused(&mut w, &mlp("gate_up_proj"), ends, q, l)?
+            } else {
+                Projections::take(
                     &mut w,
                     &[mlp("gate_proj"), mlp("up_proj")],
                     config.mlp_bias,
                     q,
                     l,
                     fuse,
-                )?,
+                )?
+            };
+            let mlp = Mlp {
+                gate_up,
                 down_proj: Linear::take(&mut w, &mlp("down_proj"), config.mlp_bias, q, l)?,
+                activation: if gemma {
+                    Activation::GeluApprox
+                } else {
+                    Activation::Silu
+                },
+            };
+            let mut norm = |n: &str| norm_weight(w.take(&format!("{p}.{n}.weight"))?);
+            let input_norm = norm("input_layernorm")?;
+            let post_attention_norm = norm("post_attention_layernorm")?;
+            let feedforward_norms = if gemma {
+                Some((
+                    norm("pre_feedforward_layernorm")?,
+                    norm("post_feedforward_layernorm")?,
+                ))
+            } else {
+                None
             };
             blocks.push(Block {
                 attention,
                 mlp,
-                input_norm: w.take(&format!("{p}.input_layernorm.weight"))?,
-                post_attention_norm: w.take(&format!("{p}.post_attention_layernorm.weight"))?,
+                input_norm,
+                post_attention_norm,
+                feedforward_norms,
                 eps: config.rms_norm_eps,
             });
         }
-        let norm = w.take("model.norm.weight")?;
+        let norm = norm_weight(w.take(&name("model.norm.weight"))?)?;
         let lm_head = if config.tie_word_embeddings {
             None
         } else {
-            Some(Linear::take(&mut w, "lm_head", false, q, l)?)
+            Some(Linear::take(&mut w, &name("lm_head"), false, q, l)?)
         };
-        // What mlx-lm's `sanitize` drops: precomputed rotary tables, and an
-        // output projection that a tied model does not use.
+        // What mlx-lm's `sanitize` drops: precomputed rotary tables, an
+        // output projection that a tied model does not use, and a
+        // vision-language folder's vision tower and projector (its images
+        // are not served here).
         let tied = config.tie_word_embeddings;
-        w.finish(|name| {
-            name.contains("self_attn.rotary_emb.inv_freq") || (tied && name.starts_with("lm_head."))
+        let vision = !prefix.is_empty();
+        let lm_head_name = name("lm_head.");
+        w.finish(|n| {
+            n.contains("self_attn.rotary_emb.inv_freq")
+                || (tied && n.starts_with(&lm_head_name))
+                || (vision
+                    && (n.starts_with("vision_tower.") || n.starts_with("multi_modal_projector.")))
         })?;
         let rope = Rope::new(&config)?;
+        let local_rope = match &config.sliding_window {
+            Some(window) => Some(Rope::local(&config, window)?),
+            None => None,
+        };
+        let embed_scale = match gemma {
+            true => Some(gemma::embed_scale(config.hidden_size)?),
+            false => None,
+        };
         let model = Self {
             config,
             embed,
+            embed_scale,
             blocks,
             norm,
             lm_head,
             rope,
+            local_rope,
         };
         eval(model.arrays())?;
         Ok(model)
@@ -948,11 +1161,28 @@ impl Model {
     /// every block, filling the caches; returns the last hidden states before
     /// the final norm. Lazy: nothing is computed until evaluated.
     pub(crate) fn hidden(&self, ids: &Array, caches: &mut [KvCache]) -> Result<Array> {
-        let mut h = self.embed.forward(ids)?;
+        let mut h = self.embedded(ids)?;
         for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
-            h = block.forward(&h, cache, &self.rope)?;
+            h = block.forward(&h, cache, self.rope_of(block))?;
         }
         Ok(h)
+    }
+
+    /// The embeddings of `ids` (scaled, for Gemma).
+    fn embedded(&self, ids: &Array) -> Result<Array> {
+        let h = self.embed.forward(ids)?;
+        match &self.embed_scale {
+            Some(scale) => gemma::scale_embedding(&h, scale),
+            None => Ok(h),
+        }
+    }
+
+    /// The RoPE of `block`: the sliding-window layers' own, or the model's.
+    fn rope_of(&self, block: &Block) -> &Rope {
+        match (&self.local_rope, block.attention.window) {
+            (Some(local), Some(_)) => local,
+            _ => &self.rope,
+        }
     }
 
     /// The final-norm hidden states of `ids` (`(1, len)`) from an empty
@@ -976,10 +1206,10 @@ impl Model {
     /// none: the step only prefills). Lazy.
     pub(crate) fn packed_logits(&self, ids: &Array, step: &mut Packed) -> Result<Option<Array>> {
         let decoding = step.decode.as_ref().map(|d| d.positions.dim(0));
-        let mut h = self.embed.forward(ids)?;
+        let mut h = self.embedded(ids)?;
         let layers = self.blocks.len();
         for (layer, block) in self.blocks.iter().enumerate() {
-            h = block.forward_packed(&h, step, layer, layers, &self.rope)?;
+            h = block.forward_packed(&h, step, layer, layers, self.rope_of(block))?;
         }
         let Some(rows) = decoding else {
             return Ok(None);
@@ -995,10 +1225,14 @@ impl Model {
     /// The final norm and output projection.
     fn head(&self, h: &Array) -> Result<Array> {
         let h = rms_norm(h, Some(&self.norm), self.config.rms_norm_eps)?;
-        match (&self.lm_head, self.embed.as_linear(&h)) {
-            (Some(head), _) => head.forward(&h),
-            (None, Some(tied)) => tied,
+        let logits = match (&self.lm_head, self.embed.as_linear(&h)) {
+            (Some(head), _) => head.forward(&h)?,
+            (None, Some(tied)) => tied?,
             (None, None) => unreachable!("an untied model has an lm_head"),
+        };
+        match self.config.final_logit_softcapping {
+            Some(cap) => gemma::soft_cap(&logits, cap),
+            None => Ok(logits),
         }
     }
 
@@ -1014,6 +1248,9 @@ impl Model {
             all.extend(block.mlp.gate_up.arrays());
             all.extend(block.mlp.down_proj.arrays());
             all.extend([&block.input_norm, &block.post_attention_norm]);
+            if let Some((pre, post)) = &block.feedforward_norms {
+                all.extend([pre, post]);
+            }
         }
         all.push(&self.norm);
         if let Some(head) = &self.lm_head {

@@ -190,10 +190,10 @@ fn a_drafter_that_does_not_fit_is_refused_with_the_reason() {
         DraftLoad::Fits(_) => panic!("a swapped vocabulary must not fit"),
     }
     let other_family = edited_copy("qwen2", "config.json", |c| {
-        c["model_type"] = "gemma3_text".into();
+        c["model_type"] = "gpt_neox".into();
     });
     match Drafter::load(other_family.path(), &session).unwrap() {
-        DraftLoad::Unfit(why) => assert!(why.contains("gemma3_text"), "{why}"),
+        DraftLoad::Unfit(why) => assert!(why.contains("gpt_neox"), "{why}"),
         DraftLoad::Fits(_) => panic!("an unsupported family must not fit"),
     }
     let empty = tempfile::tempdir().unwrap();
