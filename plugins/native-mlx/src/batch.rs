@@ -371,6 +371,9 @@ struct Engine {
     last_read: Option<Instant>,
     /// Grammar work not yet counted in `stats`: masks and time.
     grammar_work: (u64, Duration),
+    /// How long a plain decoding step of one sequence takes (a moving
+    /// average): what a speculative pass's tokens would have cost.
+    plain_step: Option<f64>,
 }
 
 impl Engine {
@@ -405,6 +408,7 @@ impl Engine {
             stats,
             last_read: None,
             grammar_work: (0, Duration::ZERO),
+            plain_step: None,
         }
     }
 
@@ -650,6 +654,10 @@ impl Engine {
             previous.tokens.eval()?;
             let now = Instant::now();
             if let Some(before) = self.last_read.replace(now) {
+                if previous.tags.len() == 1 && previous.prompt_tokens == 0 {
+                    let took = (now - before).as_secs_f64();
+                    self.plain_step = Some(self.plain_step.map_or(took, |p| 0.9 * p + 0.1 * took));
+                }
                 let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
                 stats.record(previous.tags.len(), previous.prompt_tokens, now - before);
                 let (masks, time) = std::mem::take(&mut self.grammar_work);
@@ -757,6 +765,11 @@ impl Engine {
             if self.active[0].finished.is_some() {
                 break;
             }
+        }
+        if let (Some(plain), Some(proposer)) = (self.plain_step, &mut self.active[0].proposer) {
+            let saved = produced.len() as f64 * plain - began.elapsed().as_secs_f64();
+            let usage = &mut proposer.usage;
+            usage.time_saved = Some(usage.time_saved.unwrap_or(0.0) + saved);
         }
         {
             let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());

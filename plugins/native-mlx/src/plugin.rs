@@ -446,20 +446,22 @@ impl Engine for Loaded {
         )
         .with_cached_tokens(done.usage.cached_prompt_tokens as u32);
         let spec = done.speculation;
-        Ok(match spec.verifications {
-            0 => outcome,
-            _ => outcome.with_speculation(
-                SpeculationUsage::new(
-                    spec.verifications as u32,
-                    spec.proposed as u32,
-                    spec.accepted as u32,
-                )
-                .with_prediction(
-                    spec.accepted_prediction as u32,
-                    spec.rejected_prediction as u32,
-                ),
-            ),
-        })
+        if spec.verifications == 0 {
+            return Ok(outcome);
+        }
+        let mut usage = SpeculationUsage::new(
+            spec.verifications as u32,
+            spec.proposed as u32,
+            spec.accepted as u32,
+        )
+        .with_prediction(
+            spec.accepted_prediction as u32,
+            spec.rejected_prediction as u32,
+        );
+        if let Some(seconds) = spec.time_saved {
+            usage = usage.with_time_saved((seconds * 1e3).round() as i64);
+        }
+        Ok(outcome.with_speculation(usage))
     }
 }
 

@@ -309,6 +309,7 @@ fn speculation_view(app: &App, model: &str) -> Value {
         "accepted_tokens": accepted,
         "acceptance_rate": ratio(accepted, proposed),
         "tokens_per_verification": ratio(accepted + verifications, verifications),
+        "time_saved_seconds": app.sessions.metrics().speculation_time_saved(model),
     })
 }
 

@@ -821,6 +821,7 @@ pub(crate) mod fixtures {
                     verifications,
                     proposed_tokens,
                     accepted_tokens,
+                    time_saved_ms: None,
                 },
             )
             .collect();

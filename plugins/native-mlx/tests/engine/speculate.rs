@@ -59,6 +59,9 @@ fn greedy_ids_are_plain_decodings() {
     let (got, usage) = ids(&b, &request(predicted, 40));
     assert_eq!(got, plain);
     assert_eq!(usage.accepted, usage.proposed, "{usage:?}");
+    // The engine timed plain steps of one sequence (the requests before),
+    // so it estimates what speculating saved.
+    assert!(usage.time_saved.is_some_and(f64::is_finite), "{usage:?}");
     assert!(usage.accepted_prediction >= 30, "{usage:?}");
     // A wrong prediction costs the answer nothing.
     let wrong = Speculation {
