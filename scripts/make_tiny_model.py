@@ -5,6 +5,12 @@ Output (deterministic for a given --seed and shape): config.json,
 model.safetensors, tokenizer.json (byte-level BPE trained locally),
 tokenizer_config.json (ChatML template) and generation_config.json.
 It loads in mlx_lm.generate / mlx_lm.server; its text output is garbage.
+Families: llama, qwen2, qwen3, mistral; phi3 (fused qkv_proj and
+gate_up_proj, partial rotary embeddings, LongRoPE scaling); gemma3_text
+(sliding-window layers of --window positions every other layer, Gemma's
+norms, tied embeddings) and gemma3 (the same text model inside a
+vision-language folder: `text_config`, weights under `language_model.`, and
+a few vision tensors the text path ignores).
 Run it with the venv from scripts/python-env.sh:
     $(scripts/python-env.sh) scripts/make_tiny_model.py /tmp/tiny --arch qwen3
 """
@@ -71,9 +77,19 @@ def make_weights(a, head_dim, rng):
     q_out, kv_out = a.heads * head_dim, a.kv_heads * head_dim
     rand = lambda *shape: rng.normal(0.0, 0.02, size=shape).astype(np.float32)
     ones = lambda n: np.ones(n, dtype=np.float32)
+    if a.arch in ("gemma3_text", "gemma3"):
+        return make_gemma3_weights(a, head_dim, rng)
     w = {"model.embed_tokens.weight": rand(a.vocab, h)}
     for i in range(a.layers):
         p = f"model.layers.{i}."
+        if a.arch == "phi3":  # fused, as Phi-3 checkpoints store them
+            w[p + "self_attn.qkv_proj.weight"] = rand(q_out + 2 * kv_out, h)
+            w[p + "self_attn.o_proj.weight"] = rand(h, q_out)
+            w[p + "mlp.gate_up_proj.weight"] = rand(2 * inter, h)
+            w[p + "mlp.down_proj.weight"] = rand(h, inter)
+            w[p + "input_layernorm.weight"] = ones(h)
+            w[p + "post_attention_layernorm.weight"] = ones(h)
+            continue
         w[p + "self_attn.q_proj.weight"] = rand(q_out, h)
         w[p + "self_attn.k_proj.weight"] = rand(kv_out, h)
         w[p + "self_attn.v_proj.weight"] = rand(kv_out, h)
@@ -147,6 +163,68 @@ def openai_mxfp4_experts(w, layers):
         w[x + "down_proj_bias"] = w.pop(x + "down_proj.bias")
 
 
+def make_gemma3_weights(a, head_dim, rng):
+    """Gemma 3's text model: norms of weight 1 + w (so w near 0, random to
+    catch a forgotten 1), no lm_head (tied, as Gemma 3 ships)."""
+    h, inter = a.hidden, a.intermediate
+    q_out, kv_out = a.heads * head_dim, a.kv_heads * head_dim
+    rand = lambda *shape: rng.normal(0.0, 0.02, size=shape).astype(np.float32)
+    norm = lambda n: rng.normal(0.0, 0.1, size=n).astype(np.float32)
+    lm = "language_model." if a.arch == "gemma3" else ""
+    w = {f"{lm}model.embed_tokens.weight": rand(a.vocab, h)}
+    for i in range(a.layers):
+        p = f"{lm}model.layers.{i}."
+        w[p + "self_attn.q_proj.weight"] = rand(q_out, h)
+        w[p + "self_attn.k_proj.weight"] = rand(kv_out, h)
+        w[p + "self_attn.v_proj.weight"] = rand(kv_out, h)
+        w[p + "self_attn.o_proj.weight"] = rand(h, q_out)
+        w[p + "self_attn.q_norm.weight"] = norm(head_dim)
+        w[p + "self_attn.k_norm.weight"] = norm(head_dim)
+        w[p + "mlp.gate_proj.weight"] = rand(inter, h)
+        w[p + "mlp.up_proj.weight"] = rand(inter, h)
+        w[p + "mlp.down_proj.weight"] = rand(h, inter)
+        for n in ("input_layernorm", "post_attention_layernorm",
+                  "pre_feedforward_layernorm", "post_feedforward_layernorm"):
+            w[p + n + ".weight"] = norm(h)
+    w[f"{lm}model.norm.weight"] = norm(h)
+    if a.arch == "gemma3":  # a vision tower and projector the text path ignores
+        w["vision_tower.vision_model.embeddings.patch_embedding.weight"] = rand(16, 3, 4, 4)
+        w["multi_modal_projector.mm_input_projection_weight"] = rand(16, h)
+    return w
+
+
+def gemma3_text_config(a, head_dim):
+    """A gemma3_text config: every other layer slides over --window positions
+    (sliding_window_pattern 2, and layer_types saying the same), the global
+    ones with Gemma 3 4B's linear RoPE scaling; query_pre_attn_scalar not a
+    power of two."""
+    pattern = 2
+    return {
+        "model_type": "gemma3_text",
+        "hidden_size": a.hidden,
+        "num_hidden_layers": a.layers,
+        "num_attention_heads": a.heads,
+        "num_key_value_heads": a.kv_heads,
+        "head_dim": head_dim,
+        "intermediate_size": a.intermediate,
+        "vocab_size": a.vocab,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        "query_pre_attn_scalar": 24,
+        "sliding_window": a.window,
+        "sliding_window_pattern": pattern,
+        "layer_types": ["full_attention" if i % pattern == pattern - 1 else "sliding_attention"
+                        for i in range(a.layers)],
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": True,
+    }
+
+
 def save_weights(weights, path, dtype):
     meta = {"format": "pt"}
     if dtype == "bfloat16":  # numpy has no bfloat16: let MLX convert and write
@@ -165,7 +243,9 @@ def save_weights(weights, path, dtype):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
-    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "gpt_oss"], default="llama")
+    ap.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text", "gemma3",
+                                       "qwen3_moe", "gpt_oss"],
+                    default="llama")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
@@ -174,14 +254,16 @@ def main():
     ap.add_argument("--vocab", type=int, default=512)
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--window", type=int, default=8, help="gemma3, gpt_oss: the sliding window")
     ap.add_argument("--experts", type=int, default=8, help="mixture-of-experts architectures")
     ap.add_argument("--experts-per-tok", type=int, default=2)
     ap.add_argument("--moe-intermediate", type=int, default=128)
-    ap.add_argument("--sliding-window", type=int, default=8, help="gpt_oss")
     ap.add_argument("--openai-mxfp4", action="store_true",
                     help="gpt_oss: the experts as OpenAI released them (MXFP4 blocks, gate and up "
                     "rows interleaved, quantization_config mxfp4)")
     a = ap.parse_args()
+    if a.arch in ("gemma3_text", "gemma3") and a.layers < 2:
+        ap.error("gemma3 needs 2 layers at least (mlx-lm reads the second's cache)")
     if a.hidden % a.heads or a.heads % a.kv_heads:
         ap.error("--hidden must be divisible by --heads, and --heads by --kv-heads")
     head_dim = a.hidden // a.heads
@@ -194,6 +276,8 @@ def main():
 
     arch_name = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM",
+                 "phi3": "Phi3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+                 "gemma3": "Gemma3ForConditionalGeneration",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}[a.arch]
     config = {
         "model_type": a.arch,
@@ -216,6 +300,32 @@ def main():
     }
     if a.arch == "qwen2":
         config["attention_bias"] = True  # qwen2 always has q/k/v biases
+    if a.arch == "phi3":
+        # Phi-4-mini's partial rotary embeddings and Phi-3-128k's LongRoPE
+        # (a 4x longer context than the original: its scale is not 1).
+        rotated = int(head_dim * 0.75)
+        config["partial_rotary_factor"] = 0.75
+        config["max_position_embeddings"] = 8192
+        config["original_max_position_embeddings"] = 2048
+        config["rope_scaling"] = {
+            "type": "longrope",
+            "long_factor": [1.0 + 0.5 * i for i in range(rotated // 2)],
+            "short_factor": [1.0] * (rotated // 2),
+        }
+    if a.arch == "gemma3_text":
+        config.update(gemma3_text_config(a, head_dim))
+        config["architectures"] = [arch_name]
+    if a.arch == "gemma3":
+        config = {
+            "model_type": "gemma3",
+            "architectures": [arch_name],
+            "text_config": gemma3_text_config(a, head_dim),
+            "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 16},
+            "vocab_size": a.vocab,
+            "bos_token_id": bos_id,
+            "eos_token_id": eos_id,
+            "torch_dtype": a.dtype,
+        }
     if a.arch == "qwen3_moe":
         config.update({
             "num_experts": a.experts,
@@ -235,7 +345,7 @@ def main():
             "experts_per_token": a.experts_per_tok,
             "layer_types": ["sliding_attention", "full_attention"] * (a.layers // 2)
             + ["sliding_attention"] * (a.layers % 2),
-            "sliding_window": a.sliding_window,
+            "sliding_window": a.window,
             "rope_theta": 150000.0,
             "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
                              "beta_slow": 1.0, "original_max_position_embeddings": 4096,

@@ -64,6 +64,13 @@ pub const RERANK: &str = "rerank";
 /// is sent as that string) and refuses the rest. Added in 1.6.
 pub const PROMPT_LISTS: &str = "prompt_lists";
 
+/// Images in chat messages: OpenAI `image_url` content parts, each a
+/// `data:image/...;base64,` URL (the host turns Anthropic's image blocks,
+/// the Responses API's `input_image` parts and Ollama's `images` into
+/// these). Only models whose folder carries vision weights take images;
+/// without this capability the engine is sent none. Added in 1.7.
+pub const VISION: &str = "vision";
+
 /// Every capability id Hangar knows.
 pub const KNOWN: &[&str] = &[
     KV_CACHE_QUANTIZATION,
@@ -84,6 +91,7 @@ pub const KNOWN: &[&str] = &[
     EMBEDDINGS,
     RERANK,
     PROMPT_LISTS,
+    VISION,
 ];
 
 /// Whether `id` is a well-formed capability id: lowercase ASCII letters,

@@ -152,6 +152,16 @@ pub struct Manifest {
     /// default: none read.
     #[serde(default, skip_serializing_if = "FlagSurfaceSpec::is_empty")]
     pub flag_surface: FlagSurfaceSpec,
+    /// The model families the engine loads, as a model folder's
+    /// `config.json` names them in `model_type` (`llama`, `qwen3_moe`).
+    /// Where the list is not empty, resolution passes this plugin over for
+    /// a model whose `model_type` it does not list, so that a model goes to
+    /// an engine that can load it rather than failing and falling back. A
+    /// model without a `model_type` (a GGUF file, a folder without one) is
+    /// not checked. Added in 1.7 with a default: every family; a manifest
+    /// that uses it needs `plugin_api = "^1.7"`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub model_types: Vec<String>,
 }
 
 /// `[flag_surface]`: after the version probe the host runs the probe's
@@ -619,6 +629,12 @@ impl Manifest {
             );
         }
         self.validate_flag_surface()?;
+        if let Some(bad) = self.model_types.iter().find(|t| !is_valid_model_type(t)) {
+            return invalid(
+                "model_types",
+                format!("'{bad}' is not a model_type (config.json's word: letters, digits, '_' or '-', as \"qwen3_moe\")"),
+            );
+        }
         if self.in_process && self.kind == PluginKind::Wasm {
             return invalid(
                 "in_process",
@@ -798,6 +814,14 @@ pub fn is_valid_plugin_id(id: &str) -> bool {
         && id.len() <= 64
 }
 
+/// A `model_type` as config.json writes it (`qwen3_moe`, `xlm-roberta`).
+fn is_valid_model_type(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
 fn is_valid_format(name: &str) -> bool {
     !name.is_empty()
         && name
@@ -849,6 +873,17 @@ mod tests {
         assert!(error_of(&GOOD.replace("\"demo\"\n", "\"Demo!\"\n")).contains("field 'id'"));
         assert!(error_of(&format!("{GOOD}\npriorty = 3")).contains("unknown field `priorty`"));
         assert!(error_of(&GOOD.replace("[\"mlx\"]", "[]")).contains("at least one format"));
+    }
+
+    #[test]
+    fn model_types_default_to_every_family_and_are_checked() {
+        assert!(Manifest::parse(GOOD).unwrap().model_types.is_empty());
+        let with = |types: &str| format!("model_types = {types}\n{GOOD}");
+        let m = Manifest::parse(&with(r#"["llama", "qwen3_moe", "xlm-roberta"]"#)).unwrap();
+        assert_eq!(m.model_types, ["llama", "qwen3_moe", "xlm-roberta"]);
+        assert!(error_of(&with(r#"["llama", "qwen 3"]"#))
+            .contains("field 'model_types' is invalid: 'qwen 3' is not a model_type"));
+        assert!(error_of(&with(r#"[""]"#)).contains("field 'model_types'"));
     }
 
     #[test]

@@ -553,6 +553,12 @@ pub struct SpeculationUsage {
     /// `rejected_prediction_tokens`).
     #[serde(default)]
     pub rejected_prediction_tokens: u32,
+    /// The engine's estimate of the time speculation saved this answer, in
+    /// milliseconds: its tokens at the time a plain step takes, less the
+    /// time its speculative steps took (negative where it cost time);
+    /// `None` where the engine has no estimate. Added in 1.7.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_saved_ms: Option<i64>,
 }
 
 impl SpeculationUsage {
@@ -572,6 +578,13 @@ impl SpeculationUsage {
     pub fn with_prediction(mut self, accepted: u32, rejected: u32) -> Self {
         self.accepted_prediction_tokens = accepted;
         self.rejected_prediction_tokens = rejected;
+        self
+    }
+
+    /// With the engine's estimate of the time saved, in milliseconds
+    /// (negative where speculation cost time).
+    pub fn with_time_saved(mut self, ms: i64) -> Self {
+        self.time_saved_ms = Some(ms);
         self
     }
 }

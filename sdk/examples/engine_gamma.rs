@@ -1,5 +1,6 @@
 //! Example plugin `gamma`: serves `mlx` and declares the capabilities the
-//! host gates chat requests on (`reasoning_effort`, `audio_input`); which
+//! host gates chat requests on (`reasoning_effort`, `audio_input`,
+//! `vision`); which
 //! of them are on follows the manifest's requirements and the version its
 //! engine prints (`gamma X.Y.Z`). Its engine process is the Python script
 //! the operator's config names (`script`), run with `--port N` and ready
@@ -14,7 +15,7 @@ struct Gamma;
 impl Plugin for Gamma {
     fn describe() -> Description {
         hangar_sdk::describe!("gamma", formats: ["mlx"],
-            capabilities: ["reasoning_effort", "audio_input"])
+            capabilities: ["reasoning_effort", "audio_input", "vision"])
     }
 
     fn probe(input: ProbeInput) -> Result<ProbeReport, String> {

@@ -41,7 +41,12 @@ def test_messages_errors_in_anthropics_shape(server):
         (dict(extra_body={"temperature": 1.5}), 400, "invalid_request_error", "'temperature' must be a number from 0 to 1"),
         (dict(stop_sequences=[""]), 400, "invalid_request_error", "'stop_sequences[0]'"),
         (dict(messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}]),
-         400, "invalid_request_error", "'messages[0].content[0]' is a 'image' block"),
+         400, "invalid_request_error", "'messages[0].content[0].source' is http: this host takes images inline only"),
+        # An inline image reaches the model check: this model takes text only.
+        (dict(messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw=="}},
+            {"type": "text", "text": "what is this?"}]}]),
+         400, "invalid_request_error", "takes text only: it has no vision tower"),
         (dict(model="no-such-model"), 404, "not_found_error", "model 'no-such-model' does not exist"),
     ]
     for change, status, kind, words in cases:

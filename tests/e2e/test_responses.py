@@ -169,7 +169,7 @@ def test_a_clients_mistake_is_a_400_naming_the_field(echo):
     c = oa(echo)
     cases = [
         (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/a.png"}]}]),
-         "input", "'input[0].content[0]' is an 'input_image' part"),
+         "input", "'input[0].content[0].image_url' is http: this host takes images inline only"),
         (dict(input=[{"type": "function_call_output", "output": "x"}]), "input", "'input[0].call_id'"),
         (dict(tools=[{"type": "web_search"}]), "tools", "'tools[0]' is a 'web_search' tool"),
         (dict(tool_choice="sometimes"), "tool_choice", "'tool_choice' must be"),

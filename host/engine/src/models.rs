@@ -144,6 +144,35 @@ pub struct Model {
     pub rule: String,
     /// What it does (chat, embeddings, reranking), from its own files.
     pub kind: ModelKind,
+    /// Its family as its `config.json` names it (`qwen3`, `gemma3_text`);
+    /// `None` for a model file or a folder without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_type: Option<String>,
+    /// Whether it takes images (a vision-language model: its config has a
+    /// vision tower); images sent to any other model are refused.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub vision: bool,
+}
+
+impl Model {
+    /// What the model asks of the engine that serves it, beside its format.
+    pub fn needs(&self) -> Needs {
+        Needs {
+            capability: self.kind.capability(),
+            model_type: self.model_type.clone(),
+        }
+    }
+}
+
+/// What a model asks of the engine that serves it, beside its format:
+/// resolution passes over engines that cannot give it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Needs {
+    /// The capability its kind needs ([`ModelKind::capability`]).
+    pub capability: Option<&'static str>,
+    /// Its `model_type`, which an engine that lists the families it loads
+    /// (the manifest's `model_types`) must list.
+    pub model_type: Option<String>,
 }
 
 /// Which layout a [`Model`] was found in.
@@ -489,8 +518,11 @@ struct Found {
 
 impl Found {
     fn into_model(self, id: String, path: &Path, source: ModelSource) -> Model {
+        let (model_type, vision) = kind::family_of(path, &self.files);
         Model {
             kind: ModelKind::of(path, &self.files),
+            model_type,
+            vision,
             id,
             path: path.to_path_buf(),
             format: self.format,

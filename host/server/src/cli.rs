@@ -321,12 +321,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Resolve { model } => {
             let recognized = recognized(&model, &registry)?;
-            let need = recognized.as_ref().and_then(|m| m.kind.capability());
+            let needs = recognized.as_ref().map(Model::needs).unwrap_or_default();
             let format = recognized.as_ref().map_or(model, |m| m.format.clone());
             let settings =
                 SettingsStore::open(config::settings_path(cli.global.config.as_deref()))?;
             let resolution =
-                registry.resolve_needing(&format, need, &settings.get().default_engines);
+                registry.resolve_needing(&format, &needs, &settings.get().default_engines);
             let answer = ResolveAnswer {
                 model: recognized,
                 resolution,
@@ -433,8 +433,13 @@ fn resolution_table(answer: &ResolveAnswer<'_>) -> String {
     let r = &answer.resolution;
     let mut out = String::new();
     if let Some(m) = &answer.model {
+        let model_type = m
+            .model_type
+            .as_ref()
+            .map(|t| format!("model_type {t}; "))
+            .unwrap_or_default();
         out.push_str(&format!(
-            "model: {} ({}, rule {}; files: {})\n",
+            "model: {} ({}, rule {}; {model_type}files: {})\n",
             m.id,
             m.path.display(),
             m.rule,

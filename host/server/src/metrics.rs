@@ -9,6 +9,7 @@
 //! | `hangar_inter_token_seconds` | model | between a stream's tokens |
 //! | `hangar_speculative_tokens_total` | model, kind (`proposed`, `accepted`) | tokens speculative decoding proposed and the model kept, from the engine's usage |
 //! | `hangar_speculative_verifications_total` | model | verifying passes of speculative decoding (each several tokens for one weight read) |
+//! | `hangar_speculative_time_saved_seconds` | model | time speculative decoding saved, as the engine estimates it per answer (a gauge: negative where it cost time) |
 //! | `hangar_session_events_total` | model, kind | every event `/api/events` records: `loaded`, `load_failed`, `fallback`, `unloaded`, `crashed`, `failed`, `hung`, and any the scheduler adds (`evicted`, …): loads, failures and hangs by cause |
 //! | `hangar_model_state` | model, state | 1 for each model's state now (loading, ready, busy, hung, failed) |
 //! | `hangar_requests_in_flight` | model | requests running now |
@@ -35,6 +36,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use serde_json::Value;
+use std::sync::atomic::AtomicU64;
 
 use crate::supervisor::health::State;
 
@@ -48,6 +50,7 @@ pub(crate) struct Metrics {
     tokens: Family<Labels, Counter>,
     speculative_tokens: Family<Labels, Counter>,
     speculative_verifications: Family<Labels, Counter>,
+    speculative_time_saved: Family<Labels, Gauge<f64, AtomicU64>>,
     first_token: Histograms,
     inter_token: Histograms,
     events: Family<Labels, Counter>,
@@ -118,6 +121,7 @@ impl Metrics {
             tokens: Family::default(),
             speculative_tokens: Family::default(),
             speculative_verifications: Family::default(),
+            speculative_time_saved: Family::default(),
             first_token: Family::new_with_constructor(first_token_histogram),
             inter_token: Family::new_with_constructor(inter_token_histogram),
             events: Family::default(),
@@ -149,6 +153,11 @@ impl Metrics {
             "speculative_verifications",
             "Verifying passes of speculative decoding, by model",
             metrics.speculative_verifications.clone(),
+        );
+        registry.register(
+            "speculative_time_saved_seconds",
+            "Time speculative decoding saved, by model, as its engine estimates it (tokens at a plain step's time less the speculative steps' time; negative where it cost time)",
+            metrics.speculative_time_saved.clone(),
         );
         registry.register(
             "time_to_first_token_seconds",
@@ -240,9 +249,22 @@ impl Metrics {
                 .get_or_create(&labels)
                 .inc_by(count(field));
         }
+        if let Some(ms) = spec.get("time_saved_ms").and_then(Value::as_i64) {
+            self.speculative_time_saved
+                .get_or_create(&vec![("model", model.clone())])
+                .inc_by(ms as f64 / 1e3);
+        }
         self.speculative_verifications
             .get_or_create(&vec![("model", model)])
             .inc_by(count("verifications"));
+    }
+
+    /// The time speculative decoding saved `model` so far, in seconds, by
+    /// its engine's estimates; `None` where no engine estimated it.
+    pub(crate) fn speculation_time_saved(&self, model: &str) -> Option<f64> {
+        self.speculative_time_saved
+            .get(&vec![("model", model.to_string())])
+            .map(|g| g.get())
     }
 
     /// What speculative decoding did for `model` so far: verifying passes,
@@ -419,6 +441,32 @@ impl Drop for StreamMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn speculation_counts_and_time_saved_add_up_by_model() {
+        let metrics = Metrics::new();
+        let usage = |saved: Option<i64>| {
+            let mut spec = serde_json::json!({"verifications": 4, "proposed_tokens": 16, "accepted_tokens": 10});
+            if let Some(ms) = saved {
+                spec["time_saved_ms"] = ms.into();
+            }
+            serde_json::json!({"prompt_tokens": 3, "completion_tokens": 14, "speculation": spec})
+        };
+        metrics.usage("tiny", &usage(Some(250)));
+        metrics.usage("tiny", &usage(Some(-50)));
+        metrics.usage("tiny", &usage(None));
+        assert_eq!(metrics.speculation("tiny"), Some((12, 48, 30)));
+        assert_eq!(metrics.speculation_time_saved("tiny"), Some(0.2));
+        // A model whose engine never estimated has no figure.
+        metrics.usage("other", &usage(None));
+        assert_eq!(metrics.speculation_time_saved("other"), None);
+        let mut out = String::new();
+        encode(&mut out, &metrics.registry).unwrap();
+        assert!(
+            out.contains("hangar_speculative_time_saved_seconds{model=\"tiny\"} 0.2"),
+            "{out}"
+        );
+    }
 
     #[test]
     fn streams_time_their_tokens_and_fall_back_to_counting_them() {

@@ -394,6 +394,8 @@ mod tests {
             files: vec![],
             rule: String::new(),
             kind: Default::default(),
+            model_type: None,
+            vision: false,
         }
     }
 

@@ -206,7 +206,8 @@ pub(crate) fn models(
         .models
         .iter()
         .map(|m| {
-            let resolution = registry.resolve_needing(&m.format, m.kind.capability(), defaults);
+            let needs = m.needs();
+            let resolution = registry.resolve_needing(&m.format, &needs, defaults);
             Row {
                 id: m.id.clone(),
                 format: m.format.clone(),

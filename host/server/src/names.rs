@@ -337,6 +337,8 @@ mod tests {
                     files: vec![],
                     rule: String::new(),
                     kind: hangar_engine::models::ModelKind::Chat,
+                    model_type: None,
+                    vision: false,
                 })
                 .collect(),
             rejected: vec![],

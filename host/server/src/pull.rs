@@ -644,7 +644,7 @@ pub(crate) async fn plan(
     };
     let (format, rule, engine, reason) = match &recognised {
         Some((rule, _)) => {
-            let resolution = registry.resolve_needing(&rule.spec.format, None, default_engines);
+            let resolution = registry.resolve(&rule.spec.format, default_engines);
             (
                 Some(rule.spec.format.clone()),
                 Some(Rule::describe(rule)),

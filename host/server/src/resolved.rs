@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use hangar_engine::models::Needs;
 use hangar_engine::registry::{Engine, EngineState, PluginEntry, Registry};
 
 use crate::settings::SettingsStore;
@@ -22,10 +23,10 @@ pub(crate) struct Resolved {
 #[derive(Default)]
 struct Cached {
     generation: u64,
-    /// (Format, the capability the model's kind needs) → the index in the
+    /// (Format, what the model needs of its engine) → the index in the
     /// registry of the plugin that serves it, or `None` when no plugin can
     /// (loading then says why).
-    serving: HashMap<(String, Option<&'static str>), Option<usize>>,
+    serving: HashMap<(String, Needs), Option<usize>>,
 }
 
 impl Resolved {
@@ -37,7 +38,7 @@ impl Resolved {
         registry: &'r Arc<Registry>,
         settings: &Arc<SettingsStore>,
         format: &str,
-        need: Option<&'static str>,
+        needs: Needs,
     ) -> Option<(&'r PluginEntry, &'r Engine)> {
         let generation = settings.generation();
         let hit = {
@@ -46,15 +47,18 @@ impl Resolved {
                 cached.generation = generation;
                 cached.serving.clear();
             }
-            cached.serving.get(&(format.to_string(), need)).copied()
+            cached
+                .serving
+                .get(&(format.to_string(), needs.clone()))
+                .copied()
         };
         let index = match hit {
             Some(index) => index,
             None => {
                 let (reg, defaults) = (registry.clone(), settings.get().default_engines);
-                let wanted = format.to_string();
+                let (wanted, needed) = (format.to_string(), needs.clone());
                 let index = tokio::task::spawn_blocking(move || {
-                    let (entry, _) = reg.serving_except(&wanted, need, &defaults, &[]).ok()?;
+                    let (entry, _) = reg.serving_except(&wanted, &needed, &defaults, &[]).ok()?;
                     reg.plugins().iter().position(|p| std::ptr::eq(p, entry))
                 })
                 .await
@@ -63,7 +67,7 @@ impl Resolved {
                 let mut cached = self.cache.lock().expect("resolved lock");
                 // A settings write while resolving makes this one stale.
                 if cached.generation == generation {
-                    cached.serving.insert((format.to_string(), need), index);
+                    cached.serving.insert((format.to_string(), needs), index);
                 }
                 index
             }

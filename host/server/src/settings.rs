@@ -743,9 +743,25 @@ pub(crate) fn effective(
     (out, notes)
 }
 
-/// The content parts that need a capability: OpenAI's `input_audio`
-/// parts need `audio_input`.
-const GATED_PARTS: &[(&str, &str)] = &[("input_audio", capability::AUDIO_INPUT)];
+/// The content parts that need a capability, and what they carry: OpenAI's
+/// `input_audio` parts need `audio_input`, `image_url` parts `vision`.
+const GATED_PARTS: &[(&str, &str, &str)] = &[
+    ("input_audio", capability::AUDIO_INPUT, "audio"),
+    ("image_url", capability::VISION, "images"),
+];
+
+/// Where the first content part of type `kind` is in a chat request's
+/// `messages` (`messages[0].content[1]`), if it has one.
+pub(crate) fn first_part(request: &serde_json::Map<String, Value>, kind: &str) -> Option<String> {
+    let messages = request.get("messages")?.as_array()?;
+    messages.iter().enumerate().find_map(|(m, message)| {
+        let parts = message.get("content")?.as_array()?;
+        let p = parts
+            .iter()
+            .position(|part| part.get("type").and_then(Value::as_str) == Some(kind))?;
+        Some(format!("messages[{m}].content[{p}]"))
+    })
+}
 
 /// The chat message parts an engine cannot take now (audio to an engine
 /// without audio input): a sentence for each kind, naming the first part.
@@ -754,22 +770,13 @@ pub(crate) fn refused_request_parts(
     engine: &Engine,
     request: &serde_json::Map<String, Value>,
 ) -> Vec<String> {
-    let Some(messages) = request.get("messages").and_then(Value::as_array) else {
-        return vec![];
-    };
     GATED_PARTS
         .iter()
-        .filter_map(|(kind, cap)| {
-            let at = messages.iter().enumerate().find_map(|(m, message)| {
-                let parts = message.get("content")?.as_array()?;
-                let p = parts
-                    .iter()
-                    .position(|part| part.get("type").and_then(Value::as_str) == Some(*kind))?;
-                Some(format!("messages[{m}].content[{p}]"))
-            })?;
+        .filter_map(|(kind, cap, what)| {
+            let at = first_part(request, kind)?;
             let reason = request_default_off(entry, engine, cap)?;
             Some(format!(
-                "{at} is an {kind} part, which needs the {cap} capability: {reason}; send text only, or serve the model with an engine that takes audio"
+                "{at} is an {kind} part, which needs the {cap} capability: {reason}; send text only, or serve the model with an engine that takes {what}"
             ))
         })
         .collect()

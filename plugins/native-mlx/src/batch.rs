@@ -40,18 +40,19 @@ use crate::disk::DiskTier;
 use crate::draft::Drafter;
 use crate::error::{Error, Result};
 use crate::indexing::IndexOnStream;
-use crate::model::{Chunks, Decode, Group, Packed};
+use crate::model::{window, Chunks, Decode, Group, Packed, WindowRead};
 use crate::pool::{KvPool, Pages};
 use crate::prefix::{block_hashes, PrefixCache, BLOCK};
 use crate::sampling::Sampler;
 use crate::session::{ids, StopMatcher};
+use crate::specprefill::{self, SpecPrefill};
 use crate::speculate::{verify_greedy, verify_sampled, Proposer};
 use crate::tokenizer::StreamDecoder;
 use crate::turn::mlx_turn;
 use crate::{Completion, FinishReason, GenerateRequest, Session, Timings, TokenEvent, Usage};
 
 /// How the engine thread schedules.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct BatchOptions {
     /// Most requests generating at once; more wait in line.
     pub max_sequences: usize,
@@ -70,6 +71,9 @@ pub struct BatchOptions {
     pub prefix_cache_dir: Option<std::path::PathBuf>,
     /// Bytes of block files the disk tier keeps.
     pub prefix_cache_disk_bytes: u64,
+    /// Long prompts prefilled in part, scored by the drafter (see
+    /// `specprefill`); `None`, the default, or without a drafter: whole.
+    pub spec_prefill: Option<SpecPrefill>,
 }
 
 impl Default for BatchOptions {
@@ -80,6 +84,7 @@ impl Default for BatchOptions {
             prefix_cache_bytes: 1 << 30,
             prefix_cache_dir: None,
             prefix_cache_disk_bytes: 8 << 30,
+            spec_prefill: None,
         }
     }
 }
@@ -273,6 +278,11 @@ struct Seq {
     alone: Option<Vec<KvCache>>,
     /// Prompt tokens in the pool.
     filled: usize,
+    /// Prompt positions SpecPrefill left out: `prompt` holds the others,
+    /// and each decoded token sits this far past its cache position.
+    skipped: usize,
+    /// The RoPE position of each token of `prompt`, when some were left out.
+    positions: Option<Vec<i32>>,
     cached_prompt_tokens: usize,
     sampler: Sampler,
     /// The grammar its answer follows, if the request has one.
@@ -361,6 +371,9 @@ struct Engine {
     last_read: Option<Instant>,
     /// Grammar work not yet counted in `stats`: masks and time.
     grammar_work: (u64, Duration),
+    /// How long a plain decoding step of one sequence takes (a moving
+    /// average): what a speculative pass's tokens would have cost.
+    plain_step: Option<f64>,
 }
 
 impl Engine {
@@ -395,6 +408,7 @@ impl Engine {
             stats,
             last_read: None,
             grammar_work: (0, Duration::ZERO),
+            plain_step: None,
         }
     }
 
@@ -475,6 +489,8 @@ impl Engine {
             match self.start(&job.request) {
                 Ok(parts) => {
                     let (prompt, hashes, pages, filled, sampler, constraint) = parts;
+                    let (prompt, hashes, skipped, positions) =
+                        self.spec_prefill(prompt, hashes, filled);
                     let stops = StopMatcher::new(&job.request.stop);
                     let mut spec = job.request.speculation.clone();
                     // Without a drafter that fits, a draft model proposes nothing.
@@ -487,6 +503,8 @@ impl Engine {
                         pages,
                         alone: None,
                         filled,
+                        skipped,
+                        positions,
                         cached_prompt_tokens: filled,
                         sampler,
                         constraint,
@@ -510,6 +528,48 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// The prompt to prefill, its block hashes, the positions left out and
+    /// the RoPE positions of the rest: `prompt` whole, unless SpecPrefill is
+    /// on, a drafter scores, and enough of it is not cached yet (`filled`
+    /// positions are). Only the blocks before the first gap stay cacheable.
+    /// A scorer that fails leaves the prompt whole.
+    #[allow(clippy::type_complexity)]
+    fn spec_prefill(
+        &self,
+        prompt: Vec<u32>,
+        hashes: Vec<u64>,
+        filled: usize,
+    ) -> (Vec<u32>, Vec<u64>, usize, Option<Vec<i32>>) {
+        let (Some(options), Some(drafter)) = (&self.options.spec_prefill, &self.drafter) else {
+            return (prompt, hashes, 0, None);
+        };
+        // Sliding windows count cache rows, which a prompt with gaps no
+        // longer lines up with positions: such models prefill whole.
+        if self.session.model.config().sliding_window.is_some() {
+            return (prompt, hashes, 0, None);
+        }
+        if prompt.len().saturating_sub(filled) < options.min_tokens.max(1) {
+            return (prompt, hashes, 0, None);
+        }
+        let Ok(scores) = drafter.importance(&prompt, options.lookahead) else {
+            return (prompt, hashes, 0, None);
+        };
+        let kept = specprefill::select(&scores, filled, options.keep);
+        if kept.len() == prompt.len() {
+            return (prompt, hashes, 0, None);
+        }
+        let gap = kept
+            .iter()
+            .enumerate()
+            .find(|&(i, &p)| i != p)
+            .map_or(kept.len(), |(i, _)| i);
+        let hashes = hashes[..(gap / BLOCK).min(hashes.len())].to_vec();
+        let skipped = prompt.len() - kept.len();
+        let tokens = kept.iter().map(|&p| prompt[p]).collect();
+        let positions = kept.iter().map(|&p| p as i32).collect();
+        (tokens, hashes, skipped, Some(positions))
     }
 
     /// Checks a request and puts its cached prefix in the pool.
@@ -594,6 +654,10 @@ impl Engine {
             previous.tokens.eval()?;
             let now = Instant::now();
             if let Some(before) = self.last_read.replace(now) {
+                if previous.tags.len() == 1 && previous.prompt_tokens == 0 {
+                    let took = (now - before).as_secs_f64();
+                    self.plain_step = Some(self.plain_step.map_or(took, |p| 0.9 * p + 0.1 * took));
+                }
                 let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
                 stats.record(previous.tags.len(), previous.prompt_tokens, now - before);
                 let (masks, time) = std::mem::take(&mut self.grammar_work);
@@ -622,6 +686,7 @@ impl Engine {
             && seq.prefilled()
             && seq.constraint.is_none()
             && seq.proposer.is_some()
+            && seq.skipped == 0
             && seq.sampled < seq.job.request.max_tokens
     }
 
@@ -701,6 +766,11 @@ impl Engine {
                 break;
             }
         }
+        if let (Some(plain), Some(proposer)) = (self.plain_step, &mut self.active[0].proposer) {
+            let saved = produced.len() as f64 * plain - began.elapsed().as_secs_f64();
+            let usage = &mut proposer.usage;
+            usage.time_saved = Some(usage.time_saved.unwrap_or(0.0) + saved);
+        }
         {
             let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
             stats.spec_steps += 1;
@@ -716,7 +786,10 @@ impl Engine {
 
     /// Builds and queues one packed forward pass; returns its sampled tokens.
     fn build(&mut self) -> Result<Option<InFlight>> {
-        let lone = self.active.len() == 1 && self.active[0].prefilled();
+        // A cache of its own counts positions from 0 up: not for a prompt
+        // prefilled in part.
+        let lone =
+            self.active.len() == 1 && self.active[0].prefilled() && self.active[0].skipped == 0;
         if !lone {
             // Company came: a sequence that decoded alone moves to the pool.
             for seq in &mut self.active {
@@ -861,9 +934,11 @@ impl Engine {
             let start = seq.filled;
             seq.filled = end;
             // A whole block computed as one chunk goes to the prefix cache.
-            if end - start == BLOCK && end % BLOCK == 0 {
-                let index = end / BLOCK - 1;
-                let hash = seq.hashes[index];
+            let index = (end / BLOCK).wrapping_sub(1);
+            if let (true, Some(&hash)) = (
+                end - start == BLOCK && end % BLOCK == 0,
+                seq.hashes.get(index),
+            ) {
                 if self.prefix.enabled() && !self.prefix.contains(hash) {
                     let rows: Vec<i32> = (start..end).map(|p| seq.pages.row(p as i32)).collect();
                     let layers = self.pool.copy_rows(&rows)?;
@@ -1003,7 +1078,7 @@ impl Engine {
         if seq.alone.is_none() {
             let len = seq.pages.len();
             let rows: Vec<i32> = (0..len).map(|p| seq.pages.row(p)).collect();
-            let cache = if len == 0 {
+            let mut cache = if len == 0 {
                 self.session.model.new_cache()
             } else {
                 self.pool
@@ -1012,6 +1087,10 @@ impl Engine {
                     .map(|(k, v)| KvCache::from_state(k, v))
                     .collect()
             };
+            // Its prompt was prefilled but its last token, as a session's.
+            for layer in &mut cache {
+                layer.set_prefilled(seq.prompt.len() as i32 - 1);
+            }
             self.pool.release(std::mem::take(&mut seq.pages));
             seq.alone = Some(cache);
         }
@@ -1067,27 +1146,53 @@ impl Engine {
         let mut positions = Vec::new();
         let mut groups = Vec::new();
         let mut members = decoding.iter().peekable();
+        let heads = self.session.model.config().num_kv_heads;
+        // The mask once per key/value head, as the pool's gather lays the
+        // rows out.
+        let per_head = |mask: &[bool]| -> Vec<bool> {
+            (0..heads).flat_map(|_| mask.iter().copied()).collect()
+        };
+        let window = (self.session.model.config().sliding_window.as_ref()).map(|w| w.size);
         while let Some(&&(padded, _, _)) = members.peek() {
             let (mut index, mut mask, mut count) = (Vec::new(), Vec::new(), 0);
+            // Sliding-window layers read each row's window, in mlx-lm's order.
+            let window_padded = window.map_or(0, |w| padded.min(Pages::padded(w)));
+            let (mut window_index, mut window_mask) = (Vec::new(), Vec::new());
             while let Some((_, at, _)) = members.next_if(|m| m.0 == padded) {
-                let pages = &mut self.active[*at].pages;
+                let seq = &mut self.active[*at];
+                let skipped = seq.skipped as i32;
+                let pages = &mut seq.pages;
                 let pos = pages.len();
                 KvPool::fill(pages, pos + 1);
                 rows.push(pages.row(pos));
-                positions.push(pos);
+                positions.push(pos + skipped);
                 index.extend((0..padded).map(|p| pages.row(if p <= pos { p } else { 0 })));
                 mask.extend((0..padded).map(|p| p <= pos));
+                if let Some(w) = window {
+                    let base = seq.prompt.len() as i32 - 1;
+                    let read = window::decoding_positions(pos + 1, base, w);
+                    let len = read.len();
+                    window_index.extend(
+                        (0..window_padded as usize)
+                            .map(|p| pages.row(if p < len { read[p] } else { read[0] })),
+                    );
+                    window_mask.extend((0..window_padded as usize).map(|p| p < len));
+                }
                 count += 1;
             }
-            // The mask once per key/value head, as the pool's gather lays
-            // the rows out.
-            let heads = self.session.model.config().num_kv_heads;
-            let mask: Vec<bool> = (0..heads).flat_map(|_| mask.iter().copied()).collect();
             groups.push(Group {
                 rows: count,
                 padded,
                 index: Array::from_slice(&index, &[1, count * padded, 1]),
-                mask: Array::from_slice(&mask, &[heads * count, 1, 1, padded]),
+                mask: Array::from_slice(&per_head(&mask), &[heads * count, 1, 1, padded]),
+                window: window.map(|_| WindowRead {
+                    padded: window_padded,
+                    index: Array::from_slice(&window_index, &[1, count * window_padded, 1]),
+                    mask: Array::from_slice(
+                        &per_head(&window_mask),
+                        &[heads * count, 1, 1, window_padded],
+                    ),
+                }),
             });
         }
         let n = positions.len() as i32;
@@ -1115,14 +1220,25 @@ impl Engine {
             KvPool::fill(&mut seq.pages, offset + len);
             let pages = &seq.pages;
             rows.extend((offset..offset + len).map(|p| pages.row(p)));
+            let positions = seq.positions.as_ref().map(|all| {
+                let own = &all[offset as usize..(offset + len) as usize];
+                Array::from_slice(own, &[len])
+            });
             match groups.last_mut() {
-                Some(g) if (g.offset, g.len) == (offset, len) => g.seqs += 1,
+                Some(g)
+                    if (g.offset, g.len) == (offset, len)
+                        && g.positions.is_none()
+                        && positions.is_none() =>
+                {
+                    g.seqs += 1
+                }
                 _ => {
                     groups.push(Chunks {
                         seqs: 1,
                         offset,
                         len,
                         index: None,
+                        positions,
                     });
                     reads.push(Vec::new());
                 }
@@ -1239,7 +1355,7 @@ fn finish(seq: &mut Seq, reason: FinishReason, tokenizer: &crate::Tokenizer) -> 
         token_ids: std::mem::take(&mut seq.token_ids),
         finish_reason: reason,
         usage: Usage {
-            prompt_tokens: seq.prompt.len(),
+            prompt_tokens: seq.prompt.len() + seq.skipped,
             cached_prompt_tokens: seq.cached_prompt_tokens,
             completion_tokens,
         },

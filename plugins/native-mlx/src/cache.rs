@@ -20,6 +20,20 @@ pub(crate) struct KvCache {
     keys: Option<Array>,
     values: Option<Array>,
     offset: i32,
+    /// Where the last prompt's prefill ended: sliding-window layers order a
+    /// decoding query's window from it (see `model::window`).
+    prefilled: i32,
+    /// While a prompt is scored (SpecPrefill): how much attention its last
+    /// queries give each position, summed over this layer's heads.
+    pub(crate) importance: Option<Importance>,
+}
+
+/// The attention the last `last` queries of a forward pass give every
+/// cached position, summed over heads and queries (`(positions,)`
+/// float32), accumulated by the layer's attention.
+pub(crate) struct Importance {
+    pub(crate) last: i32,
+    pub(crate) sum: Option<Array>,
 }
 
 impl KvCache {
@@ -31,7 +45,19 @@ impl KvCache {
             keys: Some(keys),
             values: Some(values),
             offset,
+            prefilled: offset,
+            importance: None,
         }
+    }
+
+    /// Records that a prompt's prefill ended at position `len`.
+    pub(crate) fn set_prefilled(&mut self, len: i32) {
+        self.prefilled = len;
+    }
+
+    /// Where the last prompt's prefill ended.
+    pub(crate) fn prefilled(&self) -> i32 {
+        self.prefilled
     }
 
     /// The valid keys and values (views of the cache); `None` when empty.

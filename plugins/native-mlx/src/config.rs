@@ -1,8 +1,10 @@
 //! `config.json` of a model folder: which architecture, which shapes, which quantization.
 //!
 //! The defaults follow mlx-lm 0.32's model classes (`llama`, `qwen2`,
-//! `qwen3`, `qwen3_moe`, `gpt_oss`; `mistral` is served by the Llama code, as
-//! mlx-lm remaps it), so a folder that loads there loads here with the same
+//! `qwen3`, `phi3`, `gemma3_text`, `qwen3_moe`, `gpt_oss`; `mistral` is
+//! served by the Llama code, as mlx-lm remaps it; `gemma3` is Gemma 3's text
+//! model inside its `text_config`), so a folder that loads there loads here
+//! with the same
 //! numbers.
 
 use std::collections::BTreeMap;
@@ -14,8 +16,17 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 /// The `model_type` values this engine implements.
-pub const SUPPORTED_MODEL_TYPES: &[&str] =
-    &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gemma3_text",
+    "gemma3",
+    "qwen3_moe",
+    "gpt_oss",
+];
 
 /// The model families this engine implements; they differ only in a few details.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +39,13 @@ pub enum Family {
     Qwen2,
     /// Qwen3 (dense): RMS norms on queries and keys, explicit `head_dim`.
     Qwen3,
+    /// Phi-3 and Phi-4-mini: fused `qkv_proj` and `gate_up_proj` weights,
+    /// partial rotary embeddings, Su/LongRoPE scaling.
+    Phi3,
+    /// Gemma 3's text model (`gemma3_text`, or `gemma3`'s `text_config`):
+    /// norms of weight `1 + w` before and after attention and MLP, a scaled
+    /// embedding, a GELU MLP, and sliding-window layers among global ones.
+    Gemma3,
     /// Qwen3 mixture-of-experts: Qwen3's attention, routed experts on the
     /// sparse layers (see [`MoeConfig`]).
     Qwen3Moe,
@@ -43,6 +61,8 @@ impl Family {
             "mistral" => Some(Self::Mistral),
             "qwen2" => Some(Self::Qwen2),
             "qwen3" => Some(Self::Qwen3),
+            "phi3" => Some(Self::Phi3),
+            "gemma3_text" | "gemma3" => Some(Self::Gemma3),
             "qwen3_moe" => Some(Self::Qwen3Moe),
             "gpt_oss" => Some(Self::GptOss),
             _ => None,
@@ -71,6 +91,18 @@ pub enum RopeScaling {
         /// The context length the model was pre-trained with.
         original_max_position_embeddings: f32,
     },
+    /// Phi-3's Su / LongRoPE scaling as mlx-lm's `SuScaledRoPE` computes it:
+    /// the base frequencies times `long_factor` (mlx-lm uses the long
+    /// factors at every length; transformers switches to `short_factor`
+    /// below the original context), and the rotated part of queries and
+    /// keys multiplied by `scale` first.
+    SuScaled {
+        /// One factor per rotated pair of dimensions.
+        long_factor: Vec<f32>,
+        /// `sqrt(1 + ln(max / original) / ln(original))` of the context
+        /// lengths, or 1 where the model was not extended.
+        scale: f32,
+    },
     /// YaRN (mlx-lm's `YarnRoPE`): frequencies blended between plain and
     /// scaled by the correction range, and queries and keys scaled by
     /// `mscale`. mlx-lm builds it for gpt-oss.
@@ -88,6 +120,19 @@ pub enum RopeScaling {
         /// Its divisor's factor.
         mscale_all_dim: f32,
     },
+}
+
+/// Sliding-window attention: some layers attend only to the last `size`
+/// positions (Gemma 3).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindow {
+    /// Positions a query of a sliding layer sees: itself and those before it.
+    pub size: i32,
+    /// Per layer, whether it slides; the others attend to every position.
+    pub layers: Vec<bool>,
+    /// RoPE base of the sliding layers (Gemma's `rope_local_base_freq`),
+    /// never scaled; `None`: the model's RoPE (gpt-oss).
+    pub rope_theta: Option<f32>,
 }
 
 /// MLX quantization of a linear or embedding layer.
@@ -231,14 +276,23 @@ pub struct ModelConfig {
     pub quantization: Option<Quantization>,
     /// The routed experts, for mixture-of-experts families.
     pub moe: Option<MoeConfig>,
-    /// Per layer, the sliding window of its attention (a query sees itself
-    /// and the `window - 1` positions before it), `None` for full attention.
-    pub attention_windows: Vec<Option<i32>>,
     /// Per-head attention sinks (gpt-oss): a learned logit each head's
     /// softmax adds to its keys'.
     pub attention_sinks: bool,
     /// End-of-sequence ids declared in `config.json`.
     pub eos_token_ids: Vec<u32>,
+    /// Dimensions of a head that RoPE rotates (`partial_rotary_factor`).
+    pub rope_dims: i32,
+    /// The attention scale: `head_dim^-0.5`, or Gemma's
+    /// `query_pre_attn_scalar^-0.5`.
+    pub attention_scale: f32,
+    /// Sliding-window layers, if the model has any.
+    pub sliding_window: Option<SlidingWindow>,
+    /// Final logits soft-capped to `cap * tanh(logits / cap)`.
+    pub final_logit_softcapping: Option<f32>,
+    /// What the checkpoint's tensor names start with: `language_model.` for
+    /// the text model of a `gemma3` (vision-language) folder.
+    pub weights_prefix: String,
 }
 
 /// The subset of `config.json` that is read, as written.
@@ -266,6 +320,16 @@ struct RawConfig {
     quantization: Option<Value>,
     quantization_config: Option<Value>,
     eos_token_id: Option<Value>,
+    partial_rotary_factor: Option<f32>,
+    max_position_embeddings: Option<f32>,
+    original_max_position_embeddings: Option<f32>,
+    query_pre_attn_scalar: Option<f64>,
+    sliding_window: Option<i32>,
+    sliding_window_pattern: Option<usize>,
+    rope_local_base_freq: Option<f32>,
+    final_logit_softcapping: Option<f32>,
+    attn_logit_softcapping: Option<f32>,
+    use_bidirectional_attention: Option<bool>,
     num_experts: Option<i32>,
     num_experts_per_tok: Option<i32>,
     moe_intermediate_size: Option<i32>,
@@ -273,7 +337,46 @@ struct RawConfig {
     mlp_only_layers: Option<Vec<usize>>,
     norm_topk_prob: Option<bool>,
     num_local_experts: Option<i32>,
-    sliding_window: Option<i32>,
+}
+
+/// mlx-lm's `gemma3_text.ModelArgs` defaults, for the fields a config leaves out.
+fn gemma3_defaults() -> [(&'static str, Value); 14] {
+    [
+        ("hidden_size", 1152.into()),
+        ("num_hidden_layers", 26.into()),
+        ("intermediate_size", 6912.into()),
+        ("num_attention_heads", 4.into()),
+        ("head_dim", 256.into()),
+        ("rms_norm_eps", 1.0e-6.into()),
+        ("vocab_size", 262_144.into()),
+        ("num_key_value_heads", 1.into()),
+        ("rope_theta", 1_000_000.0.into()),
+        ("rope_local_base_freq", 10_000.0.into()),
+        ("query_pre_attn_scalar", 256.into()),
+        ("sliding_window", 512.into()),
+        ("sliding_window_pattern", 6.into()),
+        ("max_position_embeddings", 32768.into()),
+    ]
+}
+
+/// The text model's config of a `gemma3` folder, as mlx-lm's `gemma3.ModelArgs`
+/// builds it: `text_config` with the top level's `vocab_size` (262 208 by
+/// default) and 8 query and 4 key/value heads unless it says otherwise; the
+/// end-of-sequence ids of the top level where the text config has none.
+fn gemma3_text_config(top: &Value) -> Option<Value> {
+    let mut text = top.get("text_config")?.as_object()?.clone();
+    let vocab = top.get("vocab_size").cloned().unwrap_or(262_208.into());
+    text.insert("vocab_size".into(), vocab);
+    text.entry("num_attention_heads").or_insert(8.into());
+    text.entry("num_key_value_heads").or_insert(4.into());
+    if let Some(eos) = top.get("eos_token_id") {
+        text.entry("eos_token_id").or_insert(eos.clone());
+    }
+    if let Some(q) = top.get("quantization") {
+        text.insert("quantization".into(), q.clone());
+    }
+    text.insert("model_type".into(), "gemma3".into());
+    Some(Value::Object(text))
 }
 
 impl ModelConfig {
@@ -289,10 +392,34 @@ impl ModelConfig {
 
     /// Parses the text of a `config.json`; `path` only labels errors.
     pub fn parse(text: &str, path: &Path) -> Result<Self> {
-        let raw: RawConfig = serde_json::from_str(text).map_err(|source| Error::Json {
+        let json_error = |source| Error::Json {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        let mut value: Value = serde_json::from_str(text).map_err(json_error)?;
+        let top_type = value.get("model_type").and_then(Value::as_str);
+        let weights_prefix = if top_type == Some("gemma3") {
+            value = gemma3_text_config(&value).ok_or_else(|| Error::InvalidConfig {
+                path: path.to_owned(),
+                what: "model type 'gemma3' without a \"text_config\" object".into(),
+            })?;
+            "language_model."
+        } else {
+            ""
+        };
+        if matches!(
+            value.get("model_type").and_then(Value::as_str),
+            Some("gemma3" | "gemma3_text")
+        ) {
+            if let Some(fields) = value.as_object_mut() {
+                for (key, default) in gemma3_defaults() {
+                    if fields.get(key).is_none_or(Value::is_null) {
+                        fields.insert(key.into(), default);
+                    }
+                }
+            }
+        }
+        let raw: RawConfig = serde_json::from_value(value).map_err(json_error)?;
         let invalid = |what: String| Error::InvalidConfig {
             path: path.to_owned(),
             what,
@@ -329,9 +456,11 @@ impl ModelConfig {
             )));
         }
         let head_dim = match family {
-            // mlx-lm's Qwen2 ignores a `head_dim` entry.
-            Family::Qwen2 => hidden_size / num_heads,
-            Family::Qwen3 | Family::Qwen3Moe => required(raw.head_dim, "head_dim")?,
+            // mlx-lm's Qwen2 and Phi-3 ignore a `head_dim` entry.
+            Family::Qwen2 | Family::Phi3 => hidden_size / num_heads,
+            Family::Qwen3 | Family::Gemma3 | Family::Qwen3Moe => {
+                required(raw.head_dim, "head_dim")?
+            }
             // mlx-lm's default.
             Family::GptOss => required(raw.head_dim.or(Some(64)), "head_dim")?,
             Family::Llama | Family::Mistral => match raw.head_dim {
@@ -343,37 +472,31 @@ impl ModelConfig {
             .num_hidden_layers
             .filter(|n| *n > 0)
             .ok_or_else(|| invalid("\"num_hidden_layers\" is missing or not positive".into()))?;
-        let attention_windows = match (family, &raw.layer_types) {
-            (Family::GptOss, types) => {
-                // mlx-lm's default: sliding and full in turn.
-                let types = types.clone().unwrap_or_else(|| {
-                    (0..num_layers)
-                        .map(|i| ["sliding_attention", "full_attention"][i % 2].to_owned())
-                        .collect()
-                });
-                if types.len() != num_layers {
-                    return Err(invalid(format!(
-                        "\"layer_types\" has {} entries for {num_layers} layers",
-                        types.len()
-                    )));
+        let sliding_window = if family == Family::Gemma3 {
+            Some(gemma3_window(&raw, num_layers).map_err(&invalid)?)
+        } else if family == Family::GptOss {
+            Some(gpt_oss_window(&raw, num_layers).map_err(&invalid)?)
+        } else {
+            if let Some(types) = &raw.layer_types {
+                if types.iter().any(|t| t != "full_attention") {
+                    return Err(unsupported(
+                        "sliding-window attention (\"layer_types\")".into(),
+                    ));
                 }
-                let window = required(raw.sliding_window.or(Some(128)), "sliding_window")?;
-                types
-                    .iter()
-                    .map(|t| match t.as_str() {
-                        "sliding_attention" => Ok(Some(window)),
-                        "full_attention" => Ok(None),
-                        other => Err(unsupported(format!("layer type '{other}'"))),
-                    })
-                    .collect::<Result<Vec<_>>>()?
             }
-            (_, Some(types)) if types.iter().any(|t| t != "full_attention") => {
-                return Err(unsupported(
-                    "sliding-window attention (\"layer_types\")".into(),
-                ));
-            }
-            _ => vec![None; num_layers],
+            None
         };
+        if raw.use_bidirectional_attention == Some(true) {
+            // EmbeddingGemma: a gemma3_text whose every query sees every position.
+            return Err(unsupported(
+                "bidirectional attention (\"use_bidirectional_attention\")".into(),
+            ));
+        }
+        if let Some(cap) = raw.attn_logit_softcapping {
+            return Err(unsupported(format!(
+                "attention logit soft-capping (\"attn_logit_softcapping\": {cap})"
+            )));
+        }
 
         let rope = raw.rope_parameters.as_ref();
         let rope_theta = raw
@@ -384,22 +507,48 @@ impl ModelConfig {
                     .map(|v| v as f32)
             })
             .or(match family {
-                Family::Llama | Family::Mistral => Some(10_000.0),
-                Family::Qwen2 => Some(1_000_000.0),
+                Family::Llama | Family::Mistral | Family::Phi3 => Some(10_000.0),
+                Family::Qwen2 | Family::Gemma3 => Some(1_000_000.0),
                 Family::Qwen3 | Family::Qwen3Moe => None,
                 Family::GptOss => Some(150_000.0),
             })
             .ok_or_else(|| invalid("\"rope_theta\" is missing".into()))?;
+        let scaling = raw.rope_scaling.as_ref().or(rope);
         let rope_scaling = match family {
+            Family::Phi3 => phi3_rope_scaling(scaling, &raw),
             // mlx-lm's Qwen3-MoE builds plain RoPE whatever the config says
             // (some checkpoints declare YaRN for long contexts).
-            Family::Qwen3Moe => RopeScaling::None,
+            Family::Qwen3Moe => Ok(RopeScaling::None),
             // YaRN is what gpt-oss declares; mlx-lm builds it for gpt-oss.
-            Family::GptOss => parse_rope_scaling(raw.rope_scaling.as_ref().or(rope), true)
-                .map_err(&unsupported)?,
-            _ => parse_rope_scaling(raw.rope_scaling.as_ref().or(rope), false)
-                .map_err(&unsupported)?,
+            Family::GptOss => parse_rope_scaling(scaling, true),
+            _ => parse_rope_scaling(scaling, false),
+        }
+        .map_err(&unsupported)?;
+        // mlx-lm's Phi-3 rotates `int(head_dim * partial_rotary_factor)` dimensions.
+        let rope_dims = match (family, raw.partial_rotary_factor) {
+            (Family::Phi3, Some(f)) => (head_dim as f64 * f as f64) as i32,
+            _ => head_dim,
         };
+        if rope_dims <= 0 || rope_dims % 2 != 0 {
+            return Err(invalid(format!(
+                "partial_rotary_factor gives {rope_dims} rotated dimensions of {head_dim}"
+            )));
+        }
+        if let RopeScaling::SuScaled { long_factor, .. } = &rope_scaling {
+            if long_factor.len() as i32 != rope_dims / 2 {
+                return Err(invalid(format!(
+                    "rope_scaling has {} long factors for {rope_dims} rotated dimensions \
+                     (one per pair wanted)",
+                    long_factor.len()
+                )));
+            }
+        }
+        // As Python computes it: in double precision, then a float.
+        let attention_scale = match family {
+            Family::Gemma3 => raw.query_pre_attn_scalar.unwrap_or(256.0),
+            _ => head_dim as f64,
+        }
+        .powf(-0.5) as f32;
 
         let quantization = match (&raw.quantization, &raw.quantization_config) {
             (Some(q), _) => Some(parse_quantization(q).map_err(&unsupported)?),
@@ -433,7 +582,8 @@ impl ModelConfig {
                 raw.mlp_bias.unwrap_or(false),
             ),
             Family::Qwen2 => (true, false, false),
-            Family::Qwen3 | Family::Qwen3Moe => (false, false, false),
+            Family::Qwen3 | Family::Phi3 | Family::Gemma3 => (false, false, false),
+            Family::Qwen3Moe => (false, false, false),
             Family::GptOss => (true, true, false),
         };
         let moe = match family {
@@ -492,6 +642,9 @@ impl ModelConfig {
             }
             _ => None,
         };
+        // Gemma 3 ties its output projection exactly when the checkpoint has
+        // none (mlx-lm decides in `sanitize`); see `Model::load`.
+        let tie_default = !matches!(family, Family::Qwen3 | Family::Phi3 | Family::Gemma3);
 
         Ok(Self {
             family,
@@ -510,17 +663,19 @@ impl ModelConfig {
             rope_scaling,
             // mlx-lm's gpt-oss always has its own output projection.
             tie_word_embeddings: family != Family::GptOss
-                && raw
-                    .tie_word_embeddings
-                    .unwrap_or(!matches!(family, Family::Qwen3 | Family::Qwen3Moe)),
+                && raw.tie_word_embeddings.unwrap_or(tie_default),
             qkv_bias,
             o_bias,
             mlp_bias,
             quantization,
             moe,
-            attention_windows,
             attention_sinks: family == Family::GptOss,
             eos_token_ids: token_ids(raw.eos_token_id.as_ref()),
+            rope_dims,
+            attention_scale,
+            sliding_window,
+            final_logit_softcapping: raw.final_logit_softcapping,
+            weights_prefix: weights_prefix.into(),
         })
     }
 }
@@ -589,6 +744,109 @@ fn parse_rope_scaling(value: Option<&Value>, allow_yarn: bool) -> Result<RopeSca
     }
 }
 
+/// Phi-3's `rope_scaling` as mlx-lm's `phi3` reads it: `su` or `longrope`
+/// (with `long_factor`), or `linear`; the context lengths come from the top
+/// level of the config.
+fn phi3_rope_scaling(value: Option<&Value>, raw: &RawConfig) -> Result<RopeScaling, String> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(RopeScaling::None);
+    };
+    let kind = value
+        .get("type")
+        .or_else(|| value.get("rope_type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "su" | "longrope" => {
+            let long_factor = value
+                .get("long_factor")
+                .and_then(Value::as_array)
+                .and_then(|l| l.iter().map(|f| f.as_f64().map(|f| f as f32)).collect())
+                .ok_or_else(|| format!("rope scaling '{kind}' without a \"long_factor\" list"))?;
+            let max = raw.max_position_embeddings.unwrap_or(131_072.0) as f64;
+            let original = raw.original_max_position_embeddings.unwrap_or(4096.0) as f64;
+            let factor = max / original;
+            let scale = if factor <= 1.0 {
+                1.0
+            } else {
+                (1.0 + factor.ln() / original.ln()).sqrt()
+            };
+            Ok(RopeScaling::SuScaled {
+                long_factor,
+                scale: scale as f32,
+            })
+        }
+        "linear" => parse_rope_scaling(Some(value), false),
+        other => Err(format!(
+            "Phi-3 rope scaling type '{other}' (supported: su, longrope, linear)"
+        )),
+    }
+}
+
+/// Gemma 3's sliding-window layers: `layer_types` where the config lists
+/// them, else every `sliding_window_pattern`-th layer is global (mlx-lm's
+/// rule: layer `i` is global when `i % pattern == pattern - 1`).
+fn gemma3_window(raw: &RawConfig, layers: usize) -> Result<SlidingWindow, String> {
+    let size = raw
+        .sliding_window
+        .filter(|w| *w > 0)
+        .ok_or("\"sliding_window\" is not positive")?;
+    let pattern = raw
+        .sliding_window_pattern
+        .filter(|p| *p > 0)
+        .ok_or("\"sliding_window_pattern\" is not positive")?;
+    let layers = match listed_layers(raw, layers)? {
+        Some(listed) => listed,
+        None => (0..layers).map(|i| i % pattern != pattern - 1).collect(),
+    };
+    Ok(SlidingWindow {
+        size,
+        layers,
+        rope_theta: Some(raw.rope_local_base_freq.unwrap_or(10_000.0)),
+    })
+}
+
+/// gpt-oss's sliding-window layers, with mlx-lm's defaults: `layer_types`,
+/// else sliding and full in turn; a window of 128. They rotate as the
+/// model's full layers do (YaRN).
+fn gpt_oss_window(raw: &RawConfig, layers: usize) -> Result<SlidingWindow, String> {
+    let size = raw
+        .sliding_window
+        .or(Some(128))
+        .filter(|w| *w > 0)
+        .ok_or("\"sliding_window\" is not positive")?;
+    Ok(SlidingWindow {
+        size,
+        layers: listed_layers(raw, layers)?
+            .unwrap_or_else(|| (0..layers).map(|i| i % 2 == 0).collect()),
+        rope_theta: None,
+    })
+}
+
+/// Per layer, whether `layer_types` lists it as sliding; `None` where the
+/// config has no `layer_types`.
+fn listed_layers(raw: &RawConfig, layers: usize) -> Result<Option<Vec<bool>>, String> {
+    let Some(types) = &raw.layer_types else {
+        return Ok(None);
+    };
+    if types.len() != layers {
+        return Err(format!(
+            "\"layer_types\" lists {} layers, num_hidden_layers is {layers}",
+            types.len()
+        ));
+    }
+    types
+        .iter()
+        .map(|t| match t.as_str() {
+            "sliding_attention" => Ok(true),
+            "full_attention" => Ok(false),
+            other => Err(format!("layer type '{other}' in \"layer_types\"")),
+        })
+        .collect::<Result<_, _>>()
+        .map(Some)
+}
+
 fn parse_quantization(value: &Value) -> Result<Quantization, String> {
     let params = |v: &Value, fallback: Option<QuantParams>| -> Result<QuantParams, String> {
         let field = |key: &str, default: Option<i32>| {
@@ -651,7 +909,8 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "model type 'gpt2' in m/config.json is not supported by native-mlx; \
-             supported model types: llama, mistral, qwen2, qwen3, qwen3_moe, gpt_oss"
+             supported model types: llama, mistral, qwen2, qwen3, phi3, gemma3_text, gemma3, \
+             qwen3_moe, gpt_oss"
         );
     }
 
@@ -729,7 +988,9 @@ mod tests {
             "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
                 "beta_slow": 1.0, "original_max_position_embeddings": 4096}}"#;
         let c = parse(json).unwrap();
-        assert_eq!(c.attention_windows, [Some(8), None, Some(8)]);
+        let window = c.sliding_window.clone().unwrap();
+        assert_eq!((window.size, window.rope_theta), (8, None));
+        assert_eq!(window.layers, [true, false, true]);
         assert!(c.attention_sinks && c.qkv_bias && c.o_bias);
         assert!(
             !c.tie_word_embeddings,
@@ -747,8 +1008,8 @@ mod tests {
             "",
         );
         assert_eq!(
-            parse(&json).unwrap().attention_windows,
-            [Some(8), None, Some(8)]
+            parse(&json).unwrap().sliding_window.unwrap().layers,
+            [true, false, true]
         );
         // Yarn stays refused where mlx-lm does not build it.
         let llama = LLAMA.replace(
@@ -783,6 +1044,104 @@ mod tests {
             })
         );
         assert_eq!(q.for_module("model.embed_tokens"), None);
+    }
+
+    #[test]
+    fn phi3_reads_partial_rotary_and_longrope_as_mlx_lm() {
+        let json = LLAMA.replace("\"llama\"", "\"phi3\"").replace(
+            "\"vocab_size\"",
+            r#""head_dim": 99, "partial_rotary_factor": 0.75, "max_position_embeddings": 131072,
+                "original_max_position_embeddings": 4096,
+                "rope_scaling": {"type": "longrope", "long_factor": [1, 2, 3, 4, 5, 6],
+                "short_factor": [1, 1, 1, 1, 1, 1]}, "vocab_size""#,
+        );
+        let c = parse(&json).unwrap();
+        assert_eq!((c.head_dim, c.rope_dims), (16, 12));
+        let RopeScaling::SuScaled { long_factor, scale } = &c.rope_scaling else {
+            panic!("{:?}", c.rope_scaling);
+        };
+        assert_eq!(long_factor, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let expected = (1.0 + 32f64.ln() / 4096f64.ln()).sqrt() as f32;
+        assert_eq!(*scale, expected);
+        assert!(!c.tie_word_embeddings);
+        // One factor per rotated pair, and only Phi-3's scaling types.
+        let short = json.replace("[1, 2, 3, 4, 5, 6]", "[1, 2]");
+        assert!(parse(&short)
+            .unwrap_err()
+            .to_string()
+            .contains("2 long factors"));
+        let yarn = json.replace("\"longrope\"", "\"yarn\"");
+        assert!(parse(&yarn).unwrap_err().to_string().contains("'yarn'"));
+        let linear = LLAMA.replace("\"llama\"", "\"phi3\"").replace(
+            "\"vocab_size\"",
+            r#""rope_scaling": {"type": "linear", "factor": 2.0}, "vocab_size""#,
+        );
+        assert_eq!(
+            parse(&linear).unwrap().rope_scaling,
+            RopeScaling::Linear { factor: 2.0 }
+        );
+    }
+
+    #[test]
+    fn gemma3_text_layers_slide_by_pattern_or_layer_types() {
+        let json = r#"{"model_type": "gemma3_text", "hidden_size": 64,
+            "num_hidden_layers": 5, "intermediate_size": 128, "head_dim": 16,
+            "vocab_size": 512, "query_pre_attn_scalar": 168, "sliding_window": 8,
+            "sliding_window_pattern": 3, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}"#;
+        let c = parse(json).unwrap();
+        assert_eq!(c.family, Family::Gemma3);
+        // mlx-lm's defaults: 4 query heads, 1 key/value head, its bases.
+        assert_eq!(
+            (c.num_heads, c.num_kv_heads, c.rope_theta),
+            (4, 1, 1_000_000.0)
+        );
+        assert_eq!(c.attention_scale, 168f64.powf(-0.5) as f32);
+        assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+        let window = c.sliding_window.unwrap();
+        assert_eq!((window.size, window.rope_theta), (8, Some(10_000.0)));
+        assert_eq!(window.layers, [true, true, false, true, true]);
+        assert_eq!(c.weights_prefix, "");
+        let listed = json.replace(
+            "\"sliding_window_pattern\": 3",
+            r#""layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                "full_attention", "full_attention"]"#,
+        );
+        let layers = parse(&listed).unwrap().sliding_window.unwrap().layers;
+        assert_eq!(layers, [true, false, true, false, false]);
+        let capped = json.replace(
+            "\"head_dim\"",
+            "\"attn_logit_softcapping\": 50.0, \"head_dim\"",
+        );
+        assert!(parse(&capped)
+            .unwrap_err()
+            .to_string()
+            .contains("attention logit soft-capping"));
+        let both_ways = json.replace(
+            "\"head_dim\"",
+            "\"use_bidirectional_attention\": true, \"head_dim\"",
+        );
+        assert!(parse(&both_ways)
+            .unwrap_err()
+            .to_string()
+            .contains("bidirectional attention"));
+    }
+
+    #[test]
+    fn gemma3_reads_its_text_config() {
+        let json = r#"{"model_type": "gemma3", "vocab_size": 1024, "eos_token_id": [1, 106],
+            "text_config": {"model_type": "gemma3_text", "hidden_size": 64,
+                "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 7,
+                "final_logit_softcapping": 30.0},
+            "vision_config": {"model_type": "siglip_vision_model"}}"#;
+        let c = parse(json).unwrap();
+        assert_eq!(c.family, Family::Gemma3);
+        assert_eq!((c.vocab_size, c.num_heads, c.num_kv_heads), (1024, 8, 4));
+        assert_eq!(c.head_dim, 256);
+        assert_eq!(c.eos_token_ids, vec![1, 106]);
+        assert_eq!(c.weights_prefix, "language_model.");
+        assert_eq!(c.final_logit_softcapping, Some(30.0));
+        let no_text = parse(r#"{"model_type": "gemma3", "vocab_size": 1024}"#).unwrap_err();
+        assert!(no_text.to_string().contains("\"text_config\""), "{no_text}");
     }
 
     #[test]

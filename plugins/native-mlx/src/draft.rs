@@ -53,6 +53,13 @@ pub enum DraftLoad {
 }
 
 impl Drafter {
+    /// How much each prompt token matters to the prompt's last `last`
+    /// tokens, by the drafter's attention (SpecPrefill's scores; see
+    /// [`Model::importance`]).
+    pub fn importance(&self, prompt: &[u32], last: usize) -> Result<Vec<f32>> {
+        self.model.importance(prompt, last, CATCH_UP)
+    }
+
     /// Loads the model folder `dir` as a drafter for `target`, on the
     /// target's stream. A folder that is not there is an error (a wrong
     /// setting); one that does not fit the target is [`DraftLoad::Unfit`].

@@ -45,6 +45,7 @@ mod prefix;
 mod probe;
 mod sampling;
 mod session;
+mod specprefill;
 mod speculate;
 mod tokenizer;
 mod turn;
@@ -53,7 +54,7 @@ pub use batch::{BatchOptions, Batcher, StepStats};
 pub use chat::{ChatMessage, ChatOptions, ChatTemplate};
 pub use config::{
     ExpertActivation, Family, ModelConfig, MoeConfig, QuantMode, QuantParams, Quantization,
-    RopeScaling, Routing, SUPPORTED_MODEL_TYPES,
+    RopeScaling, Routing, SlidingWindow, SUPPORTED_MODEL_TYPES,
 };
 pub use draft::{DraftLoad, Drafter};
 pub use embed::{model_kind, Answer, Embedder, ModelKind, Pooling};
@@ -65,6 +66,7 @@ pub use session::{
     Completion, DrawScore, FinishReason, GenerateRequest, Prompt, Session, Timings, TokenEvent,
     TokenScore, Usage,
 };
+pub use specprefill::SpecPrefill;
 pub use speculate::{SpecUsage, Speculation, MAX_K};
 pub use tokenizer::{StreamDecoder, Tokenizer};
 pub use turn::mlx_turn;

@@ -21,7 +21,7 @@ use serde_json::Value;
 use crate::{
     model_kind, Answer, BatchOptions, Batcher, ChatMessage, ChatOptions, DeviceKind, DraftLoad,
     Drafter, Embedder, FinishReason, GenerateRequest, LoadOptions, ModelKind, Prompt,
-    SamplingParams, Session, Speculation, Tokenizer, MAX_K,
+    SamplingParams, Session, SpecPrefill, Speculation, Tokenizer, MAX_K,
 };
 
 struct NativeMlx;
@@ -56,7 +56,14 @@ impl Plugin for NativeMlx {
                 embedder: Box::new(std::sync::Mutex::new(embedder)),
             }));
         }
-        let (mut speculate, draft) = speculate_settings(&request.settings)?;
+        let (mut speculate, mut draft) = speculate_settings(&request.settings)?;
+        let spec_prefill = spec_prefill_settings(&request.settings)?;
+        if spec_prefill.is_some() && draft.is_none() {
+            // The scorer loads even where it proposes nothing.
+            draft = Some(named_drafter(&request.settings).ok_or(
+                "setting 'spec_prefill' of native-mlx needs a scorer: set 'draft_model' (a small MLX model of the same tokenizer) or 'draft_layers' (the model's own first layers)",
+            )?);
+        }
         let session = Session::load(Path::new(&request.model_path))
             .map_err(|e| format!("model '{}': {e}", request.model_id))?;
         let mut notes = Vec::new();
@@ -76,10 +83,19 @@ impl Plugin for NativeMlx {
                     notes.push(format!(
                         "the draft model {dir} is not used, so requests decode without it: {why}"
                     ));
+                    if spec_prefill.is_some() {
+                        notes.push(
+                            "spec_prefill is off: its scorer, the draft model, is not used".into(),
+                        );
+                    }
                     speculate.draft_model = false;
                     None
                 }
             },
+        };
+        let options = BatchOptions {
+            spec_prefill,
+            ..options
         };
         Ok(Box::new(Loaded::Chat {
             id: request.model_id,
@@ -236,6 +252,58 @@ fn speculate_settings(
     ))
 }
 
+/// SpecPrefill, from the settings `spec_prefill` (on or off, the default),
+/// `spec_prefill_min_tokens` (prompts with fewer uncached tokens are
+/// prefilled whole) and `spec_prefill_keep` (the share prefilled); `None`
+/// when off.
+fn spec_prefill_settings(
+    settings: &std::collections::BTreeMap<String, Value>,
+) -> Result<Option<SpecPrefill>, String> {
+    match settings.get("spec_prefill") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => return Ok(None),
+        Some(Value::Bool(true)) => {}
+        Some(other) => {
+            return Err(format!(
+                "setting 'spec_prefill' of native-mlx must be true or false, got {other}"
+            ))
+        }
+    }
+    let mut options = SpecPrefill::default();
+    match settings.get("spec_prefill_min_tokens") {
+        None | Some(Value::Null) => {}
+        Some(v) => match v.as_u64() {
+            Some(n @ 1..) => options.min_tokens = n as usize,
+            _ => {
+                return Err(format!(
+                    "setting 'spec_prefill_min_tokens' of native-mlx must be a positive integer, got {v}"
+                ))
+            }
+        },
+    }
+    match settings.get("spec_prefill_keep") {
+        None | Some(Value::Null) => {}
+        Some(v) => match v.as_f64() {
+            Some(keep) if keep > 0.0 && keep <= 1.0 => options.keep = keep as f32,
+            _ => {
+                return Err(format!(
+                    "setting 'spec_prefill_keep' of native-mlx must be a number above 0 and at most 1 (the share of the prompt prefilled), got {v}"
+                ))
+            }
+        },
+    }
+    Ok(Some(options))
+}
+
+/// The drafter the settings name (`draft_model` or `draft_layers`, as
+/// [`speculate_settings`] checked them), whatever `draft_kind` says.
+fn named_drafter(settings: &std::collections::BTreeMap<String, Value>) -> Option<DraftSource> {
+    if let Some(Value::String(dir)) = settings.get("draft_model") {
+        return Some(DraftSource::Folder(dir.clone()));
+    }
+    let layers = settings.get("draft_layers")?.as_u64()?;
+    Some(DraftSource::Layers(layers as usize))
+}
+
 /// A loaded model: a chat model behind its batcher, or an embedder or
 /// reranker, which computes each request in the calling thread, one at a
 /// time.
@@ -378,20 +446,22 @@ impl Engine for Loaded {
         )
         .with_cached_tokens(done.usage.cached_prompt_tokens as u32);
         let spec = done.speculation;
-        Ok(match spec.verifications {
-            0 => outcome,
-            _ => outcome.with_speculation(
-                SpeculationUsage::new(
-                    spec.verifications as u32,
-                    spec.proposed as u32,
-                    spec.accepted as u32,
-                )
-                .with_prediction(
-                    spec.accepted_prediction as u32,
-                    spec.rejected_prediction as u32,
-                ),
-            ),
-        })
+        if spec.verifications == 0 {
+            return Ok(outcome);
+        }
+        let mut usage = SpeculationUsage::new(
+            spec.verifications as u32,
+            spec.proposed as u32,
+            spec.accepted as u32,
+        )
+        .with_prediction(
+            spec.accepted_prediction as u32,
+            spec.rejected_prediction as u32,
+        );
+        if let Some(seconds) = spec.time_saved {
+            usage = usage.with_time_saved((seconds * 1e3).round() as i64);
+        }
+        Ok(outcome.with_speculation(usage))
     }
 }
 
@@ -486,5 +556,64 @@ mod tests {
             let error = check(settings.clone()).unwrap_err();
             assert!(error.contains(words), "{settings}: {error}");
         }
+    }
+
+    /// The manifest lists every family the engine loads, so that
+    /// resolution sends them here (and nothing it cannot load).
+    #[test]
+    fn the_manifest_lists_the_model_types_the_engine_loads() {
+        let manifest = include_str!("../plugin.toml");
+        let list = manifest
+            .split("\nmodel_types = [")
+            .nth(1)
+            .and_then(|rest| rest.split(']').next())
+            .expect("plugin.toml has model_types");
+        let listed: Vec<&str> = list
+            .split(',')
+            .map(|t| t.trim().trim_matches('"'))
+            .filter(|t| !t.is_empty())
+            .collect();
+        let mut engine: Vec<&str> = crate::SUPPORTED_MODEL_TYPES.to_vec();
+        engine.extend(["bert", "roberta", "xlm-roberta"]);
+        assert_eq!(listed, engine);
+    }
+
+    #[test]
+    fn spec_prefill_settings_are_checked_and_find_their_scorer() {
+        let of = |v: Value| spec_prefill_settings(&serde_json::from_value(v).unwrap());
+        assert_eq!(of(json!({})).unwrap(), None);
+        assert_eq!(of(json!({"spec_prefill": false})).unwrap(), None);
+        let on = of(
+            json!({"spec_prefill": true, "spec_prefill_keep": 0.5, "spec_prefill_min_tokens": 100}),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((on.keep, on.min_tokens), (0.5, 100));
+        for (settings, words) in [
+            (
+                json!({"spec_prefill": "yes"}),
+                "'spec_prefill' of native-mlx must be true or false",
+            ),
+            (
+                json!({"spec_prefill": true, "spec_prefill_keep": 0}),
+                "above 0 and at most 1",
+            ),
+            (
+                json!({"spec_prefill": true, "spec_prefill_keep": 1.5}),
+                "above 0 and at most 1",
+            ),
+            (
+                json!({"spec_prefill": true, "spec_prefill_min_tokens": 0}),
+                "positive integer",
+            ),
+        ] {
+            let error = of(settings.clone()).unwrap_err();
+            assert!(error.contains(words), "{settings}: {error}");
+        }
+        // A scorer named with speculation off is still found.
+        let settings = json!({"draft_layers": 3, "draft_kind": "off"});
+        assert_eq!(check(settings.clone()).unwrap().1, None);
+        let named = named_drafter(&serde_json::from_value(settings).unwrap());
+        assert_eq!(named, Some(DraftSource::Layers(3)));
     }
 }

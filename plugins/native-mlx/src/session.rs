@@ -513,6 +513,9 @@ impl Session {
             eval(self.cache.iter().flat_map(KvCache::state))?;
             self.cached.extend_from_slice(chunk);
         }
+        for layer in &mut self.cache {
+            layer.set_prefilled(prompt.len() as i32 - 1);
+        }
         Ok((reuse, last[0]))
     }
 

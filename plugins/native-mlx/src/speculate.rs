@@ -58,7 +58,7 @@ pub const MAX_K: usize = 8;
 const MAX_NGRAM: usize = 3;
 
 /// Speculation's counts for one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct SpecUsage {
     /// Verifying passes.
     pub verifications: usize,
@@ -70,6 +70,11 @@ pub struct SpecUsage {
     pub accepted_prediction: usize,
     /// Proposed by a predicted output and rejected.
     pub rejected_prediction: usize,
+    /// The time speculation saved, in seconds: the tokens its passes gave
+    /// at the time a plain step of one sequence takes on this engine, less
+    /// the passes' own time (negative where it cost time). `None` until
+    /// the engine has timed a plain step.
+    pub time_saved: Option<f64>,
 }
 
 /// One request's proposer and its adaptive `k`.

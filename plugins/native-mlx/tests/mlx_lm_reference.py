@@ -4,12 +4,15 @@
 Reads a JSON request on stdin:
   {"convert": [{"hf_path": DIR, "mlx_path": OUT, "bits": 4, "mode": "affine"}, ...],
    "cases": [{"model": DIR, "prompt": [ids], "max_tokens": N,
-              "temp": 0.0, "top_p": 0.0, "top_k": 0, "min_p": 0.0, "seed": 0}, ...],
+              "temp": 0.0, "top_p": 0.0, "top_k": 0, "min_p": 0.0, "seed": 0,
+              "logprobs": false}, ...],
    "chats": [{"model": DIR, "template": JINJA, "messages": [...], "tools": [...] | null,
               "add_generation_prompt": true}, ...],
    "scores": [{"model": DIR, "prompt": [ids], "continuation": [ids]}, ...]}
 First it quantizes with mlx_lm.convert (the code behind `python -m mlx_lm
-convert -q`); then prints {"ids": [[...] per case], "chats": [text or
+convert -q`); then prints {"ids": [[...] per case], "logprobs": [[the
+log-probability generate_step gave each id, in float32] for a case with
+"logprobs", else null], "chats": [text or
 {"error": message} per chat], "scores": [[log-probability of each
 continuation id] per score]}. Unset sampling fields mean greedy. Ids go in
 and come out, so no tokenizer or chat template takes part in "cases";
@@ -72,7 +75,11 @@ def run(case, models):
     )
     prompt = mx.array(case["prompt"], dtype=mx.uint32)
     steps = generate_step(prompt, models[path], max_tokens=case["max_tokens"], sampler=sampler)
-    return [token for token, _ in steps]
+    ids, logprobs = [], []
+    for token, step_logprobs in steps:
+        ids.append(token)
+        logprobs.append(step_logprobs[token].astype(mx.float32).item())
+    return ids, (logprobs if case.get("logprobs") else None)
 
 
 def score(job, models):
@@ -116,9 +123,11 @@ def main():
             sys.stdout = stdout
         log(f"converted {job['mlx_path']}")
     models, tokenizers = {}, {}
-    ids = []
+    ids, logprobs = [], []
     for case in request.get("cases", []):
-        ids.append(run(case, models))
+        case_ids, case_logprobs = run(case, models)
+        ids.append(case_ids)
+        logprobs.append(case_logprobs)
         log(f"case {case['model']} (seed {case.get('seed', 0)})")
     chats = []
     for chat in request.get("chats", []):
@@ -128,7 +137,7 @@ def main():
     for job in request.get("scores", []):
         scores.append(score(job, models))
         log(f"scored {job['model']}")
-    json.dump({"ids": ids, "chats": chats, "scores": scores}, sys.stdout)
+    json.dump({"ids": ids, "logprobs": logprobs, "chats": chats, "scores": scores}, sys.stdout)
     print()
 
 

@@ -114,6 +114,22 @@ fn read_json(path: &Path) -> Option<Value> {
     serde_json::from_slice(&read_capped(path, MAX_CONFIG_BYTES).ok()?).ok()
 }
 
+/// What the `config.json` of the model folder `path` holding `files` says
+/// of its family: the `model_type` (`None` for a model file, or a config
+/// without one) and whether it has a vision tower (a `vision_config`, as
+/// Qwen2.5-VL, Gemma 3, LLaVA and the other Hugging Face VLMs write it).
+pub(crate) fn family_of(path: &Path, files: &[String]) -> (Option<String>, bool) {
+    if !files.iter().any(|f| f == "config.json") || path.is_file() {
+        return (None, false);
+    }
+    let Some(config) = read_json(&path.join("config.json")) else {
+        return (None, false);
+    };
+    let model_type = config.get("model_type").and_then(Value::as_str);
+    let vision = config.get("vision_config").is_some_and(Value::is_object);
+    (model_type.map(str::to_string), vision)
+}
+
 fn folder_kind(folder: &Path) -> ModelKind {
     let Some(config) = read_json(&folder.join("config.json")) else {
         return ModelKind::Chat;

@@ -25,6 +25,7 @@ pub use capabilities::{gate, gate_engine, CapabilityState};
 
 use crate::config::Config;
 use crate::loader::LoadedPlugin;
+use crate::models::Needs;
 use crate::models::{merge_rules, Rule};
 
 /// Format aliases every host knows, before plugins add theirs.
@@ -248,23 +249,23 @@ impl Registry {
         format: &str,
         default_engines: &BTreeMap<String, String>,
     ) -> Result<(&PluginEntry, &Engine), String> {
-        self.serving_except(format, None, default_engines, &[])
+        self.serving_except(format, &Needs::default(), default_engines, &[])
     }
 
     /// [`Registry::serving`], passing over the plugins in `skip` (engines
     /// that already failed to load the model): the next compatible engine
     /// in resolution order, for fallback.
     ///
-    /// `capability` is what the model's kind needs of its engine
-    /// ([`crate::models::ModelKind::capability`]).
+    /// `needs` is what the model asks of its engine
+    /// ([`crate::models::Model::needs`]).
     pub fn serving_except(
         &self,
         format: &str,
-        capability: Option<&str>,
+        needs: &Needs,
         default_engines: &BTreeMap<String, String>,
         skip: &[String],
     ) -> Result<(&PluginEntry, &Engine), String> {
-        let resolution = self.resolve_needing(format, capability, default_engines);
+        let resolution = self.resolve_needing(format, needs, default_engines);
         let next = resolution.trace.iter().find(|t| {
             matches!(
                 t.verdict,

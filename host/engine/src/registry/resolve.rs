@@ -16,6 +16,7 @@ use semver::Version;
 use serde::{Serialize, Serializer};
 
 use super::{EngineState, PluginEntry, Registry};
+use crate::models::Needs;
 
 /// The outcome of resolving one format, borrowing from the registry.
 ///
@@ -94,6 +95,13 @@ pub enum Rejection<'r> {
     Broken(&'r str),
     /// Its engine is not available here (from the probe).
     Unavailable(&'r str),
+    /// It lists the model families it loads, and not the model's.
+    ModelType {
+        /// The families it loads (the manifest's `model_types`).
+        loads: &'r [String],
+        /// The model's `model_type`.
+        model_type: &'r str,
+    },
     /// Its engine lacks the capability the model's kind needs
     /// (`embeddings` for an embedding model, `rerank` for a reranker).
     Lacks {
@@ -136,6 +144,11 @@ impl fmt::Display for Rejection<'_> {
                     on.join(", ")
                 )
             }
+            Rejection::ModelType { loads, model_type } => write!(
+                f,
+                "loads model types [{}], not {model_type}",
+                loads.join(", ")
+            ),
             Rejection::Broken(reason) => write!(f, "plugin is broken: {reason}"),
             Rejection::Unavailable(reason) => write!(f, "engine unavailable: {reason}"),
             Rejection::Lacks { capability, off } => match off {
@@ -164,16 +177,21 @@ impl Registry {
         format: &'r str,
         default_engines: &BTreeMap<String, String>,
     ) -> Resolution<'r> {
-        self.resolve_needing(format, None, default_engines)
+        const NOTHING: &Needs = &Needs {
+            capability: None,
+            model_type: None,
+        };
+        self.resolve_needing(format, NOTHING, default_engines)
     }
 
-    /// [`Registry::resolve`] for a model whose kind needs `capability`
-    /// (`embeddings`, `rerank`): engines without it on are rejected, saying
-    /// so.
+    /// [`Registry::resolve`] for a model with `needs` (its
+    /// [`crate::models::Model::needs`]): engines without the capability its
+    /// kind needs (`embeddings`, `rerank`) on, and engines that list the
+    /// families they load without its `model_type`, are rejected, saying so.
     pub fn resolve_needing<'r>(
         &'r self,
         format: &'r str,
-        capability: Option<&'r str>,
+        needs: &'r Needs,
         default_engines: &BTreeMap<String, String>,
     ) -> Resolution<'r> {
         let requested = format.to_ascii_lowercase();
@@ -200,6 +218,8 @@ impl Registry {
                     serves: &m.formats,
                     format: canonical.clone(),
                 }
+            } else if let Some(rejection) = unloadable(m.model_types.as_slice(), needs) {
+                rejection
             } else if entry.accelerator.is_none() {
                 Rejection::Platform {
                     runs_on: &m.platforms,
@@ -215,7 +235,7 @@ impl Registry {
                 match self.engine(entry) {
                     EngineState::Broken(reason) => Rejection::Broken(reason),
                     EngineState::Unavailable { reason, .. } => Rejection::Unavailable(reason),
-                    EngineState::Ready(engine) => match lacks(engine, capability) {
+                    EngineState::Ready(engine) => match lacks(engine, needs.capability) {
                         Some(rejection) => rejection,
                         None => {
                             eligible.push((entry, engine.version.as_ref()));
@@ -286,6 +306,14 @@ impl Registry {
             trace,
         }
     }
+}
+
+/// Why an engine that loads the families `loads` (all when empty) cannot
+/// load a model with `needs`, if it cannot.
+fn unloadable<'r>(loads: &'r [String], needs: &'r Needs) -> Option<Rejection<'r>> {
+    let model_type = needs.model_type.as_deref()?;
+    (!loads.is_empty() && !loads.iter().any(|t| t == model_type))
+        .then_some(Rejection::ModelType { loads, model_type })
 }
 
 /// Why `engine` cannot serve a model that needs `capability`, if it cannot.

@@ -286,6 +286,9 @@ impl Shape {
                 "proposed_tokens": spec.proposed_tokens,
                 "accepted_tokens": spec.accepted_tokens,
             });
+            if let Some(ms) = spec.time_saved_ms {
+                usage["speculation"]["time_saved_ms"] = json!(ms);
+            }
         }
         usage
     }

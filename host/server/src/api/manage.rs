@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::{ApiError, App, PathId};
 use crate::metrics::{Gauges, SessionGauges};
-use hangar_engine::models::Discovery;
+use hangar_engine::models::{Discovery, Model};
 
 /// `GET /health`: 503 `loading` until every pinned model is ready, then
 /// 200 `healthy` (`loading` while any other model loads). The status for
@@ -107,7 +107,7 @@ pub(super) async fn resolve(
     let Query(q) = query?;
     let discovery = app.discovery();
     let model = discovery.find(&q.model).cloned();
-    let need = model.as_ref().and_then(|m| m.kind.capability());
+    let needs = model.as_ref().map(Model::needs).unwrap_or_default();
     let format = match &model {
         Some(m) => m.format.clone(),
         None => {
@@ -128,7 +128,7 @@ pub(super) async fn resolve(
     let registry = app.sessions.registry().clone();
     let defaults = app.sessions.settings().get().default_engines;
     let resolution = tokio::task::spawn_blocking(move || {
-        serde_json::to_value(registry.resolve_needing(&format, need, &defaults))
+        serde_json::to_value(registry.resolve_needing(&format, &needs, &defaults))
             .expect("resolutions serialize")
     })
     .await
@@ -309,6 +309,7 @@ fn speculation_view(app: &App, model: &str) -> Value {
         "accepted_tokens": accepted,
         "acceptance_rate": ratio(accepted, proposed),
         "tokens_per_verification": ratio(accepted + verifications, verifications),
+        "time_saved_seconds": app.sessions.metrics().speculation_time_saved(model),
     })
 }
 

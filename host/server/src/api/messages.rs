@@ -341,7 +341,9 @@ fn tool_choice(value: Option<&Value>) -> Result<Map<String, Value>, ApiError> {
 
 /// One turn's content blocks as OpenAI messages: a user turn's
 /// `tool_result` blocks become `tool` messages (before the turn's text);
-/// an assistant turn's `tool_use` blocks become its `tool_calls`.
+/// an assistant turn's `tool_use` blocks become its `tool_calls`; a user
+/// turn's `image` blocks become `image_url` parts beside its text parts,
+/// in order (checked then like OpenAI's own).
 /// `thinking` blocks the client sends back are the model's own earlier
 /// reasoning, which chat templates leave out of the history: dropped.
 fn turn_blocks(
@@ -352,12 +354,17 @@ fn turn_blocks(
 ) -> Result<(), ApiError> {
     let bad = |what: String| Err(ApiError::bad_request(what, Some("messages")));
     let mut texts: Vec<&str> = Vec::new();
+    // With an image, the user turn's parts in order: its texts and images.
+    let mut parts: Vec<Value> = Vec::new();
     let mut calls = Vec::new();
     for (j, block) in blocks.iter().enumerate() {
         let name = format!("messages[{i}].content[{j}]");
         match (role, block.get("type").and_then(Value::as_str)) {
             (_, Some("text")) => match block.get("text") {
-                Some(Value::String(text)) => texts.push(text),
+                Some(Value::String(text)) => {
+                    texts.push(text);
+                    parts.push(json!({ "type": "text", "text": text }));
+                }
                 other => {
                     return bad(format!(
                         "'{name}.text' must be a string, not {}",
@@ -365,6 +372,25 @@ fn turn_blocks(
                     ))
                 }
             },
+            ("user", Some("image")) => {
+                let source = block.get("source");
+                let url = match source.and_then(|s| s.get("type")).and_then(Value::as_str) {
+                    Some("base64") => match (source.and_then(|s| s.get("media_type")), source.and_then(|s| s.get("data"))) {
+                        (Some(Value::String(media)), Some(Value::String(data))) => format!("data:{media};base64,{data}"),
+                        _ => return bad(format!("'{name}.source' must have a string 'media_type' (image/png, image/jpeg, image/gif, image/webp) and 'data' (base64)")),
+                    },
+                    Some("url") => match source.and_then(|s| s.get("url")) {
+                        Some(Value::String(url)) => url.clone(),
+                        _ => return bad(format!("'{name}.source.url' must be a string")),
+                    },
+                    _ => return bad(format!("'{name}.source' must be an object whose 'type' is \"base64\" (with media_type and data)")),
+                };
+                let image = json!({ "type": "image_url", "image_url": { "url": url } });
+                if let Err(why) = super::validate::image_part(&image) {
+                    return bad(format!("'{name}.{}", why.replacen("image_url.url'", "source'", 1)));
+                }
+                parts.push(image);
+            }
             ("assistant", Some(kind @ ("thinking" | "redacted_thinking"))) => {
                 let fields: &[&str] = match kind {
                     "thinking" => &["thinking", "signature"],
@@ -416,6 +442,10 @@ fn turn_blocks(
                 ))
             }
         }
+    }
+    if parts.iter().any(|p| p["type"] == "image_url") {
+        chat.push(json!({ "role": role, "content": parts }));
+        return Ok(());
     }
     let text = (!texts.is_empty()).then(|| texts.join("\n"));
     match (role, text, calls.is_empty()) {
@@ -982,8 +1012,30 @@ mod tests {
                 json!([{"role": "user", "content": [{"type": "image", "source": {}}]}]),
             ),
             expect![[
+                r#"400 invalid_request_error Some("messages"): 'messages[0].content[0].source' must be an object whose 'type' is "base64" (with media_type and data)"#
+            ]],
+        );
+        check(
+            with(
+                "messages",
+                json!([{"role": "assistant", "content": [{"type": "image", "source": {}}]}]),
+            ),
+            expect![[
                 r#"400 invalid_request_error Some("messages"): 'messages[0].content[0]' is a 'image' block; this host serves text blocks ({"type": "text", "text": "..."}), and tool_use and tool_result blocks for tools"#
             ]],
+        );
+        // An image block is an image_url part beside the turn's text.
+        check(
+            with(
+                "messages",
+                json!([{"role": "user", "content": [
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw=="}},
+                    {"type": "text", "text": "what is this?"},
+                ]}]),
+            ),
+            expect![[r#"
+                {"max_tokens":8,"messages":[{"content":[{"image_url":{"url":"data:image/png;base64,iVBORw=="},"type":"image_url"},{"text":"what is this?","type":"text"}],"role":"user"}],"model":"m","stream":true,"stream_options":{"include_usage":true}}
+                stream=false stops=[]"#]],
         );
         check(
             with(

@@ -383,6 +383,19 @@ async fn gate_request(
     route: Route,
     request: &mut Map<String, Value>,
 ) -> Result<(), ApiError> {
+    // An image is for a vision-language model only, whatever its engine.
+    if let Some(at) = crate::settings::first_part(request, "image_url") {
+        if !model.vision {
+            return Err(ApiError::bad_request(
+                format!(
+                    "{at} is an image, and model '{}' takes text only: it has no vision tower (no vision_config in its config.json), so it lacks the {} capability an image needs; send text only, or ask a vision-language model",
+                    model.id,
+                    hangar_plugin_api::capability::VISION
+                ),
+                Some("messages"),
+            ));
+        }
+    }
     // Without an engine, loading reports the missing one with the whole story.
     let Some((entry, engine)) = app.sessions.serving(model).await else {
         return Ok(());

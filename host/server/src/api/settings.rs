@@ -302,11 +302,11 @@ async fn with_engine<T: Send + 'static>(
 ) -> Result<T, ApiError> {
     let registry = app.sessions.registry().clone();
     let stored = app.sessions.settings().get();
-    let (format, need) = (model.format.clone(), model.kind.capability());
+    let (format, needs) = (model.format.clone(), model.needs());
     let id = model.id.clone();
     tokio::task::spawn_blocking(move || {
         let (entry, engine) = registry
-            .serving_except(&format, need, &stored.default_engines, &[])
+            .serving_except(&format, &needs, &stored.default_engines, &[])
             .map_err(|reason| {
                 ApiError::unavailable(format!("no engine can serve model '{id}': {reason}"))
             })?;

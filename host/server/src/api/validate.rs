@@ -384,6 +384,12 @@ fn messages(value: Option<&Value>) -> Result<(), ApiError> {
                         parts[j]
                     ));
                 }
+                for (j, part) in parts.iter().enumerate() {
+                    if part.get("type").and_then(Value::as_str) == Some("image_url") {
+                        image_part(part)
+                            .or_else(|why| bad(format!("'messages[{i}].content[{j}].{why}")))?;
+                    }
+                }
             }
             Some(other) => {
                 return bad(format!(
@@ -394,6 +400,56 @@ fn messages(value: Option<&Value>) -> Result<(), ApiError> {
         super::tools::check_message(i, message)?;
     }
     Ok(())
+}
+
+/// The image types a `data:` URL may carry.
+const IMAGE_TYPES: &[&str] = &["png", "jpeg", "jpg", "webp", "gif", "bmp"];
+
+/// An OpenAI `image_url` part: `{"type": "image_url", "image_url": {"url":
+/// "data:image/png;base64,...", "detail": "auto"}}`. The image travels in
+/// the request as a base64 `data:` URL; this host neither reads its own
+/// files nor fetches remote URLs for a client. On error: the path inside
+/// the part and what is wrong with it.
+pub(super) fn image_part(part: &Value) -> Result<(), String> {
+    let Some(Value::Object(image)) = part.get("image_url") else {
+        return Err(
+            "image_url' must be an object such as {\"url\": \"data:image/png;base64,...\"}".into(),
+        );
+    };
+    match image.get("detail") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(d)) if ["auto", "low", "high"].contains(&d.as_str()) => {}
+        Some(other) => {
+            return Err(format!(
+                "image_url.detail' must be \"auto\", \"low\" or \"high\", not {other}"
+            ))
+        }
+    }
+    let Some(Value::String(url)) = image.get("url") else {
+        return Err("image_url.url' is missing: a data: URL of the image (base64)".into());
+    };
+    if url.starts_with("http://") || url.starts_with("https://") || url.starts_with("file:") {
+        return Err(format!(
+            "image_url.url' is {}: this host takes images inline only; send the image's bytes as a data: URL (data:image/png;base64,...)",
+            url.split(':').next().unwrap_or_default()
+        ));
+    }
+    let (kind, data) = url
+        .strip_prefix("data:image/")
+        .and_then(|rest| rest.split_once(";base64,"))
+        .ok_or("image_url.url' must be a data: URL such as data:image/png;base64,...")?;
+    if !IMAGE_TYPES.contains(&kind) {
+        return Err(format!(
+            "image_url.url' is an image/{kind}; the image types taken are {}",
+            IMAGE_TYPES.join(", ")
+        ));
+    }
+    use base64::Engine;
+    match base64::engine::general_purpose::STANDARD.decode(data) {
+        Ok(bytes) if !bytes.is_empty() => Ok(()),
+        Ok(_) => Err("image_url.url' holds no image: its base64 data is empty".into()),
+        Err(e) => Err(format!("image_url.url' is not valid base64: {e}")),
+    }
 }
 
 /// `prompt`: a string, or a list of strings or of token ids (or of lists of
@@ -450,6 +506,53 @@ mod tests {
             Err(e) => format!("{} {:?}: {}", e.status.as_u16(), e.param, e.message),
         };
         expect.assert_eq(&verdict);
+    }
+
+    #[test]
+    fn image_parts_carry_an_inline_image() {
+        let with = |image: Value| {
+            json!({"messages": [{"role": "user", "content": [
+                {"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": image},
+            ]}]})
+        };
+        // "\x89PNG" in base64.
+        check_chat(
+            with(json!({"url": "data:image/png;base64,iVBORw==", "detail": "low"})),
+            expect!["ok"],
+        );
+        let cases = [
+            json!("data:image/png;base64,iVBORw=="),
+            json!({"detail": "low"}),
+            json!({"url": "data:image/png;base64,iVBORw==", "detail": "ultra"}),
+            json!({"url": "https://example.com/cat.png"}),
+            json!({"url": "file:///etc/passwd"}),
+            json!({"url": "data:text/plain;base64,aGk="}),
+            json!({"url": "data:image/tiff;base64,aGk="}),
+            json!({"url": "data:image/png;base64,not base64!"}),
+            json!({"url": "data:image/png;base64,"}),
+        ];
+        let verdicts: Vec<String> = cases
+            .into_iter()
+            .map(|image| {
+                let request = with(image);
+                match super::check(Route::Chat, request.as_object().unwrap()) {
+                    Ok(()) => "ok".to_string(),
+                    Err(e) => format!("{} {:?}: {}", e.status.as_u16(), e.param, e.message),
+                }
+            })
+            .collect();
+        expect![[r#"
+            400 Some("messages"): 'messages[0].content[1].image_url' must be an object such as {"url": "data:image/png;base64,..."}
+            400 Some("messages"): 'messages[0].content[1].image_url.url' is missing: a data: URL of the image (base64)
+            400 Some("messages"): 'messages[0].content[1].image_url.detail' must be "auto", "low" or "high", not "ultra"
+            400 Some("messages"): 'messages[0].content[1].image_url.url' is https: this host takes images inline only; send the image's bytes as a data: URL (data:image/png;base64,...)
+            400 Some("messages"): 'messages[0].content[1].image_url.url' is file: this host takes images inline only; send the image's bytes as a data: URL (data:image/png;base64,...)
+            400 Some("messages"): 'messages[0].content[1].image_url.url' must be a data: URL such as data:image/png;base64,...
+            400 Some("messages"): 'messages[0].content[1].image_url.url' is an image/tiff; the image types taken are png, jpeg, jpg, webp, gif, bmp
+            400 Some("messages"): 'messages[0].content[1].image_url.url' is not valid base64: Invalid symbol 32, offset 3.
+            400 Some("messages"): 'messages[0].content[1].image_url.url' holds no image: its base64 data is empty"#]]
+        .assert_eq(&verdicts.join("\n"));
     }
 
     #[test]

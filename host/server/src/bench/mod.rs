@@ -335,8 +335,8 @@ fn plan(args: &BenchArgs, registry: &Registry) -> anyhow::Result<(Vec<Contestant
     let mut why_not: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for model in &found {
         let format = registry.canonical_format(&model.format);
-        let resolution =
-            registry.resolve_needing(&model.format, model.kind.capability(), &BTreeMap::new());
+        let needs = model.needs();
+        let resolution = registry.resolve_needing(&model.format, &needs, &BTreeMap::new());
         let info = ModelInfo {
             id: model.id.clone(),
             format: format.clone(),
@@ -821,6 +821,7 @@ pub(crate) mod fixtures {
                     verifications,
                     proposed_tokens,
                     accepted_tokens,
+                    time_saved_ms: None,
                 },
             )
             .collect();

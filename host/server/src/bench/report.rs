@@ -149,6 +149,10 @@ pub(crate) struct SpeculationCounts {
     pub proposed_tokens: u64,
     /// Proposed tokens the model kept.
     pub accepted_tokens: u64,
+    /// The time speculation saved, as the engine estimates it (negative
+    /// where it cost time); `None` where the engine gives no estimate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_saved_ms: Option<i64>,
 }
 
 impl SpeculationCounts {
@@ -173,6 +177,10 @@ impl std::iter::Sum for SpeculationCounts {
             verifications: a.verifications + b.verifications,
             proposed_tokens: a.proposed_tokens + b.proposed_tokens,
             accepted_tokens: a.accepted_tokens + b.accepted_tokens,
+            time_saved_ms: match (a.time_saved_ms, b.time_saved_ms) {
+                (None, None) => None,
+                (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+            },
         })
     }
 }
@@ -191,6 +199,10 @@ pub(crate) struct Speculation {
     /// Per round: the tokens each verifying pass gave (the kept ones and
     /// the model's own after them).
     pub tokens_per_verification: Option<Summary>,
+    /// Per round: the seconds speculation saved over the round's answers,
+    /// by the engine's estimates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_saved_s: Option<Summary>,
 }
 
 impl Speculation {
@@ -207,6 +219,7 @@ impl Speculation {
             total: rounds.iter().copied().sum(),
             acceptance_rate: per_round(SpeculationCounts::acceptance_rate),
             tokens_per_verification: per_round(SpeculationCounts::tokens_per_verification),
+            time_saved_s: per_round(|c| c.time_saved_ms.map(|ms| ms as f64 / 1e3)),
         })
     }
 }
@@ -304,6 +317,21 @@ fn columns(report: &Report) -> Vec<Column> {
                 cell(per_pass, 1.0, 2)
             }),
         ));
+        let estimated = |e: &EngineResult| {
+            e.speculation
+                .as_ref()
+                .and_then(|s| s.time_saved_s.as_ref())
+                .is_some()
+        };
+        if report.engines.iter().any(estimated) {
+            cols.push((
+                "saved s".into(),
+                Box::new(|e: &EngineResult| {
+                    let saved = e.speculation.as_ref().and_then(|s| s.time_saved_s.as_ref());
+                    cell(saved, 1.0, 2)
+                }),
+            ));
+        }
     }
     cols.push((
         "peak RSS MiB".into(),

@@ -205,16 +205,11 @@ impl Sessions {
     }
 
     /// The plugin and engine that serve `model` under the current
-    /// settings, if any (resolved once per format and kind and settings
+    /// settings, if any (resolved once per format, needs and settings
     /// write).
     pub(crate) async fn serving(&self, model: &Model) -> Option<(&PluginEntry, &Engine)> {
         self.resolved
-            .serving(
-                &self.registry,
-                &self.settings,
-                &model.format,
-                model.kind.capability(),
-            )
+            .serving(&self.registry, &self.settings, &model.format, model.needs())
             .await
     }
 
@@ -549,14 +544,14 @@ impl Sessions {
             }
             let next = {
                 let (registry, skip) = (self.registry.clone(), tried.clone());
-                let (format, need, defaults) = (
+                let (format, needs, defaults) = (
                     model.format.clone(),
-                    model.kind.capability(),
+                    model.needs(),
                     self.settings.get().default_engines,
                 );
                 tokio::task::spawn_blocking(move || {
                     registry
-                        .serving_except(&format, need, &defaults, &skip)
+                        .serving_except(&format, &needs, &defaults, &skip)
                         .map(|(entry, _)| entry.manifest.id.clone())
                         .ok()
                 })

@@ -68,12 +68,7 @@ pub(super) fn plan(
     let work_dir = dirs.work;
     let stored = settings.get();
     let (entry, engine) = registry
-        .serving_except(
-            &model.format,
-            model.kind.capability(),
-            &stored.default_engines,
-            skip,
-        )
+        .serving_except(&model.format, &model.needs(), &stored.default_engines, skip)
         .map_err(|reason| LoadError::NoEngine {
             model: model.id.clone(),
             format: model.format.clone(),

@@ -8,9 +8,14 @@ use crate::fixtures::{manifest, Scenario};
 /// The alpha example: serves mlx, aliases safetensors, two gated
 /// capabilities; its engine prints `alpha VERSION`.
 fn alpha(s: &Scenario, priority: i32, engine_output: &str) {
+    alpha_with(s, priority, engine_output, "");
+}
+
+/// [`alpha`] with more top-level manifest keys (`top`).
+fn alpha_with(s: &Scenario, priority: i32, engine_output: &str, top: &str) {
     let program = s.engine_program("alpha-engine", engine_output);
     let extra = format!(
-        r#"
+        r#"{top}
 [aliases]
 safetensors = "mlx"
 [probe]
@@ -153,6 +158,62 @@ fn safetensors_resolves_to_mlx_and_model_folders_are_detected() {
             exit 1
             error: $ROOT/models/tiny has config.json but no *.safetensors, which the rule mlx: a folder of config.json + *.safetensors (built-in) needs; the download may be incomplete: download the model again or copy the missing files into the folder
         "#]],
+    );
+}
+
+#[test]
+fn a_plugin_that_lists_the_families_it_loads_is_passed_over_for_others() {
+    let s = Scenario::new();
+    alpha_with(&s, 20, "alpha 1.5.0", r#"model_types = ["llama", "qwen3"]"#);
+    beta(&s, 10);
+    let folder = |name: &str, config: &str| {
+        let model = s.root.path().join("models").join(name);
+        std::fs::create_dir_all(&model).unwrap();
+        std::fs::write(model.join("config.json"), config).unwrap();
+        let mut weights = 2u64.to_le_bytes().to_vec();
+        weights.extend(b"{}");
+        std::fs::write(model.join("model.safetensors"), weights).unwrap();
+        model.to_str().unwrap().to_string()
+    };
+    check(
+        &s,
+        &[
+            "resolve",
+            &folder("gemma", r#"{"model_type": "gemma3_text"}"#),
+        ],
+        expect![[r#"
+            exit 0
+            model: gemma ($ROOT/models/gemma, rule mlx: a folder of config.json + *.safetensors (built-in); model_type gemma3_text; files: config.json, model.safetensors)
+            mlx → beta (the only compatible plugin)
+             PLUGIN  PRIORITY  ENGINE  VERDICT                                                     
+             beta    10        0.9.0   chosen                                                      
+             alpha   20                rejected: loads model types [llama, qwen3], not gemma3_text 
+        "#]],
+    );
+    // A family it lists, a folder that names none, and a format alone: it
+    // ranks as before.
+    for model in [
+        folder("qwen", r#"{"model_type": "qwen3"}"#),
+        folder("untyped", "{}"),
+        "mlx".to_string(),
+    ] {
+        let (code, out) = s.hangar(&["resolve", &model]);
+        assert_eq!(code, 0, "{out}");
+        assert!(out.contains("mlx → alpha (highest priority"), "{out}");
+    }
+    // The JSON answer names the model type and the reason too.
+    let (code, out) = s.hangar(&[
+        "--json",
+        "resolve",
+        &folder("moe", r#"{"model_type": "qwen3_moe"}"#),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(answer["model"]["model_type"], "qwen3_moe");
+    assert_eq!(answer["chosen"], "beta");
+    assert_eq!(
+        answer["trace"][1]["reason"],
+        "loads model types [llama, qwen3], not qwen3_moe"
     );
 }
 
@@ -336,7 +397,7 @@ fn every_malformed_plugin_is_reported_and_the_rest_still_load() {
             - text ($ROOT/plugins/text-file): $ROOT/plugins/text-file/libengine_text.so is not a shared library this host can read (Could not read file magic); rebuild the plugin for linux/x86_64
             - truncated ($ROOT/plugins/truncated): $ROOT/plugins/truncated/libengine_truncated.so is not a shared library this host can read (Invalid ELF section header offset/size/alignment); rebuild the plugin for linux/x86_64
             - arm ($ROOT/plugins/wrong-arch): $ROOT/plugins/wrong-arch/libengine_arm.so is an ELF library for aarch64, but this host needs ELF for x86_64; install the plugin build for this machine
-            - future ($ROOT/plugins/api-2): plugin needs plugin-api ^2.0, but this host provides 1.6.0; rebuild the plugin against plugin-api 1.x or use a matching host
+            - future ($ROOT/plugins/api-2): plugin needs plugin-api ^2.0, but this host provides 1.7.0; rebuild the plugin against plugin-api 1.x or use a matching host
             - bad-toml ($ROOT/plugins/bad-toml): plugin.toml is malformed: a value is missing or cut off (at line 2, column 8)
             - ghost ($ROOT/plugins/missing-artifact): artifact $ROOT/plugins/missing-artifact/libengine_ghost.so is missing; build the plugin or reinstall its folder
             - not-a-plugin ($ROOT/plugins/not-a-plugin): no plugin.toml in this folder; a plugin folder holds plugin.toml and its artifact

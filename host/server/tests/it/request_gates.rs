@@ -1,8 +1,9 @@
 //! What the host adds to or refuses in a chat request for the engine that
 //! serves it: the app default `reasoning_effort`, put into requests for
 //! engines with the `reasoning_effort` capability (and noted where it is
-//! not), and audio parts refused (422, naming `audio_input`) for engines
-//! without audio input.
+//! not), audio parts refused (422, naming `audio_input`) for engines
+//! without audio input, and images refused for text-only models (400) and
+//! for engines without `vision` (422).
 
 use expect_test::{expect, Expect};
 use serde_json::{json, Value};
@@ -40,14 +41,23 @@ HTTPServer(("127.0.0.1", int(sys.argv[2])), H).serve_forever()
 /// give (`reasoning_effort`, `audio_input`); or with the beta plugin, which
 /// declares neither, when `requirements` is `None`.
 fn server(requirements: Option<(&str, &str)>) -> Server {
+    server_with(requirements, ">=0.5")
+}
+
+/// [`server`] with gamma's `vision` on from version `vision`, and beside
+/// `tiny` a vision-language model `vlm` (a config with a vision tower).
+fn server_with(requirements: Option<(&str, &str)>, vision: &str) -> Server {
     Server::with(|s: &Scenario| {
         let (id, capabilities) = match requirements {
             Some((effort, audio)) => (
                 "gamma",
-                format!("reasoning_effort = \"{effort}\"\naudio_input = \"{audio}\"\n"),
+                format!("reasoning_effort = \"{effort}\"\naudio_input = \"{audio}\"\nvision = \"{vision}\"\n"),
             ),
             None => ("beta", String::new()),
         };
+        crate::serve::model(s, "vlm", 0);
+        let config = r#"{"model_type": "qwen2_5_vl", "vision_config": {"depth": 2}}"#;
+        std::fs::write(s.root.path().join("models/vlm/config.json"), config).unwrap();
         let probe = s.engine_program("engine", &format!("{id} 0.9.0"));
         let script = s.root.path().join("echo_body.py");
         std::fs::write(&script, ECHO_BODY).unwrap();
@@ -85,7 +95,12 @@ fn put(server: &Server, path: &str, body: Value) -> (u16, Value) {
 /// The status and the error message (or the request the engine saw) of a
 /// chat with `extra` fields.
 fn check_chat(server: &Server, content: Value, extra: Value, expect: Expect) {
-    let mut body = json!({"model": "tiny", "max_tokens": 2,
+    check_chat_on(server, "tiny", content, extra, expect);
+}
+
+/// [`check_chat`] for `model`.
+fn check_chat_on(server: &Server, model: &str, content: Value, extra: Value, expect: Expect) {
+    let mut body = json!({"model": model, "max_tokens": 2,
         "messages": [{"role": "user", "content": content}]});
     body.as_object_mut()
         .unwrap()
@@ -190,5 +205,38 @@ fn audio_parts_need_the_audio_input_capability() {
         audio,
         json!({}),
         expect!["200 engine saw reasoning_effort: null, parts: [text, input_audio]"],
+    );
+}
+
+#[test]
+fn images_need_a_vision_model_and_an_engine_with_vision() {
+    let image = json!([
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw=="}}
+    ]);
+    let host = server_with(Some((">=0.5", ">=0.5")), ">=1.0");
+    // A text-only model: refused for the model, whatever its engine.
+    check_chat(&host, image.clone(), json!({}), expect!["400 messages[0].content[1] is an image, and model 'tiny' takes text only: it has no vision tower (no vision_config in its config.json), so it lacks the vision capability an image needs; send text only, or ask a vision-language model"]);
+    // A vision model on an engine version without vision.
+    check_chat_on(&host, "vlm", image.clone(), json!({}), expect!["422 messages[0].content[1] is an image_url part, which needs the vision capability: plugin 'gamma' needs engine >=1.0 for vision; found 0.9.0; send text only, or serve the model with an engine that takes images"]);
+    assert_eq!(host.events("loaded"), 0);
+    // The catalog says which model takes images.
+    let models = host.get("/api/models").1;
+    let vlm = models["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["model"]["id"] == "vlm")
+        .unwrap();
+    assert_eq!(vlm["model"]["vision"], true, "{vlm}");
+    assert_eq!(vlm["model"]["model_type"], "qwen2_5_vl", "{vlm}");
+    drop(host);
+    let host = server_with(Some((">=0.5", ">=0.5")), ">=0.9");
+    check_chat_on(
+        &host,
+        "vlm",
+        image,
+        json!({}),
+        expect!["200 engine saw reasoning_effort: null, parts: [text, image_url]"],
     );
 }

@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use hangar_native_mlx::{
     probe, BatchOptions, Batcher, ChatMessage, ChatOptions, DraftLoad, Drafter, GenerateRequest,
-    LoadOptions, Prompt, Session, SpecUsage, Speculation, StepStats,
+    LoadOptions, Prompt, Session, SpecPrefill, SpecUsage, Speculation, StepStats,
 };
 
 /// mimalloc replaces malloc for the whole process, MLX included (feature
@@ -109,6 +109,16 @@ struct Args {
     /// (self-speculation) instead.
     #[arg(long)]
     draft_layers: Option<usize>,
+    /// Instead: SpecPrefill against whole prefill on the bench prompt
+    /// (best a long `--chat` document ending in a question), scored by
+    /// `--draft-model` or `--draft-layers`, for each of these shares kept
+    /// (1 is whole prefill), in interleaved rounds with the prefix cache
+    /// off: a table of the median time to first token, its spread, the
+    /// median ratio to whole prefill per round, and how far the greedy
+    /// answer agrees with whole prefill's (the same first token; the
+    /// share of `--gen-tokens` before the first difference).
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["concurrent", "ids", "embed", "speculate"])]
+    spec_prefill: Option<Vec<f32>>,
     /// A chat prompt instead of the pseudo-random token prompt: this user
     /// message (a file's text with `@FILE`), rendered with the model's
     /// chat template; generation ends at end-of-sequence or `--gen-tokens`.
@@ -187,6 +197,124 @@ fn batcher_text(batcher: &Batcher, request: &GenerateRequest) -> Result<String> 
         .text)
 }
 
+/// The drafter `--draft-model` or `--draft-layers` names for `session`.
+fn drafter(args: &Args, session: &Session) -> Result<Option<Drafter>> {
+    Ok(match (&args.draft_model, args.draft_layers) {
+        (Some(draft), _) => match Drafter::load(draft, session)? {
+            DraftLoad::Fits(drafter) => Some(*drafter),
+            DraftLoad::Unfit(why) => {
+                anyhow::bail!("--draft-model {}: does not fit: {why}", draft.display())
+            }
+        },
+        (None, Some(layers)) => Some(Drafter::first_layers(session, layers)?),
+        (None, None) => None,
+    })
+}
+
+/// SpecPrefill against whole prefill; prints the table `--spec-prefill`
+/// describes.
+fn spec_prefill(args: &Args, dir: &Path, keeps: &[f32]) -> Result<()> {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    // One engine per share, each scoring with its own drafter; every
+    // engine is built before the first round, so rounds interleave.
+    let mut engines = Vec::new();
+    let mut prompt_tokens = 0;
+    for &keep in keeps {
+        let session = load(args, dir)?;
+        let base = request(args, &session);
+        prompt_tokens = session.prompt_tokens(&base.prompt)?.len();
+        let Some(scorer) = drafter(args, &session)? else {
+            anyhow::bail!("--spec-prefill needs --draft-model DIR or --draft-layers N");
+        };
+        let options = BatchOptions {
+            prefix_cache_bytes: 0,
+            spec_prefill: (keep < 1.0).then(|| SpecPrefill {
+                min_tokens: 1,
+                keep,
+                ..SpecPrefill::default()
+            }),
+            ..batch_options(args)
+        };
+        engines.push((
+            base,
+            Batcher::start_with_drafter(session, options, Some(scorer)),
+        ));
+    }
+    let run = |(base, batcher): &(GenerateRequest, Batcher)| -> Result<(f64, Vec<u32>, String)> {
+        let started = Instant::now();
+        let mut first = None;
+        let done = batcher.generate(base.clone(), |_| {
+            first.get_or_insert_with(Instant::now);
+            ControlFlow::Continue(())
+        })?;
+        let ttft = first.unwrap_or(started).duration_since(started);
+        Ok((ttft.as_secs_f64() * 1e3, done.token_ids, done.text))
+    };
+    // Warm-up, and the answers (greedy: each share's is the same every round).
+    let answers: Vec<(Vec<u32>, String)> = engines
+        .iter()
+        .map(|e| run(e).map(|(_, ids, text)| (ids, text)))
+        .collect::<Result<_>>()?;
+    let whole = keeps.iter().position(|&k| k >= 1.0);
+    let mut ttfts: Vec<Vec<f64>> = vec![Vec::new(); keeps.len()];
+    for _ in 0..args.runs.max(1) {
+        for (i, engine) in engines.iter().enumerate() {
+            ttfts[i].push(run(engine)?.0);
+        }
+    }
+    println!(
+        "{} (prompt {prompt_tokens} tokens, {} generated, {} rounds)",
+        dir.display(),
+        args.gen_tokens,
+        args.runs.max(1)
+    );
+    println!(
+        "{:<6} {:>9} {:>17} {:>10} {:>12} {:>16}",
+        "keep", "TTFT ms", "spread", "vs whole", "same first", "agree (prefix)"
+    );
+    for (i, keep) in keeps.iter().enumerate() {
+        let (ttft, lo, hi) = median(ttfts[i].clone());
+        let ratio =
+            whole.map(|w| median(ttfts[i].iter().zip(&ttfts[w]).map(|(a, b)| a / b).collect()).0);
+        let (ids, text) = &answers[i];
+        let (same, agree) = match whole {
+            Some(w) => {
+                let reference = &answers[w].0;
+                let prefix = ids
+                    .iter()
+                    .zip(reference)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                let len = reference.len().max(1);
+                (
+                    if ids.first() == reference.first() {
+                        "yes"
+                    } else {
+                        "no"
+                    },
+                    format!("{:.2}", prefix as f64 / len as f64),
+                )
+            }
+            None => ("-", "-".to_string()),
+        };
+        println!(
+            "{keep:<6} {ttft:>9.1} {:>17} {:>10} {same:>12} {agree:>16}",
+            format!("{lo:.1}-{hi:.1}"),
+            ratio.map_or("-".to_string(), |r| format!("{r:.2}x")),
+        );
+        if args.chat.is_some() {
+            println!(
+                "       answer: {:?}",
+                text.chars().take(160).collect::<String>()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// One speculation round's figures.
 struct SpecRun {
     decode_tps: f64,
@@ -199,16 +327,7 @@ struct SpecRun {
 fn speculation(args: &Args, dir: &Path, modes: &[String]) -> Result<()> {
     let session = load(args, dir)?;
     let base = request(args, &session);
-    let drafter = match (&args.draft_model, args.draft_layers) {
-        (Some(draft), _) => match Drafter::load(draft, &session)? {
-            DraftLoad::Fits(drafter) => Some(*drafter),
-            DraftLoad::Unfit(why) => {
-                anyhow::bail!("--draft-model {}: does not fit: {why}", draft.display())
-            }
-        },
-        (None, Some(layers)) => Some(Drafter::first_layers(&session, layers)?),
-        (None, None) => None,
-    };
+    let drafter = drafter(args, &session)?;
     if modes.iter().any(|m| m == "draft") && drafter.is_none() {
         anyhow::bail!("--speculate draft needs --draft-model DIR or --draft-layers N");
     }
@@ -660,7 +779,7 @@ fn main() -> Result<()> {
         }
         return Ok(());
     }
-    if !args.json && !args.ids && args.speculate.is_none() {
+    if !args.json && !args.ids && args.speculate.is_none() && args.spec_prefill.is_none() {
         println!(
             "native-mlx on MLX {} ({}), prompt {} tokens, {} generated, {} runs",
             mlx.version, mlx.device, args.prompt_tokens, args.gen_tokens, args.runs
@@ -681,6 +800,10 @@ fn main() -> Result<()> {
         }
         if let Some(modes) = &args.speculate {
             speculation(&args, dir, modes)?;
+            continue;
+        }
+        if let Some(keeps) = &args.spec_prefill {
+            spec_prefill(&args, dir, keeps)?;
             continue;
         }
         let m = measure(&args, dir)?;

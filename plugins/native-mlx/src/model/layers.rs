@@ -443,6 +443,22 @@ impl Projections {
         })
     }
 
+    /// Takes one layer at `prefix` whose checkpoint already fuses several
+    /// outputs (Phi-3's `qkv_proj` and `gate_up_proj`); its output columns
+    /// are split at `ends`, as the model's own code splits them.
+    pub(crate) fn take_fused(
+        weights: &mut Weights,
+        prefix: &str,
+        ends: Vec<i32>,
+        quantization: Option<&Quantization>,
+        layout: &Layout,
+    ) -> Result<Self> {
+        Ok(Self::Fused {
+            linear: Linear::take(weights, prefix, false, quantization, layout)?,
+            ends,
+        })
+    }
+
     /// Applies every layer to `x`; one output per layer, in order.
     pub(crate) fn forward(&self, x: &Array) -> Result<Vec<Array>> {
         match self {

@@ -1,16 +1,17 @@
 //! The decoder-only transformer of the supported families, built from a config and its weights.
 //!
-//! The graph is the one mlx-lm builds for `llama`, `qwen2`, `qwen3`,
-//! `qwen3_moe` and `gpt_oss` (op for op, including `addmm` for biased
-//! projections, the fast RoPE, RMS norm and attention kernels, and the
-//! routed experts of `moe`), which is what makes greedy outputs
+//! The graph is the one mlx-lm builds for `llama`, `qwen2`, `qwen3`, `phi3`,
+//! `gemma3_text`, `qwen3_moe` and `gpt_oss` (op for op, including `addmm`
+//! for biased projections, the fast RoPE, RMS norm and attention kernels,
+//! and the routed experts of `moe`), which is what makes greedy outputs
 //! bit-identical to mlx-lm's on the same MLX.
 
 pub(crate) mod encoder;
+mod gemma;
 mod layers;
 mod moe;
 mod weights;
-mod window;
+pub(crate) mod window;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -20,13 +21,14 @@ use mlx_rs::fast::{
     rms_norm, rope, rope_dynamic, scaled_dot_product_attention, ScaledDotProductAttentionMask,
 };
 use mlx_rs::nn::sigmoid;
+use mlx_rs::ops::indexing::Ellipsis;
 use mlx_rs::ops::{arange, clip, concatenate, minimum, select};
 use mlx_rs::transforms::compile::compile;
 use mlx_rs::transforms::eval;
 use mlx_rs::{Array, Device, DeviceType, Stream};
 
 use crate::cache::KvCache;
-use crate::config::{Family, ModelConfig, RopeScaling};
+use crate::config::{Family, ModelConfig, RopeScaling, SlidingWindow};
 use crate::error::Result;
 use crate::indexing::IndexOnStream;
 use crate::pool::KvPool;
@@ -70,40 +72,48 @@ struct Rope {
     traditional: bool,
     base: Option<f32>,
     scale: f32,
-    /// Precomputed frequencies (Llama 3 and YaRN scaling) instead of `base`.
+    /// Precomputed frequencies (Llama 3 and Su scaling) instead of `base`.
     freqs: Option<Array>,
-    /// YaRN's factor on queries and keys before the rotation (1: none).
-    mscale: f32,
+    /// Su scaling's factor of the rotated dimensions, applied before RoPE.
+    input_scale: Option<f32>,
 }
 
 impl Rope {
+    /// The model's RoPE (of its global layers, where some slide).
     fn new(config: &ModelConfig) -> Result<Self> {
+        Self::with(config, config.rope_theta, &config.rope_scaling)
+    }
+
+    /// The RoPE of sliding-window layers: their own base, never scaled.
+    /// `None` where they rotate as the model's (gpt-oss).
+    fn local(config: &ModelConfig, window: &SlidingWindow) -> Result<Option<Self>> {
+        window
+            .rope_theta
+            .map(|base| Self::with(config, base, &RopeScaling::None))
+            .transpose()
+    }
+
+    fn with(config: &ModelConfig, base: f32, scaling: &RopeScaling) -> Result<Self> {
         let mut rope = Self {
-            dims: config.head_dim,
+            dims: config.rope_dims,
             traditional: config.rope_traditional,
-            base: Some(config.rope_theta),
+            base: Some(base),
             scale: 1.0,
             freqs: None,
-            mscale: 1.0,
+            input_scale: None,
         };
-        match config.rope_scaling {
+        match *scaling {
             RopeScaling::None => {}
             RopeScaling::Linear { factor } => rope.scale = 1.0 / factor,
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings: old_context,
+            RopeScaling::SuScaled {
+                ref long_factor,
+                scale,
             } => {
                 rope.base = None;
-                rope.freqs = Some(llama3_freqs(
-                    config.head_dim,
-                    config.rope_theta,
-                    factor,
-                    low_freq_factor,
-                    high_freq_factor,
-                    old_context,
-                )?);
+                // mlx-lm's `SuScaledRoPE` is never traditional.
+                rope.traditional = false;
+                rope.freqs = Some(su_freqs(config.rope_dims, base, long_factor)?);
+                rope.input_scale = (scale != 1.0).then_some(scale);
             }
             RopeScaling::Yarn {
                 factor,
@@ -114,8 +124,8 @@ impl Rope {
                 mscale_all_dim,
             } => {
                 let (freqs, scale) = yarn_freqs(
-                    config.head_dim,
-                    config.rope_theta,
+                    config.rope_dims,
+                    base,
                     factor,
                     original_max_position_embeddings,
                     (beta_fast, beta_slow),
@@ -123,24 +133,47 @@ impl Rope {
                 )?;
                 rope.base = None;
                 rope.freqs = Some(freqs);
-                rope.mscale = scale;
+                // YaRN's `mscale` scales the rotated part first, as Su's does.
+                rope.input_scale = (scale != 1.0).then_some(scale);
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings: old_context,
+            } => {
+                rope.base = None;
+                rope.freqs = Some(llama3_freqs(
+                    config.rope_dims,
+                    base,
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    old_context,
+                )?);
             }
         }
         Ok(rope)
     }
 
-    /// `x` times YaRN's `mscale`, as mlx-lm's `YarnRoPE` scales it (in
-    /// `x`'s dtype); `x` itself without one.
-    fn scaled(&self, x: &Array) -> Result<Array> {
-        Ok(if self.mscale == 1.0 {
-            x.clone()
+    /// Su scaling's `x.at[..., :dims].multiply(scale)`: the rotated part of
+    /// `x` scaled, in `x`'s type, the rest as it is.
+    fn scaled_input(&self, x: &Array) -> Result<Option<Array>> {
+        let Some(scale) = self.input_scale else {
+            return Ok(None);
+        };
+        let scale = Array::from_f32(scale).as_dtype(x.dtype())?;
+        Ok(Some(if self.dims == x.dim(-1) {
+            x.multiply(&scale)?
         } else {
-            x.multiply(Array::from_f32(self.mscale).as_dtype(x.dtype())?)?
-        })
+            let rotated = x.at((Ellipsis, ..self.dims))?.multiply(&scale)?;
+            concatenate(&[rotated, x.at((Ellipsis, self.dims..))?], -1)?
+        }))
     }
 
     fn apply(&self, x: &Array, offset: i32) -> Result<Array> {
-        let x = &self.scaled(x)?;
+        let scaled = self.scaled_input(x)?;
+        let x = scaled.as_ref().unwrap_or(x);
         Ok(rope(
             x,
             self.dims,
@@ -156,7 +189,8 @@ impl Rope {
     /// `i` is at position `positions[i]` (MLX computes a scalar offset the
     /// same way).
     fn apply_at(&self, x: &Array, positions: &Array) -> Result<Array> {
-        let x = &self.scaled(x)?;
+        let scaled = self.scaled_input(x)?;
+        let x = scaled.as_ref().unwrap_or(x);
         Ok(rope_dynamic(
             x,
             self.dims,
@@ -203,6 +237,21 @@ pub(crate) struct Group {
     /// the pool's gather lays them out: `(kv_heads * rows, 1, 1, padded)`
     /// bool, head `h` of row `i` at `h * rows + i`.
     pub(crate) mask: Array,
+    /// What the sliding-window layers read instead, if the model has any.
+    pub(crate) window: Option<WindowRead>,
+}
+
+/// The reads of a decoding group's sliding-window layers: each row's
+/// window in the order mlx-lm sums it (`window::decoding_positions`),
+/// padded and masked as [`Group`]'s reads are.
+pub(crate) struct WindowRead {
+    /// The length each reads: the group's, or the window's rounded up to
+    /// the pool's bucket where that is shorter.
+    pub(crate) padded: i32,
+    /// As [`Group::index`], for `padded` positions a row.
+    pub(crate) index: Array,
+    /// As [`Group::mask`].
+    pub(crate) mask: Array,
 }
 
 /// Prompt chunks of `seqs` sequences, each `len` tokens from position
@@ -217,6 +266,22 @@ pub(crate) struct Chunks {
     /// (offset + len), 1)` int32, sequence by sequence. A first chunk
     /// attends to its own keys and values alone.
     pub(crate) index: Option<Array>,
+    /// The RoPE position of each token, `(len,)` int32, where they are not
+    /// `offset..offset + len` (a prompt prefilled in part, see
+    /// `specprefill`); such a group holds one sequence.
+    pub(crate) positions: Option<Array>,
+}
+
+/// Su / LongRoPE frequencies with the ops of mlx-lm's `SuScaledRoPE`:
+/// `long_factor * base ** (arange(0, dims, 2) / dims)`, in float32.
+fn su_freqs(dims: i32, base: f32, long_factor: &[f32]) -> Result<Array> {
+    let exponents =
+        arange::<_, f32>(0.0, dims as f64, 2.0)?.divide(Array::from_f32(dims as f32))?;
+    let freqs = Array::from_f32(base).power(&exponents)?;
+    let factors = Array::from_slice(long_factor, &[long_factor.len() as i32]);
+    let freqs = factors.multiply(&freqs)?;
+    eval([&freqs])?;
+    Ok(freqs)
 }
 
 /// Llama 3.1's scaled RoPE frequencies, with the same ops and the same
@@ -327,11 +392,13 @@ struct Attention {
     /// Queries, keys and values.
     qkv: Projections,
     o_proj: Linear,
-    /// Qwen3's per-head RMS norms of queries and keys.
+    /// Qwen3's and Gemma's per-head RMS norms of queries and keys.
     qk_norms: Option<(Array, Array)>,
     num_heads: i32,
     num_kv_heads: i32,
     scale: f32,
+    /// A sliding-window layer's window (see `window`).
+    window: Option<i32>,
     eps: f32,
     /// Attention of different key/value heads is independent: long
     /// attentions are split by heads over the CPU streams.
@@ -339,8 +406,6 @@ struct Attention {
     /// gpt-oss's learned logit per query head, `(num_heads,)`, that each
     /// head's softmax adds beside its keys'.
     sinks: Option<Array>,
-    /// A sliding layer's window (see `window`); `None`: full attention.
-    window: Option<i32>,
 }
 
 /// The query, key and value projections of some tokens, before they are
@@ -430,7 +495,7 @@ impl Attention {
         let decoded = match &step.decode {
             Some(d) => {
                 let part = parts.next().expect("a decoding part");
-                let (queries, keys, values) = self.decoding_heads(part, d, rope)?;
+                let (queries, keys, values) = self.decoding_heads(part, &d.positions, rope)?;
                 // `(n, kv_heads, 1, head_dim)` to `(kv_heads, n, head_dim)`.
                 let n = d.positions.dim(0);
                 let head_major = |y: &Array| -> Result<Array> {
@@ -444,7 +509,16 @@ impl Attention {
         };
         let mut chunks = Vec::with_capacity(step.chunks.len());
         for (part, c) in parts.zip(&step.chunks) {
-            let (queries, keys, values) = self.heads(part.batch(c.seqs)?, c.offset, rope)?;
+            let (queries, keys, values) = match &c.positions {
+                // One token per row at its own position, then `(1, heads,
+                // len, head_dim)` as a chunk's.
+                Some(positions) => {
+                    let (q, k, v) = self.decoding_heads(part, positions, rope)?;
+                    let chunk = |a: Array| a.transpose_axes(&[2, 1, 0, 3]);
+                    (chunk(q)?, chunk(k)?, chunk(v)?)
+                }
+                None => self.heads(part.batch(c.seqs)?, c.offset, rope)?,
+            };
             // `(seqs, kv_heads, len, head_dim)` to `(kv_heads, seqs * len, head_dim)`.
             let head_major = |y: &Array| -> Result<Array> {
                 Ok(y.transpose_axes(&[1, 0, 2, 3])?
@@ -479,15 +553,15 @@ impl Attention {
     }
 
     /// The decoding rows' queries, keys and values (`(1, n, ...)`
-    /// projections of one token each) as `(n, heads, 1, head_dim)`: the
-    /// same memory, as for one token alone.
+    /// projections of one token each, row `i` at `positions[i]`) as `(n,
+    /// heads, 1, head_dim)`: the same memory, as for one token alone.
     fn decoding_heads(
         &self,
         projected: Projected,
-        d: &Decode,
+        positions: &Array,
         rope: &Rope,
     ) -> Result<(Array, Array, Array)> {
-        let n = d.positions.dim(0);
+        let n = positions.dim(0);
         let heads = |y: Array, count: i32, norm: Option<&Array>| -> Result<Array> {
             let y = y.reshape(&[n, count, 1, -1])?;
             Ok(match norm {
@@ -495,7 +569,7 @@ impl Attention {
                 None => y,
             })
         };
-        self.heads_of(projected, heads, |x| rope.apply_at(x, &d.positions))
+        self.heads_of(projected, heads, |x| rope.apply_at(x, positions))
     }
 
     /// The decoding rows' attention over the pool `pool` (after this step's
@@ -522,16 +596,12 @@ impl Attention {
                 .reshape(&[g, kv_heads, repeats, -1])?
                 .transpose_axes(&[1, 0, 2, 3])?
                 .reshape(&[kv_heads * g, repeats, 1, -1])?;
-            let (k, v) = KvPool::gather(pool, &group.index, group.padded)?;
-            let mask = match self.window {
-                Some(w) => {
-                    let positions = d.positions.at(start - g..start)?;
-                    let inside = window::decoding(&positions, group.padded, w, kv_heads)?;
-                    group.mask.logical_and(&inside)?
-                }
-                None => group.mask.clone(),
+            let (index, mask, padded) = match (&group.window, self.window) {
+                (Some(w), Some(_)) => (&w.index, &w.mask, w.padded),
+                _ => (&group.index, &group.mask, group.padded),
             };
-            let out = self.sdpa_heads(&q, &k, &v, Mask::Rows(&mask), 0, (0, kv_heads), g, g)?;
+            let (k, v) = KvPool::gather(pool, index, padded)?;
+            let out = self.sdpa_heads(&q, &k, &v, Mask::Rows(mask), 0, (0, kv_heads), g, g)?;
             // Back to `(1, g, q_heads * head_dim)`, query heads in order.
             let out = out
                 .reshape(&[kv_heads, g, repeats, -1])?
@@ -559,8 +629,11 @@ impl Attention {
         c: &Chunks,
         pool: &(Array, Array),
     ) -> Result<Array> {
+        let window_mask = self
+            .window
+            .and_then(|w| window::prefill_mask(c.offset, c.len, w));
         let out = match &c.index {
-            None => self.attend(&queries, &keys, &values)?,
+            None => self.attend(&queries, &keys, &values, window_mask.as_ref())?,
             Some(index) => {
                 let (kv_heads, repeats) = (self.num_kv_heads, self.num_heads / self.num_kv_heads);
                 let (b, len) = (c.seqs, c.len);
@@ -571,7 +644,7 @@ impl Attention {
                     .reshape(&[b, kv_heads, repeats, len, -1])?
                     .transpose_axes(&[1, 0, 2, 3, 4])?
                     .reshape(&[kv_heads * b, repeats, len, -1])?;
-                self.attend_split(&q, &k, &v, 0, b, b)?
+                self.attend_split(&q, &k, &v, 0, b, b, window_mask.as_ref())?
                     .reshape(&[kv_heads, b, repeats, len, -1])?
                     .transpose_axes(&[1, 0, 2, 3, 4])?
                     .reshape(&[b, kv_heads * repeats, len, -1])?
@@ -629,9 +702,59 @@ impl Attention {
     /// One sequence's attention from its projections (`(1, len, ...)`),
     /// appending its keys and values to `cache`; the output before `o_proj`.
     fn attend_one(&self, projected: Projected, cache: &mut KvCache, rope: &Rope) -> Result<Array> {
-        let (queries, keys, values) = self.heads(projected, cache.offset(), rope)?;
+        let offset = cache.offset();
+        let (queries, keys, values) = self.heads(projected, offset, rope)?;
         let (keys, values) = cache.update_and_fetch(&keys, &values)?;
-        merge_heads(&self.attend(&queries, &keys, &values)?)
+        if let Some(importance) = cache.importance.as_mut() {
+            let scores = self.attention_of_last(&queries, &keys, importance.last)?;
+            importance.sum = Some(match importance.sum.take() {
+                Some(sum) => sum.add(&scores)?,
+                None => scores,
+            });
+        }
+        let len = queries.dim(2);
+        let out = match self.window {
+            Some(w) if len == 1 => {
+                let base = cache.prefilled();
+                let keys = window::decoding_view(&keys, base, w)?;
+                let values = window::decoding_view(&values, base, w)?;
+                self.attend(&queries, &keys, &values, None)?
+            }
+            Some(w) => {
+                let mask = window::prefill_mask(offset, len, w);
+                self.attend(&queries, &keys, &values, mask.as_ref())?
+            }
+            None => self.attend(&queries, &keys, &values, None)?,
+        };
+        merge_heads(&out)
+    }
+
+    /// The attention weights of the last `last` of one sequence's queries
+    /// (`(1, heads, len, head_dim)`) over all its keys (`(1, kv_heads,
+    /// positions, head_dim)`), causal, summed over heads and queries:
+    /// `(positions,)` float32. What SpecPrefill's scorer reads.
+    fn attention_of_last(&self, queries: &Array, keys: &Array, last: i32) -> Result<Array> {
+        let (len, positions) = (queries.dim(2), keys.dim(2));
+        let last = last.clamp(1, len);
+        let (kv_heads, repeats) = (self.num_kv_heads, self.num_heads / self.num_kv_heads);
+        let q = queries
+            .at((.., .., len - last..))?
+            .as_dtype(mlx_rs::Dtype::Float32)?
+            .reshape(&[kv_heads, repeats * last, -1])?;
+        let k = keys
+            .as_dtype(mlx_rs::Dtype::Float32)?
+            .reshape(&[kv_heads, positions, -1])?;
+        let scores = q
+            .matmul(&k.transpose_axes(&[0, 2, 1])?)?
+            .multiply(Array::from_f32(self.scale))?
+            .reshape(&[kv_heads, repeats, last, positions])?;
+        // Query r (at position positions - last + r) sees keys up to it.
+        let rows = arange::<_, i32>(positions - last, positions, None)?.reshape(&[last, 1])?;
+        let cols = arange::<_, i32>(0, positions, None)?.reshape(&[1, positions])?;
+        let visible = cols.le(&rows)?;
+        let scores = select(&visible, &scores, Array::from_f32(f32::NEG_INFINITY))?;
+        let weights = mlx_rs::ops::softmax_axis(&scores, -1, None)?;
+        Ok(weights.sum_axes(&[0, 1, 2], false)?)
     }
 
     /// Queries, keys and values of `(batch, len, ...)` projections as
@@ -685,16 +808,25 @@ fn merge_heads(out: &Array) -> Result<Array> {
 
 impl Attention {
     /// Scaled dot-product attention of `(batch, heads, len, head_dim)`
-    /// queries over all cached keys and values.
-    fn attend(&self, queries: &Array, keys: &Array, values: &Array) -> Result<Array> {
+    /// queries over all cached keys and values; causal, or under `mask`
+    /// (`(len, keys)`, a sliding window's).
+    fn attend(
+        &self,
+        queries: &Array,
+        keys: &Array,
+        values: &Array,
+        mask: Option<&Array>,
+    ) -> Result<Array> {
         let repeats = self.num_heads / self.num_kv_heads;
-        self.attend_split(queries, keys, values, 1, repeats, 1)
+        self.attend_split(queries, keys, values, 1, repeats, 1, mask)
     }
 
     /// Scaled dot-product attention whose key/value heads lie along `axis`
     /// (0 or 1), `q_per` query rows and `kv_per` key rows of that axis per
     /// head; one kernel, or on the CPU, for long attentions, one per range
-    /// of heads over the CPU streams (heads are independent).
+    /// of heads over the CPU streams (heads are independent). `mask`
+    /// replaces the causal mask.
+    #[allow(clippy::too_many_arguments)]
     fn attend_split(
         &self,
         queries: &Array,
@@ -703,18 +835,13 @@ impl Attention {
         axis: i32,
         q_per: i32,
         kv_per: i32,
+        mask: Option<&Array>,
     ) -> Result<Array> {
         let len = queries.dim(2);
-        // The queries are the last `len` positions of the keys.
-        let offset = keys.dim(2) - len;
-        let window = match self.window {
-            Some(w) if window::needed(len, offset, w) => Some(window::causal(len, offset, w)?),
-            _ => None,
-        };
-        // One query attends to every cached key; several (prefill) need
-        // the causal mask, which the kernel aligns to the end of the keys.
-        let mask = match &window {
-            Some(m) => Mask::Shared(m),
+        // One query attends to every cached key; several (prefill) need the
+        // causal mask, which the kernel aligns to the end of the keys.
+        let mask = match mask {
+            Some(mask) => Mask::Shared(mask),
             None if len > 1 => Mask::Causal,
             None => Mask::None,
         };
@@ -808,6 +935,17 @@ struct Mlp {
     /// The gate and up projections.
     gate_up: Projections,
     down_proj: Linear,
+    /// What the gate goes through.
+    activation: Activation,
+}
+
+/// The gate's nonlinearity of a gated MLP.
+#[derive(Clone, Copy)]
+enum Activation {
+    /// `silu(gate) * up` (mlx-lm's compiled `swiglu`).
+    Silu,
+    /// `gelu_approx(gate) * up` (Gemma).
+    GeluApprox,
 }
 
 impl Mlp {
@@ -817,7 +955,11 @@ impl Mlp {
             .forward(x)?
             .try_into()
             .expect("two projections");
-        self.down_proj.forward(&swiglu(&gate, &up)?)
+        let gated = match self.activation {
+            Activation::Silu => swiglu(&gate, &up)?,
+            Activation::GeluApprox => gemma::gelu_approx(&gate)?.multiply(&up)?,
+        };
+        self.down_proj.forward(&gated)
     }
 
     fn arrays(&self) -> Vec<&Array> {
@@ -907,7 +1049,13 @@ struct Block {
     attention: Attention,
     mlp: FeedForward,
     input_norm: Array,
+    /// The MLP's input norm; with `feedforward_norms`, the norm of the
+    /// attention's output instead.
     post_attention_norm: Array,
+    /// Gemma's norms of the MLP's input and output (`pre_feedforward` and
+    /// `post_feedforward_layernorm`): both sublayers' outputs are normed
+    /// before their residual sum, which is clipped in float16.
+    feedforward_norms: Option<(Array, Array)>,
     eps: f32,
 }
 
@@ -916,11 +1064,24 @@ impl Block {
         let r =
             self.attention
                 .forward(&rms_norm(x, Some(&self.input_norm), self.eps)?, cache, rope)?;
-        let h = x.add(&r)?;
-        let r = self
-            .mlp
-            .forward(&rms_norm(&h, Some(&self.post_attention_norm), self.eps)?)?;
-        Ok(h.add(&r)?)
+        self.after_attention(x, &r)
+    }
+
+    /// The residual sum with the attention's output `r`, then the MLP.
+    fn after_attention(&self, x: &Array, r: &Array) -> Result<Array> {
+        let norm = |a: &Array, w: &Array| rms_norm(a, Some(w), self.eps);
+        match &self.feedforward_norms {
+            None => {
+                let h = x.add(r)?;
+                let r = self.mlp.forward(&norm(&h, &self.post_attention_norm)?)?;
+                Ok(h.add(&r)?)
+            }
+            Some((pre, post)) => {
+                let h = gemma::residual(x, &norm(r, &self.post_attention_norm)?)?;
+                let r = self.mlp.forward(&norm(&h, pre)?)?;
+                gemma::residual(&h, &norm(&r, post)?)
+            }
+        }
     }
 
     fn forward_packed(
@@ -938,11 +1099,7 @@ impl Block {
             layers,
             rope,
         )?;
-        let h = x.add(&r)?;
-        let r = self
-            .mlp
-            .forward(&rms_norm(&h, Some(&self.post_attention_norm), self.eps)?)?;
-        Ok(h.add(&r)?)
+        self.after_attention(x, &r)
     }
 }
 
@@ -971,32 +1128,54 @@ fn layout_for(options: &LoadOptions) -> Result<(Layout, bool)> {
 pub struct Model {
     config: ModelConfig,
     embed: Embedding,
+    /// Gemma's embedding scale (see `gemma::embed_scale`).
+    embed_scale: Option<Array>,
     blocks: Vec<Block>,
     norm: Array,
     /// `None` when the output projection is tied to the embedding.
     lm_head: Option<Linear>,
     rope: Rope,
+    /// The RoPE of sliding-window layers, where the model has them.
+    local_rope: Option<Rope>,
 }
 
 impl Model {
     /// Loads the weights of `dir` for `config` and evaluates them, so the
     /// first request does not pay for reading the files.
-    pub fn load(dir: &Path, config: ModelConfig, options: &LoadOptions) -> Result<Self> {
+    pub fn load(dir: &Path, mut config: ModelConfig, options: &LoadOptions) -> Result<Self> {
         let (layout, on_cpu) = layout_for(options)?;
         let fuse = options.fuse_projections.unwrap_or(!on_cpu);
         let mut w = Weights::load(dir)?;
         let q = config.quantization.as_ref();
         let l = &layout;
+        let family = config.family;
+        let gemma = family == Family::Gemma3;
+        // Tensor names: `language_model.` first for a vision-language folder.
+        let prefix = config.weights_prefix.clone();
+        let name = |n: &str| format!("{prefix}{n}");
+        if gemma {
+            // mlx-lm's `sanitize`: tied exactly when there is no output layer.
+            config.tie_word_embeddings = !w.contains(&name("lm_head.weight"));
+        }
+        // Gemma's norms weigh `1 + w`.
+        let norm_weight = |w: Array| -> Result<Array> {
+            if gemma {
+                gemma::norm_weight(&w)
+            } else {
+                Ok(w)
+            }
+        };
         let embed = Embedding::take(
             &mut w,
-            "model.embed_tokens",
+            &name("model.embed_tokens"),
             q,
             config.tie_word_embeddings,
             l,
         )?;
+        let (head_dim, heads, kv_heads) = (config.head_dim, config.num_heads, config.num_kv_heads);
         let mut blocks = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
-            let p = format!("model.layers.{i}");
+            let p = name(&format!("model.layers.{i}"));
             let attn = |name: &str| format!("{p}.self_attn.{name}");
             let mlp = |name: &str| format!("{p}.mlp.{name}");
             let sinks = if config.attention_sinks {
@@ -1004,83 +1183,136 @@ impl Model {
             } else {
                 None
             };
-            let qk_norms = if matches!(config.family, Family::Qwen3 | Family::Qwen3Moe) {
+            let qk_norms = if matches!(family, Family::Qwen3 | Family::Gemma3 | Family::Qwen3Moe) {
                 Some((
-                    w.take(&attn("q_norm.weight"))?,
-                    w.take(&attn("k_norm.weight"))?,
+                    norm_weight(w.take(&attn("q_norm.weight"))?)?,
+                    norm_weight(w.take(&attn("k_norm.weight"))?)?,
                 ))
             } else {
                 None
             };
-            let attention = Attention {
-                qkv: Projections::take(
+            let qkv = if family == Family::Phi3 {
+                let ends = vec![heads * head_dim, (heads + kv_heads) * head_dim];
+                Projections::take_fused(&mut w, &attn("qkv_proj"), ends, q, l)?
+            } else {
+                Projections::take(
                     &mut w,
                     &[attn("q_proj"), attn("k_proj"), attn("v_proj")],
                     config.qkv_bias,
                     q,
                     l,
                     fuse,
-                )?,
+                )?
+            };
+            let window = config
+                .sliding_window
+                .as_ref()
+                .filter(|sw| sw.layers[i])
+                .map(|sw| sw.size);
+            let attention = Attention {
+                qkv,
                 o_proj: Linear::take(&mut w, &attn("o_proj"), config.o_bias, q, l)?,
                 qk_norms,
-                num_heads: config.num_heads,
-                num_kv_heads: config.num_kv_heads,
-                scale: (config.head_dim as f32).powf(-0.5),
+                num_heads: heads,
+                num_kv_heads: kv_heads,
+                scale: config.attention_scale,
+                window,
                 eps: config.rms_norm_eps,
                 parallel: layout.parallel.clone(),
                 sinks,
-                window: config.attention_windows[i],
             };
             let mlp = match &config.moe {
                 Some(moe) if moe.sparse_layers[i] => FeedForward::Sparse(SparseMoe::take(
                     &mut w,
                     &format!("{p}.mlp"),
-                    config.family,
+                    family,
                     moe,
                     q,
                     l,
                     on_cpu,
                 )?),
-                _ => FeedForward::Dense(Mlp {
-                    gate_up: Projections::take(
-                        &mut w,
-                        &[mlp("gate_proj"), mlp("up_proj")],
-                        config.mlp_bias,
-                        q,
-                        l,
-                        fuse,
-                    )?,
-                    down_proj: Linear::take(&mut w, &mlp("down_proj"), config.mlp_bias, q, l)?,
-                }),
+                _ => {
+                    let gate_up = if family == Family::Phi3 {
+                        let ends = vec![config.intermediate_size];
+                        Projections::take_fused(&mut w, &mlp("gate_up_proj"), ends, q, l)?
+                    } else {
+                        Projections::take(
+                            &mut w,
+                            &[mlp("gate_proj"), mlp("up_proj")],
+                            config.mlp_bias,
+                            q,
+                            l,
+                            fuse,
+                        )?
+                    };
+                    FeedForward::Dense(Mlp {
+                        gate_up,
+                        down_proj: Linear::take(&mut w, &mlp("down_proj"), config.mlp_bias, q, l)?,
+                        activation: if gemma {
+                            Activation::GeluApprox
+                        } else {
+                            Activation::Silu
+                        },
+                    })
+                }
+            };
+            let mut norm = |n: &str| norm_weight(w.take(&format!("{p}.{n}.weight"))?);
+            let input_norm = norm("input_layernorm")?;
+            let post_attention_norm = norm("post_attention_layernorm")?;
+            let feedforward_norms = if gemma {
+                Some((
+                    norm("pre_feedforward_layernorm")?,
+                    norm("post_feedforward_layernorm")?,
+                ))
+            } else {
+                None
             };
             blocks.push(Block {
                 attention,
                 mlp,
-                input_norm: w.take(&format!("{p}.input_layernorm.weight"))?,
-                post_attention_norm: w.take(&format!("{p}.post_attention_layernorm.weight"))?,
+                input_norm,
+                post_attention_norm,
+                feedforward_norms,
                 eps: config.rms_norm_eps,
             });
         }
-        let norm = w.take("model.norm.weight")?;
+        let norm = norm_weight(w.take(&name("model.norm.weight"))?)?;
         let lm_head = if config.tie_word_embeddings {
             None
         } else {
-            Some(Linear::take(&mut w, "lm_head", false, q, l)?)
+            Some(Linear::take(&mut w, &name("lm_head"), false, q, l)?)
         };
-        // What mlx-lm's `sanitize` drops: precomputed rotary tables, and an
-        // output projection that a tied model does not use.
+        // What mlx-lm's `sanitize` drops: precomputed rotary tables, an
+        // output projection that a tied model does not use, and a
+        // vision-language folder's vision tower and projector (its images
+        // are not served here).
         let tied = config.tie_word_embeddings;
-        w.finish(|name| {
-            name.contains("self_attn.rotary_emb.inv_freq") || (tied && name.starts_with("lm_head."))
+        let vision = !prefix.is_empty();
+        let lm_head_name = name("lm_head.");
+        w.finish(|n| {
+            n.contains("self_attn.rotary_emb.inv_freq")
+                || (tied && n.starts_with(&lm_head_name))
+                || (vision
+                    && (n.starts_with("vision_tower.") || n.starts_with("multi_modal_projector.")))
         })?;
         let rope = Rope::new(&config)?;
+        let local_rope = match &config.sliding_window {
+            Some(window) => Rope::local(&config, window)?,
+            None => None,
+        };
+        let embed_scale = match gemma {
+            true => Some(gemma::embed_scale(config.hidden_size)?),
+            false => None,
+        };
         let model = Self {
             config,
             embed,
+            embed_scale,
             blocks,
             norm,
             lm_head,
             rope,
+            local_rope,
         };
         eval(model.arrays())?;
         Ok(model)
@@ -1110,15 +1342,67 @@ impl Model {
         (0..self.blocks.len()).map(|_| KvCache::default()).collect()
     }
 
+    /// How much each token of `tokens` matters to the end of the prompt:
+    /// the attention the last `last` tokens give it, summed over every
+    /// layer, head and one of those queries. The prompt runs through the
+    /// model in chunks of `chunk` tokens, only the last `last` tokens
+    /// scored. SpecPrefill's scorer.
+    pub fn importance(&self, tokens: &[u32], last: usize, chunk: usize) -> Result<Vec<f32>> {
+        let last = last.clamp(1, tokens.len().max(1));
+        let (head, tail) = tokens.split_at(tokens.len() - last);
+        let mut caches = self.new_cache();
+        for part in head.chunks(chunk.max(1)) {
+            self.hidden(&crate::session::ids(part)?, &mut caches)?;
+            let state: Vec<&Array> = caches.iter().flat_map(KvCache::state).collect();
+            eval(state)?;
+        }
+        for cache in &mut caches {
+            cache.importance = Some(crate::cache::Importance {
+                last: last as i32,
+                sum: None,
+            });
+        }
+        self.hidden(&crate::session::ids(tail)?, &mut caches)?;
+        let mut total: Option<Array> = None;
+        for cache in &mut caches {
+            if let Some(sum) = cache.importance.take().and_then(|i| i.sum) {
+                total = Some(match total {
+                    Some(t) => t.add(&sum)?,
+                    None => sum,
+                });
+            }
+        }
+        let total = total.expect("a model has layers");
+        eval([&total])?;
+        Ok(total.as_slice::<f32>().to_vec())
+    }
+
     /// Runs `ids` (`(1, len)`, appended after the cached positions) through
     /// every block, filling the caches; returns the last hidden states before
     /// the final norm. Lazy: nothing is computed until evaluated.
     pub(crate) fn hidden(&self, ids: &Array, caches: &mut [KvCache]) -> Result<Array> {
-        let mut h = self.embed.forward(ids)?;
+        let mut h = self.embedded(ids)?;
         for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
-            h = block.forward(&h, cache, &self.rope)?;
+            h = block.forward(&h, cache, self.rope_of(block))?;
         }
         Ok(h)
+    }
+
+    /// The embeddings of `ids` (scaled, for Gemma).
+    fn embedded(&self, ids: &Array) -> Result<Array> {
+        let h = self.embed.forward(ids)?;
+        match &self.embed_scale {
+            Some(scale) => gemma::scale_embedding(&h, scale),
+            None => Ok(h),
+        }
+    }
+
+    /// The RoPE of `block`: the sliding-window layers' own, or the model's.
+    fn rope_of(&self, block: &Block) -> &Rope {
+        match (&self.local_rope, block.attention.window) {
+            (Some(local), Some(_)) => local,
+            _ => &self.rope,
+        }
     }
 
     /// The final-norm hidden states of `ids` (`(1, len)`) from an empty
@@ -1142,10 +1426,10 @@ impl Model {
     /// none: the step only prefills). Lazy.
     pub(crate) fn packed_logits(&self, ids: &Array, step: &mut Packed) -> Result<Option<Array>> {
         let decoding = step.decode.as_ref().map(|d| d.positions.dim(0));
-        let mut h = self.embed.forward(ids)?;
+        let mut h = self.embedded(ids)?;
         let layers = self.blocks.len();
         for (layer, block) in self.blocks.iter().enumerate() {
-            h = block.forward_packed(&h, step, layer, layers, &self.rope)?;
+            h = block.forward_packed(&h, step, layer, layers, self.rope_of(block))?;
         }
         let Some(rows) = decoding else {
             return Ok(None);
@@ -1161,10 +1445,14 @@ impl Model {
     /// The final norm and output projection.
     fn head(&self, h: &Array) -> Result<Array> {
         let h = rms_norm(h, Some(&self.norm), self.config.rms_norm_eps)?;
-        match (&self.lm_head, self.embed.as_linear(&h)) {
-            (Some(head), _) => head.forward(&h),
-            (None, Some(tied)) => tied,
+        let logits = match (&self.lm_head, self.embed.as_linear(&h)) {
+            (Some(head), _) => head.forward(&h)?,
+            (None, Some(tied)) => tied?,
             (None, None) => unreachable!("an untied model has an lm_head"),
+        };
+        match self.config.final_logit_softcapping {
+            Some(cap) => gemma::soft_cap(&logits, cap),
+            None => Ok(logits),
         }
     }
 
@@ -1180,6 +1468,9 @@ impl Model {
             all.extend(&a.sinks);
             all.extend(block.mlp.arrays());
             all.extend([&block.input_norm, &block.post_attention_norm]);
+            if let Some((pre, post)) = &block.feedforward_norms {
+                all.extend([pre, post]);
+            }
         }
         all.push(&self.norm);
         if let Some(head) = &self.lm_head {

@@ -161,6 +161,19 @@ fn greedy_tokens_are_the_same_alone_and_batched_bfloat16() {
 }
 
 #[test]
+fn greedy_tokens_are_the_same_alone_and_batched_gemma3() {
+    // Sliding windows of 8 positions: prompts of many chunks, chunks of
+    // several prompts at once, decoding rows reading their windows.
+    same_tokens_alone_and_batched("gemma3_text");
+}
+
+#[test]
+fn greedy_tokens_are_the_same_alone_and_batched_4bit_phi3_and_gemma3() {
+    same_tokens_alone_and_batched("phi3-q4");
+    same_tokens_alone_and_batched("gemma3-q8");
+}
+
+#[test]
 fn greedy_tokens_are_the_same_alone_and_batched_qwen3_moe() {
     same_tokens_alone_and_batched("qwen3_moe");
 }
@@ -190,7 +203,16 @@ fn a_short_prompt_gives_the_session_tokens() {
     // A prompt within one chunk is prefilled in one pass by both paths;
     // decoding then reads the pool, padded and masked, past a bucket's end
     // (100 + 60 positions), where the session reads its own cache.
-    for model in ["llama", "qwen3-q4", "llama-bf16", "qwen3_moe", "gpt_oss"] {
+    for model in [
+        "llama",
+        "qwen3-q4",
+        "llama-bf16",
+        "phi3",
+        "gemma3_text",
+        "gemma3_text-bf16",
+        "qwen3_moe",
+        "gpt_oss",
+    ] {
         let p = prompt(9, 100);
         let r = request(&p, 60);
         let mut session = Session::load(&fixtures().model(model)).unwrap();
@@ -229,6 +251,12 @@ fn seeded_sampling_is_the_same_alone_and_batched() {
 #[test]
 fn a_cached_prefix_gives_the_same_tokens_as_cold() {
     cached_prefix_gives_the_same_tokens_as_cold("llama", true);
+}
+
+#[test]
+fn a_cached_prefix_gives_the_same_tokens_as_cold_gemma3() {
+    // Sliding windows that reach back into restored blocks.
+    cached_prefix_gives_the_same_tokens_as_cold("gemma3_text", true);
 }
 
 #[test]
@@ -300,7 +328,7 @@ fn a_request_decoding_alone_keeps_its_tokens_as_company_comes_and_goes() {
     // moves it to the pool, and it is alone again once that one is done.
     // Its tokens are those of a run alone throughout, and the newcomer's
     // those of its own run alone.
-    for model in ["llama", "llama-bf16", "gpt_oss"] {
+    for model in ["llama", "llama-bf16", "gemma3_text", "gpt_oss"] {
         let b = batcher(model, 0);
         let long = request(&prompt(31, 150), 60);
         let short = request(&prompt(32, 40), 8);

@@ -37,7 +37,10 @@ const fn greedy(model: &'static str) -> Case {
 
 /// Every model the parity test covers: each family in float32 and 4-bit,
 /// 8-bit, bfloat16 and float16, tied embeddings (dense and quantized) and
-/// Llama 3 RoPE scaling; Qwen3-MoE (Hugging Face's per-expert layout in
+/// Llama 3 RoPE scaling; Phi-3 with LongRoPE and partial rotary embeddings
+/// (transformers refuses any other Phi-3 scaling); Gemma 3 (sliding windows of 8 positions, shorter
+/// than the prompt) as `gemma3_text` in four types and as the text model of
+/// a `gemma3` folder; Qwen3-MoE (Hugging Face's per-expert layout in
 /// float32, mlx-lm's stacked experts in 4- and 8-bit; MLX's CPU `gather_mm`
 /// multiplies float32 only); gpt-oss (sliding windows of 8 positions, shorter
 /// than the prompt; sinks, YaRN, biases) in float32, 4-bit and MXFP4; then
@@ -56,6 +59,14 @@ pub const CASES: &[Case] = &[
     greedy("llama-tied"),
     greedy("llama-tied-q4"),
     greedy("llama3-rope"),
+    greedy("phi3"),
+    greedy("phi3-q4"),
+    greedy("gemma3_text"),
+    greedy("gemma3_text-q4"),
+    greedy("gemma3_text-bf16"),
+    greedy("gemma3_text-f16"),
+    greedy("gemma3"),
+    greedy("gemma3-q8"),
     greedy("qwen3_moe"),
     greedy("qwen3_moe-q4"),
     greedy("qwen3_moe-q8"),
@@ -226,6 +237,27 @@ fn build() -> Fixtures {
         assert!(status.success(), "make_tiny_model.py {name} failed");
         progress(start, &format!("made {name}"));
     }
+    // Three layers of Gemma 3: sliding, global, sliding (a window of 8).
+    let more = [
+        ("phi3", "phi3", "float32", 2),
+        ("gemma3_text", "gemma3_text", "float32", 3),
+        ("gemma3_text-bf16", "gemma3_text", "bfloat16", 3),
+        ("gemma3_text-f16", "gemma3_text", "float16", 3),
+        ("gemma3", "gemma3", "float32", 3),
+    ];
+    for (name, arch, dtype, layers) in more {
+        let status = Command::new(python())
+            .arg(repo().join("scripts/make_tiny_model.py"))
+            .arg(root.join(name))
+            .args(["--arch", arch, "--dtype", dtype, "--layers"])
+            .arg(layers.to_string())
+            .args(WIDTH)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "make_tiny_model.py {name} failed");
+        progress(start, &format!("made {name}"));
+    }
     variant(root, "llama", "llama-tied", |config| {
         config["tie_word_embeddings"] = json!(true);
     });
@@ -243,6 +275,9 @@ fn build() -> Fixtures {
         ("qwen2", 4),
         ("qwen3", 4),
         ("llama-tied", 4),
+        ("phi3", 4),
+        ("gemma3_text", 4),
+        ("gemma3", 8),
         ("qwen3_moe", 4),
         ("qwen3_moe", 8),
         ("gpt_oss", 4),

@@ -9,4 +9,5 @@ mod moe;
 mod parity;
 mod real;
 mod session;
+mod specprefill;
 mod speculate;

@@ -111,7 +111,19 @@ fn breaking_from_the_callback_cancels() {
 
 #[test]
 fn a_follow_up_reuses_the_common_prefix() {
-    let mut session = llama();
+    follow_up_reuses_the_common_prefix("llama");
+}
+
+#[test]
+fn a_follow_up_reuses_the_common_prefix_gemma3() {
+    // Reused positions past the sliding window (8): the window's order
+    // follows where each prompt ended, as in a fresh session.
+    follow_up_reuses_the_common_prefix("gemma3_text");
+}
+
+fn follow_up_reuses_the_common_prefix(model: &str) {
+    let load = || Session::load(&fixtures().model(model)).unwrap();
+    let mut session = load();
     let first = generate(&mut session, &tokens(&PROMPT, 16));
     assert_eq!(first.usage.cached_prompt_tokens, 0);
 
@@ -124,15 +136,15 @@ fn a_follow_up_reuses_the_common_prefix() {
         .collect();
     let reused = generate(&mut session, &tokens(&follow_up, 16));
     assert_eq!(reused.usage.cached_prompt_tokens, PROMPT.len() + 8);
-    let fresh = generate(&mut llama(), &tokens(&follow_up, 16));
+    let fresh = generate(&mut load(), &tokens(&follow_up, 16));
     let (got, expected) = (&reused.token_ids, &fresh.token_ids);
-    assert_same_greedy("llama", &follow_up, got, expected, "reused prefix");
+    assert_same_greedy(model, &follow_up, got, expected, "reused prefix");
 
     // The same prompt again recomputes only its last token.
     let again = generate(&mut session, &tokens(&follow_up, 16));
     assert_eq!(again.usage.cached_prompt_tokens, follow_up.len() - 1);
     let (got, expected) = (&again.token_ids, &fresh.token_ids);
-    assert_same_greedy("llama", &follow_up, got, expected, "same prompt again");
+    assert_same_greedy(model, &follow_up, got, expected, "same prompt again");
 
     // A different conversation starts over.
     let other = generate(&mut session, &tokens(&[9, 9, 9], 4));
@@ -253,7 +265,7 @@ fn an_unknown_model_type_is_refused_at_load() {
     assert!(
         err.to_string().ends_with(
             "is not supported by native-mlx; supported model types: llama, mistral, qwen2, qwen3, \
-             qwen3_moe, gpt_oss"
+             phi3, gemma3_text, gemma3, qwen3_moe, gpt_oss"
         ),
         "{err}"
     );

@@ -278,10 +278,10 @@ fn messages(turns: &[Value]) -> Result<Vec<Value>, ApiError> {
                 ("tool_name", other) => {
                     return fail(format!("'messages[{i}].tool_name' must be a string, not {other}"))
                 }
-                ("images", Value::Array(images)) if images.is_empty() => {}
-                ("images", _) => {
+                ("images", Value::Array(_)) if role == "user" => {}
+                ("images", other) => {
                     return fail(format!(
-                        "'messages[{i}].images': this host serves no vision models yet; send text only"
+                        "'messages[{i}].images' must be a list of base64 images in a user message, not {other}"
                     ))
                 }
                 ("thinking", Value::String(_)) if role == "assistant" => {}
@@ -292,7 +292,15 @@ fn messages(turns: &[Value]) -> Result<Vec<Value>, ApiError> {
                 }
             }
         }
-        let mut message = json!({ "role": role, "content": content });
+        let images = image_parts(turn.get("images"), &format!("messages[{i}].images"))
+            .map_err(|why| bad(why, "messages"))?;
+        let mut message = match images {
+            Some(mut parts) => {
+                parts.insert(0, json!({ "type": "text", "text": content }));
+                json!({ "role": role, "content": parts })
+            }
+            None => json!({ "role": role, "content": content }),
+        };
         match (role, turn.get("tool_calls")) {
             (_, None | Some(Value::Null)) => {}
             ("assistant", Some(Value::Array(calls))) => {
@@ -404,9 +412,10 @@ pub(super) fn generate(body: &[u8]) -> Result<Ask, ApiError> {
         Some(Value::Array(items)) => !items.is_empty(),
         Some(_) => true,
     };
-    if filled("images") {
+    let images = image_parts(request.get("images"), "images").map_err(|why| bad(why, "images"))?;
+    if images.is_some() && raw {
         return Err(bad(
-            "'images': this host serves no vision models yet; send text only".into(),
+            "'images' needs \"raw\": false (images go through the model's chat template)".into(),
             "images",
         ));
     }
@@ -433,7 +442,13 @@ pub(super) fn generate(body: &[u8]) -> Result<Ask, ApiError> {
             if !system.is_empty() {
                 turns.push(json!({ "role": "system", "content": system }));
             }
-            turns.push(json!({ "role": "user", "content": prompt }));
+            turns.push(match images {
+                Some(mut parts) => {
+                    parts.insert(0, json!({ "type": "text", "text": prompt }));
+                    json!({ "role": "user", "content": parts })
+                }
+                None => json!({ "role": "user", "content": prompt }),
+            });
             openai.insert("messages".into(), Value::Array(turns));
             "/v1/chat/completions"
         }
@@ -448,6 +463,51 @@ pub(super) fn generate(body: &[u8]) -> Result<Ask, ApiError> {
         // No prompt: Ollama loads the model (or unloads it).
         openai: (!prompt.is_empty()).then_some(openai),
         path,
+    })
+}
+
+/// Ollama's `images` (base64 strings, no type given) as OpenAI `image_url`
+/// parts with `data:` URLs, the type read from each image's first bytes;
+/// `None` when there are none. On error: what is wrong, naming `field`.
+fn image_parts(value: Option<&Value>, field: &str) -> Result<Option<Vec<Value>>, String> {
+    use base64::Engine;
+    let images = match value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(images)) if images.is_empty() => return Ok(None),
+        Some(Value::Array(images)) => images,
+        Some(other) => {
+            return Err(format!(
+                "'{field}' must be a list of base64 images, not {other}"
+            ))
+        }
+    };
+    let mut parts = Vec::with_capacity(images.len());
+    for (k, image) in images.iter().enumerate() {
+        let Value::String(data) = image else {
+            return Err(format!(
+                "'{field}[{k}]' must be a base64 string, not {image}"
+            ));
+        };
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .map_err(|e| format!("'{field}[{k}]' is not valid base64: {e}"))?;
+        let kind = image_type(&bytes)
+            .ok_or_else(|| format!("'{field}[{k}]' is not a PNG, JPEG, GIF, WebP or BMP image"))?;
+        parts.push(json!({ "type": "image_url",
+                           "image_url": { "url": format!("data:image/{kind};base64,{data}") } }));
+    }
+    Ok(Some(parts))
+}
+
+/// An image's type from its signature (its first bytes).
+fn image_type(bytes: &[u8]) -> Option<&'static str> {
+    Some(match bytes {
+        [0x89, b'P', b'N', b'G', ..] => "png",
+        [0xFF, 0xD8, 0xFF, ..] => "jpeg",
+        [b'G', b'I', b'F', b'8', ..] => "gif",
+        [b'R', b'I', b'F', b'F', _, _, _, _, b'W', b'E', b'B', b'P', ..] => "webp",
+        [b'B', b'M', ..] => "bmp",
+        _ => return None,
     })
 }
 
@@ -705,7 +765,21 @@ mod tests {
                 Kind::Chat,
                 json!({"model": "m", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}),
                 expect![[
-                    r#"400 Some("messages"): 'messages[0].images': this host serves no vision models yet; send text only"#
+                    r#"400 Some("messages"): 'messages[0].images[0]' is not a PNG, JPEG, GIF, WebP or BMP image"#
+                ]],
+            ),
+            (
+                Kind::Chat,
+                json!({"model": "m", "messages": [{"role": "user", "content": "x", "images": ["iVBORw=="]}]}),
+                expect![[
+                    r#"/v1/chat/completions {"messages":[{"content":[{"text":"x","type":"text"},{"image_url":{"url":"data:image/png;base64,iVBORw=="},"type":"image_url"}],"role":"user"}],"stream":true,"stream_options":{"include_usage":true}} stream=true think=true keep_alive=None"#
+                ]],
+            ),
+            (
+                Kind::Chat,
+                json!({"model": "m", "messages": [{"role": "assistant", "content": "x", "images": ["iVBORw=="]}]}),
+                expect![[
+                    r#"400 Some("messages"): 'messages[0].images' must be a list of base64 images in a user message, not ["iVBORw=="]"#
                 ]],
             ),
             (
@@ -773,7 +847,21 @@ mod tests {
                 Kind::Generate,
                 json!({"model": "m", "prompt": "a", "images": ["aGk="]}),
                 expect![[
-                    r#"400 Some("images"): 'images': this host serves no vision models yet; send text only"#
+                    r#"400 Some("images"): 'images[0]' is not a PNG, JPEG, GIF, WebP or BMP image"#
+                ]],
+            ),
+            (
+                Kind::Generate,
+                json!({"model": "m", "prompt": "a", "images": ["/9j/4A=="]}),
+                expect![[
+                    r#"/v1/chat/completions {"messages":[{"content":[{"text":"a","type":"text"},{"image_url":{"url":"data:image/jpeg;base64,/9j/4A=="},"type":"image_url"}],"role":"user"}],"stream":true,"stream_options":{"include_usage":true}} stream=true think=true keep_alive=None"#
+                ]],
+            ),
+            (
+                Kind::Generate,
+                json!({"model": "m", "prompt": "a", "raw": true, "images": ["/9j/4A=="]}),
+                expect![[
+                    r#"400 Some("images"): 'images' needs "raw": false (images go through the model's chat template)"#
                 ]],
             ),
             (

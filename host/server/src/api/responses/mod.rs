@@ -504,8 +504,11 @@ fn turn(name: &str, item: &Value, chat: &mut Vec<Value>) -> Result<(), ApiError>
                     )
                 }
             };
-            let text = content(name, item.get("content"))?;
-            chat.push(json!({ "role": role, "content": text }));
+            let content = match role {
+                "user" => user_content(name, item.get("content"))?,
+                _ => Value::String(content(name, item.get("content"))?),
+            };
+            chat.push(json!({ "role": role, "content": content }));
         }
         Some("function_call") => {
             let call = json!({ "id": field("call_id")?, "type": "function",
@@ -550,6 +553,50 @@ fn turn(name: &str, item: &Value, chat: &mut Vec<Value>) -> Result<(), ApiError>
         }
     }
     Ok(())
+}
+
+/// A user message's content: as [`content`] gives it, or with an
+/// `input_image` part, chat's parts in order (`input_image` as `image_url`,
+/// checked then like chat's own).
+fn user_content(name: &str, value: Option<&Value>) -> Result<Value, ApiError> {
+    let Some(Value::Array(parts)) = value else {
+        return content(name, value).map(Value::String);
+    };
+    if !parts
+        .iter()
+        .any(|p| p.get("type").and_then(Value::as_str) == Some("input_image"))
+    {
+        return content(name, value).map(Value::String);
+    }
+    let mut chat = Vec::with_capacity(parts.len());
+    for (j, part) in parts.iter().enumerate() {
+        if part.get("type").and_then(Value::as_str) != Some("input_image") {
+            let text = content(
+                &format!("{name}.content[{j}]"),
+                Some(&Value::Array(vec![part.clone()])),
+            )?;
+            chat.push(json!({ "type": "text", "text": text }));
+            continue;
+        }
+        let at = format!("{name}.content[{j}]");
+        let mut image = json!({ "url": match part.get("image_url") {
+            Some(Value::String(url)) => url.clone(),
+            _ if part.get("file_id").is_some() => {
+                return bad("input", format!("'{at}.file_id': this host stores no files; send the image as 'image_url', a data: URL (data:image/png;base64,...)"))
+            }
+            other => return bad("input", format!("'{at}.image_url' must be a data: URL string (data:image/png;base64,...), not {}", other.unwrap_or(&Value::Null))),
+        }});
+        if let Some(detail) = part.get("detail") {
+            image["detail"] = detail.clone();
+        }
+        let image = json!({ "type": "image_url", "image_url": image });
+        if let Err(why) = super::validate::image_part(&image) {
+            let why = why.replacen("image_url.url'", "image_url'", 1);
+            return bad("input", format!("'{at}.{why}"));
+        }
+        chat.push(image);
+    }
+    Ok(Value::Array(chat))
 }
 
 /// A message's content as text: a string, or text parts joined by newlines.
