@@ -644,7 +644,10 @@ impl ModelConfig {
         };
         // Gemma 3 ties its output projection exactly when the checkpoint has
         // none (mlx-lm decides in `sanitize`); see `Model::load`.
-        let tie_default = !matches!(family, Family::Qwen3 | Family::Phi3 | Family::Gemma3);
+        let tie_default = !matches!(
+            family,
+            Family::Qwen3 | Family::Phi3 | Family::Gemma3 | Family::Qwen3Moe
+        );
 
         Ok(Self {
             family,
