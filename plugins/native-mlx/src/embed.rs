@@ -118,6 +118,9 @@ pub fn model_kind(dir: &Path) -> Result<ModelKind> {
 }
 
 /// The network behind an embedder or reranker.
+// One per embedder, made once and never moved in a loop: the size of the
+// larger variant (a decoder `Model`, with its config) costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Network {
     Encoder(Encoder),
     /// A decoder embedder (Qwen3-Embedding): last-token states, one input at a time.
