@@ -22,7 +22,7 @@ pub struct LlamaServer;
 
 impl Plugin for LlamaServer {
     fn describe() -> Description {
-        hangar_sdk::describe!("llama-server", formats: ["gguf"], capabilities: ["tool_calls", "structured_output", "embeddings", "prompt_lists"])
+        hangar_sdk::describe!("llama-server", formats: ["gguf"], capabilities: ["tool_calls", "structured_output", "embeddings", "prompt_lists", "vision"])
     }
 
     /// `llama-server --version` prints `version: 4589 (1d1e6a90)` for a

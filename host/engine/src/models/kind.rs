@@ -114,13 +114,21 @@ fn read_json(path: &Path) -> Option<Value> {
     serde_json::from_slice(&read_capped(path, MAX_CONFIG_BYTES).ok()?).ok()
 }
 
-/// What the `config.json` of the model folder `path` holding `files` says
-/// of its family: the `model_type` (`None` for a model file, or a config
-/// without one) and whether it has a vision tower (a `vision_config`, as
-/// Qwen2.5-VL, Gemma 3, LLaVA and the other Hugging Face VLMs write it).
+/// What the model folder `path` holding `files` says of its family: the
+/// `model_type` of its `config.json` (`None` for a model file, or a config
+/// without one) and whether it takes images: a `vision_config` (as
+/// Qwen2.5-VL, Gemma 3, LLaVA and the other Hugging Face VLMs write it), or
+/// for GGUF a multimodal projector beside the weights (`mmproj-*.gguf`,
+/// which llama.cpp loads with `--mmproj`).
 pub(crate) fn family_of(path: &Path, files: &[String]) -> (Option<String>, bool) {
-    if !files.iter().any(|f| f == "config.json") || path.is_file() {
+    if path.is_file() {
         return (None, false);
+    }
+    let projector = files
+        .iter()
+        .any(|f| f.ends_with(".gguf") && f.to_ascii_lowercase().contains("mmproj"));
+    if !files.iter().any(|f| f == "config.json") {
+        return (None, projector);
     }
     let Some(config) = read_json(&path.join("config.json")) else {
         return (None, false);
@@ -208,6 +216,29 @@ mod tests {
     fn kind(files: &[(&str, &str)]) -> ModelKind {
         let (dir, names) = folder(files);
         ModelKind::of(dir.path(), &names)
+    }
+
+    #[test]
+    fn a_family_and_its_vision_tower_are_read_from_the_folder() {
+        let family = |files: &[(&str, &str)]| {
+            let (dir, names) = folder(files);
+            family_of(dir.path(), &names)
+        };
+        let vl = r#"{"model_type": "qwen2_5_vl", "vision_config": {"depth": 32}}"#;
+        assert_eq!(
+            family(&[("config.json", vl)]),
+            (Some("qwen2_5_vl".into()), true)
+        );
+        let text = r#"{"model_type": "qwen3", "vision_config": null}"#;
+        assert_eq!(
+            family(&[("config.json", text)]),
+            (Some("qwen3".into()), false)
+        );
+        assert_eq!(family(&[("config.json", "not json")]), (None, false));
+        // GGUF: a projector beside the weights.
+        let gguf = [("model-q4.gguf", ""), ("mmproj-model-f16.gguf", "")];
+        assert_eq!(family(&gguf), (None, true));
+        assert_eq!(family(&gguf[..1]), (None, false));
     }
 
     #[test]
