@@ -298,7 +298,11 @@ mod tests {
                 "completion_tokens_details": {"accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
                 "speculation": {"verifications": 6, "proposed_tokens": 24, "accepted_tokens": 10},
             }),
-            expect!["Some(SpeculationCounts { verifications: 6, proposed_tokens: 24, accepted_tokens: 10 })"],
+            expect!["Some(SpeculationCounts { verifications: 6, proposed_tokens: 24, accepted_tokens: 10, time_saved_ms: None })"],
+        );
+        check(
+            json!({"speculation": {"verifications": 6, "proposed_tokens": 24, "accepted_tokens": 10, "time_saved_ms": -35}}),
+            expect!["Some(SpeculationCounts { verifications: 6, proposed_tokens: 24, accepted_tokens: 10, time_saved_ms: Some(-35) })"],
         );
         check(json!({"speculation": null}), expect!["None"]);
         check(
