@@ -25,8 +25,9 @@
 #   skip the ids check and the single-stream runs (to split a run in parts),
 #   RESULTS_FILE (keep the raw results, one JSON object a line, there too),
 #   SPECULATE (native-mlx's proposers to compare single-stream, as
-#   "off,oracle,lookup"; oracle is the plain answer as a predicted output,
-#   acceptance 1.0: the verification machinery's ceiling), DRAFT_TOKENS (4),
+#   "off,oracle,lookup"; oracle is the speculative path's own answer as a
+#   predicted output, fed back until it predicts itself, acceptance 1.0:
+#   the verification machinery's ceiling), DRAFT_TOKENS (4),
 #   NATIVE_ARGS (more options of native-mlx-bench's batched runs, as
 #   "--step-tokens 1024").
 set -euo pipefail
