@@ -6,6 +6,7 @@ ChatML chat template, or with `--arch bert` a BERT embedding model.
 
     python3 scripts/make_tiny_gguf.py OUT.gguf [--seed 0] [--hidden 64] [--layers 2] [--tools]
     python3 scripts/make_tiny_gguf.py OUT.gguf --arch bert [--pooling mean|cls] [--seed 0] ...
+    python3 scripts/make_tiny_gguf.py mmproj-OUT.gguf --arch mmproj [--projection-dim 64] [--seed 0] ...
 
 `--tools` writes a ChatML template that also renders a request's tools and
 the history's tool calls, in no model family's markup (so llama-server
@@ -21,6 +22,15 @@ vocabulary holds every lowercase letter, digit and punctuation mark both
 ways, and whole words, so any lowercase ASCII text tokenises and a word of
 WORDS is one token. Layer norms get random gains and biases, so a reference
 that leaves one out does not match.
+
+`--arch mmproj` writes a multimodal projector that llama.cpp's mtmd library
+(`llama-server --mmproj`) loads: a LLaVA-style CLIP vision encoder
+(`clip.projector_type` "mlp": patch embedding, class embedding, learned
+positions, pre-LayerNorm blocks with biases, GELU) and a two-layer MLP
+(`mm.0`, GELU, `mm.2`) whose output width, `--projection-dim`, must equal
+the text model's `--hidden`. Images are resized to `--image-size` pixels
+square and cut into patches of 14, so each image is (image size / 14)^2
+embeddings in the prompt: 16 by default.
 """
 
 import argparse
@@ -141,6 +151,61 @@ def write_bert(args):
     w.close()
 
 
+def write_mmproj(args):
+    hidden, ff, patch = args.hidden, args.intermediate, 14
+    if args.image_size % patch:
+        raise SystemExit(f"--image-size {args.image_size} is not a multiple of the patch size {patch}")
+    positions = (args.image_size // patch) ** 2 + 1  # the patches and the class embedding
+    rng = np.random.default_rng(args.seed)
+
+    def weight(*shape, scale=0.05):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    w = gguf.GGUFWriter(args.out, "clip")
+    w.add_name("hangar-tiny-mmproj")
+    w.add_type(gguf.GGUFType.MMPROJ)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_clip_has_vision_encoder(True)
+    w.add_clip_projector_type("mlp")  # gguf names no constant for LLaVA's projector
+    w.add_vision_image_size(args.image_size)
+    w.add_vision_patch_size(patch)
+    w.add_vision_embedding_length(hidden)
+    w.add_vision_feed_forward_length(ff)
+    w.add_vision_projection_dim(args.projection_dim)
+    w.add_vision_block_count(args.layers)
+    w.add_vision_head_count(args.heads)
+    w.add_vision_attention_layernorm_eps(1e-5)
+    w.add_vision_image_mean([0.5, 0.5, 0.5])
+    w.add_vision_image_std([0.5, 0.5, 0.5])
+    w.add_vision_use_gelu(True)
+
+    # Shapes as PyTorch holds them (out, in); gguf reverses them for ggml.
+    w.add_tensor("v.patch_embd.weight", weight(hidden, 3, patch, patch))
+    w.add_tensor("v.class_embd", weight(hidden))
+    w.add_tensor("v.position_embd.weight", weight(positions, hidden))
+    w.add_tensor("v.pre_ln.weight", np.ones(hidden, dtype=np.float32))
+    w.add_tensor("v.pre_ln.bias", np.zeros(hidden, dtype=np.float32))
+    for i in range(args.layers):
+        b = f"v.blk.{i}."
+        for name, rows, cols in (("attn_q", hidden, hidden), ("attn_k", hidden, hidden),
+                                 ("attn_v", hidden, hidden), ("attn_out", hidden, hidden),
+                                 ("ffn_up", ff, hidden), ("ffn_down", hidden, ff)):
+            w.add_tensor(b + name + ".weight", weight(rows, cols))
+            w.add_tensor(b + name + ".bias", weight(rows))
+        for name in ("ln1", "ln2"):
+            w.add_tensor(b + name + ".weight", np.ones(hidden, dtype=np.float32))
+            w.add_tensor(b + name + ".bias", np.zeros(hidden, dtype=np.float32))
+    w.add_tensor("mm.0.weight", weight(args.projection_dim, hidden))
+    w.add_tensor("mm.0.bias", weight(args.projection_dim))
+    w.add_tensor("mm.2.weight", weight(args.projection_dim, args.projection_dim))
+    w.add_tensor("mm.2.bias", weight(args.projection_dim))
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
@@ -152,12 +217,19 @@ def main():
     ap.add_argument("--intermediate", type=int, default=128)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--tools", action="store_true", help="a chat template that renders tools")
-    ap.add_argument("--arch", choices=["llama", "bert"], default="llama")
+    ap.add_argument("--arch", choices=["llama", "bert", "mmproj"], default="llama")
     ap.add_argument("--pooling", choices=sorted(BERT_POOLING), default="mean",
                     help="bert only: how llama-server pools the token vectors")
+    ap.add_argument("--projection-dim", type=int, default=64,
+                    help="mmproj only: the width of the text model it feeds (its --hidden)")
+    ap.add_argument("--image-size", type=int, default=56,
+                    help="mmproj only: the side, in pixels, images are resized to")
     args = ap.parse_args()
     if args.arch == "bert":
         write_bert(args)
+        return
+    if args.arch == "mmproj":
+        write_mmproj(args)
         return
 
     tokens, scores, types = vocabulary()
