@@ -209,3 +209,5 @@ def test_an_image_for_a_text_only_gguf_is_a_400_naming_the_model_and_vision(llam
             {"type": "text", "text": QUESTION}, {"type": "image_url", "image_url": {"url": IMAGE_URL}}]}])
     message = e.value.body["message"]
     assert f"model '{MODEL}' takes text only" in message and "vision capability" in message, e.value.body
+    # It says where a GGUF's vision tower would be, not a config.json it never has.
+    assert "no mmproj-*.gguf projector beside its weights" in message, e.value.body

@@ -386,9 +386,16 @@ async fn gate_request(
     // An image is for a vision-language model only, whatever its engine.
     if let Some(at) = crate::settings::first_part(request, "image_url") {
         if !model.vision {
+            // Where the catalog looks for the tower, so that a user who has
+            // one knows where to put it.
+            let tower = if model.format == "gguf" {
+                "no mmproj-*.gguf projector beside its weights in a model folder"
+            } else {
+                "no vision_config in its config.json"
+            };
             return Err(ApiError::bad_request(
                 format!(
-                    "{at} is an image, and model '{}' takes text only: it has no vision tower (no vision_config in its config.json), so it lacks the {} capability an image needs; send text only, or ask a vision-language model",
+                    "{at} is an image, and model '{}' takes text only: it has no vision tower ({tower}), so it lacks the {} capability an image needs; send text only, or ask a vision-language model",
                     model.id,
                     hangar_plugin_api::capability::VISION
                 ),
