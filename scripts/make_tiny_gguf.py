@@ -2,7 +2,8 @@
 """Writes a tiny random-weight model as one GGUF file, for tests and the
 demo: a Llama chat model (the default), with the tokenizer metadata
 llama.cpp needs (a SentencePiece-style vocabulary with byte fallback) and a
-ChatML chat template, or with `--arch bert` a BERT embedding model.
+ChatML chat template, or with `--arch bert` a BERT embedding model, or with
+`--arch mmproj` a vision projector for the chat model.
 
     python3 scripts/make_tiny_gguf.py OUT.gguf [--seed 0] [--hidden 64] [--layers 2] [--tools]
     python3 scripts/make_tiny_gguf.py OUT.gguf --arch bert [--pooling mean|cls] [--seed 0] ...
