@@ -7,6 +7,7 @@
 //! every process it started, and so that nothing survives the host.
 
 pub(crate) mod health;
+pub(crate) mod http;
 pub(crate) mod keeper;
 mod launch;
 mod log;
