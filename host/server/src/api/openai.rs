@@ -471,6 +471,7 @@ fn sse(
         out: BytesMut::new(),
         done: false,
         finished: false,
+        turn: false,
     };
     let stream = futures_util::stream::unfold(state, |mut relay| async move {
         let next = relay.next().await?;
@@ -502,6 +503,8 @@ struct Relay {
     done: bool,
     /// Whether the stream has ended (after its final error event, if any).
     finished: bool,
+    /// Whether the next bytes wait for the other tasks' turn.
+    turn: bool,
 }
 
 impl Relay {
@@ -510,6 +513,14 @@ impl Relay {
     async fn next(&mut self) -> Option<Bytes> {
         if self.finished {
             return None;
+        }
+        // An engine that sent more than one read takes (an unpaced one,
+        // or a stream that waited on a busy host) could keep this
+        // connection's task running through its whole answer, while other
+        // streams wait for their first token: the client's write goes out
+        // and the other tasks get a turn first.
+        if std::mem::take(&mut self.turn) {
+            tokio::task::yield_now().await;
         }
         loop {
             if self.session.ended.is_cancelled() {
@@ -549,6 +560,7 @@ impl Relay {
                     if let Some(streaming) = &self.streaming {
                         streaming.chunk();
                     }
+                    self.turn = self.body.more_waiting();
                     let run = self
                         .framer
                         .push(self.payload.split().freeze(), &mut self.ends);
