@@ -28,8 +28,8 @@ use super::upstream::{self, Wait};
 use super::{ApiError, App};
 use crate::metrics::StreamMetrics;
 use crate::sessions::{Backend, InFlight, Session, Sessions};
+use crate::supervisor::client;
 use crate::supervisor::health::{State as EngineState, Streaming};
-use crate::supervisor::http;
 use hangar_engine::loader::wasm::{Direction, WasmPlugin};
 use hangar_engine::models::Model;
 
@@ -265,8 +265,8 @@ async fn forward(
             }
         };
     }
-    let body = serde_json::to_vec(&request).expect("a JSON map serializes");
-    let send = connections.post(path, &body);
+    let body = serde_json::to_string(&request).expect("a JSON map serializes");
+    let send = connections.post(path, body);
     // Hook (health): waits past a timeout check the engine (busy or hung).
     let answer = tokio::select! {
         r = upstream::wait(&app.sessions, &session, Wait::FirstByte, send) => r?,
@@ -276,20 +276,20 @@ async fn forward(
         Ok(a) => a,
         Err(e) => return Err(failure(&session, &format!("the engine did not answer: {e}")).await),
     };
-    let status = answer.status;
-    let is_sse = sse::is_stream(&answer.headers);
+    let status = answer.status();
+    let is_sse = sse::is_stream(answer.headers());
     if status.is_success() && stream && is_sse {
         return Ok(sse(
             app.sessions.clone(),
             session,
             in_flight,
-            answer.body,
+            answer.into_body(),
             model_id,
             started,
         ));
     }
     let read = tokio::select! {
-        r = upstream::wait(&app.sessions, &session, Wait::More, answer.body.bytes()) => r?,
+        r = upstream::wait(&app.sessions, &session, Wait::More, answer.into_body().bytes()) => r?,
         _ = session.ended.cancelled() => return Err(ended_error(&session)),
     };
     let bytes = match read {
@@ -452,7 +452,7 @@ fn sse(
     sessions: Arc<Sessions>,
     session: Arc<Session>,
     in_flight: InFlight,
-    body: http::Body,
+    body: client::Body,
     model_id: String,
     started: std::time::Instant,
 ) -> Response {
@@ -483,7 +483,7 @@ fn sse(
 /// One stream's relay from the engine to the client.
 struct Relay {
     /// The engine's answer, read in this task.
-    body: http::Body,
+    body: client::Body,
     /// What the last read brought of the body, unframed.
     payload: BytesMut,
     ended: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,

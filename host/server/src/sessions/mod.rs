@@ -27,8 +27,8 @@ use hangar_engine::registry::{Engine, PluginEntry, Registry};
 
 use crate::metrics::Metrics;
 use crate::settings::SettingsStore;
+use crate::supervisor::client::Connections;
 use crate::supervisor::health::{Monitor, State};
-use crate::supervisor::http::Connections;
 pub(crate) use crate::supervisor::STOP_GRACE;
 use crate::supervisor::{free_port, launch, Launch};
 use plan::{plan, Dirs, How};

@@ -15,8 +15,8 @@ use hangar_engine::models::Model;
 use hangar_plugin_api::wire::Description;
 
 use crate::settings::SettingMap;
+use crate::supervisor::client::Connections;
 use crate::supervisor::health::{Monitor, State};
-use crate::supervisor::http::Connections;
 use crate::supervisor::EngineProcess;
 
 /// An in-process engine serving one model, with the model's settings as

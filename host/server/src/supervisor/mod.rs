@@ -6,8 +6,8 @@
 //! that stopping it (TERM to the group, a grace period, then KILL) reaches
 //! every process it started, and so that nothing survives the host.
 
+pub(crate) mod client;
 pub(crate) mod health;
-pub(crate) mod http;
 pub(crate) mod keeper;
 mod launch;
 mod log;
