@@ -695,7 +695,8 @@ impl Manifest {
 fn malformed(e: toml::de::Error) -> ManifestError {
     let text = e.to_string();
     let first = text.lines().next().unwrap_or_default();
-    // toml reports a value cut off by the end of the file with no message.
+    // An error without a message (toml 0.8 gave none for a value cut off
+    // by the end of the file) still says what went wrong.
     let what = match e.message().trim() {
         "" => "a value is missing or cut off",
         message => message,

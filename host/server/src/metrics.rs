@@ -303,6 +303,7 @@ impl Metrics {
             model: model.to_string(),
             last: started,
             first: true,
+            inter_token: None,
             counted: 0,
             usage: false,
         }
@@ -371,6 +372,10 @@ pub(crate) struct StreamMetrics {
     model: String,
     last: Instant,
     first: bool,
+    /// The model's inter-token histogram, looked up at the second token
+    /// rather than at every one (a lookup allocates its labels and takes
+    /// the family's lock).
+    inter_token: Option<Histogram>,
     counted: u64,
     usage: bool,
 }
@@ -389,12 +394,18 @@ impl StreamMetrics {
         }
         let now = Instant::now();
         let since = now.duration_since(self.last).as_secs_f64();
-        let labels = vec![("model", self.model.clone())];
-        let histogram = match std::mem::replace(&mut self.first, false) {
-            true => &self.metrics.first_token,
-            false => &self.metrics.inter_token,
-        };
-        histogram.get_or_create(&labels).observe(since);
+        let labels = || vec![("model", self.model.clone())];
+        if std::mem::replace(&mut self.first, false) {
+            self.metrics
+                .first_token
+                .get_or_create(&labels())
+                .observe(since);
+        } else {
+            let inter_token = &self.metrics.inter_token;
+            self.inter_token
+                .get_or_insert_with(|| inter_token.get_or_create(&labels()).clone())
+                .observe(since);
+        }
         self.last = now;
         self.counted += 1;
     }

@@ -2,7 +2,8 @@
 //! `POST /v1/completions` proxied to the model's engine, and
 //! `GET /v1/models`.
 //!
-//! Streams pass through event by event as they arrive: the proxy only
+//! Streams pass through as they arrive, every event that one read of the
+//! engine's socket brings in one write to the client: the proxy only
 //! frames server-sent events so that it can rewrite each event's `model`
 //! to the client's model id and, if the engine dies mid-stream, end the
 //! stream with one final error event instead of a torn one.
@@ -14,7 +15,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::BytesMut;
@@ -27,6 +28,7 @@ use super::upstream::{self, Wait};
 use super::{ApiError, App};
 use crate::metrics::StreamMetrics;
 use crate::sessions::{Backend, InFlight, Session, Sessions};
+use crate::supervisor::client;
 use crate::supervisor::health::{State as EngineState, Streaming};
 use hangar_engine::loader::wasm::{Direction, WasmPlugin};
 use hangar_engine::models::Model;
@@ -221,13 +223,13 @@ async fn forward(
     if let Some(constraint) = &constraint {
         super::tools::enforce(&app, &model, &session.plugin, constraint, &mut request)?;
     }
-    let (base_url, upstream_model, mapper) = match &session.backend {
+    let (connections, upstream_model, mapper) = match &session.backend {
         Backend::Process {
-            base_url,
+            connections,
             upstream_model,
             mapper,
             ..
-        } => (base_url, upstream_model, mapper),
+        } => (connections, upstream_model, mapper),
         Backend::InProcess(served) => {
             let answer = served.answer(route, &request);
             let response = tokio::select! {
@@ -263,35 +265,31 @@ async fn forward(
             }
         };
     }
-    let send = app
-        .sessions
-        .client()
-        .post(format!("{base_url}{path}"))
-        .json(&request)
-        .send();
+    let body = serde_json::to_string(&request).expect("a JSON map serializes");
+    let send = connections.post(path, body);
     // Hook (health): waits past a timeout check the engine (busy or hung).
-    let response = tokio::select! {
+    let answer = tokio::select! {
         r = upstream::wait(&app.sessions, &session, Wait::FirstByte, send) => r?,
         _ = session.ended.cancelled() => return Err(ended_error(&session)),
     };
-    let response = match response {
-        Ok(r) => r,
+    let answer = match answer {
+        Ok(a) => a,
         Err(e) => return Err(failure(&session, &format!("the engine did not answer: {e}")).await),
     };
-    let status = response.status();
-    let is_sse = sse::is_stream(response.headers());
+    let status = answer.status();
+    let is_sse = sse::is_stream(answer.headers());
     if status.is_success() && stream && is_sse {
         return Ok(sse(
             app.sessions.clone(),
             session,
             in_flight,
-            response,
+            answer.into_body(),
             model_id,
             started,
         ));
     }
     let read = tokio::select! {
-        r = upstream::wait(&app.sessions, &session, Wait::More, response.bytes()) => r?,
+        r = upstream::wait(&app.sessions, &session, Wait::More, answer.into_body().bytes()) => r?,
         _ = session.ended.cancelled() => return Err(ended_error(&session)),
     };
     let bytes = match read {
@@ -300,7 +298,6 @@ async fn forward(
             return Err(failure(&session, &format!("the engine broke off its answer: {e}")).await)
         }
     };
-    let status = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     match serde_json::from_slice::<Value>(&bytes) {
         Ok(mut value) if status.is_success() => {
             if let Some(mapper) = mapper {
@@ -453,20 +450,22 @@ async fn failure(session: &Session, what: &str) -> ApiError {
 }
 
 /// The engine's event stream, passed on to the client as it arrives: no
-/// task or channel between the two connections, so each event costs one
-/// read and one write. Every complete event is forwarded (with the
-/// client's model id put in) as soon as a chunk completes it; a client that
-/// hangs up drops this stream, and with it the upstream request.
+/// task or channel between the two connections. Each read of the engine's
+/// socket takes every event that has arrived, and they leave in one write,
+/// the client's model id put in; a read is never delayed for more, so a
+/// paced stream's token leaves as soon as it comes. A client that hangs
+/// up drops this stream, and with it the engine's connection.
 fn sse(
     sessions: Arc<Sessions>,
     session: Arc<Session>,
     in_flight: InFlight,
-    upstream: reqwest::Response,
+    body: client::Body,
     model_id: String,
     started: std::time::Instant,
 ) -> Response {
     let state = Relay {
-        body: Box::pin(upstream.bytes_stream()),
+        body,
+        payload: BytesMut::new(),
         ended: Box::pin(session.ended.clone().cancelled_owned()),
         timings: sessions.metrics().stream(&session.model.id, started),
         streaming: session.monitor.as_ref().map(|m| m.stream()),
@@ -479,6 +478,7 @@ fn sse(
         out: BytesMut::new(),
         done: false,
         finished: false,
+        turn: false,
     };
     let stream = futures_util::stream::unfold(state, |mut relay| async move {
         let next = relay.next().await?;
@@ -489,7 +489,10 @@ fn sse(
 
 /// One stream's relay from the engine to the client.
 struct Relay {
-    body: std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<Bytes>> + Send>>,
+    /// The engine's answer, read in this task.
+    body: client::Body,
+    /// What the last read brought of the body, unframed.
+    payload: BytesMut,
     ended: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
     /// Token timings and usage, for the metrics.
     timings: StreamMetrics,
@@ -507,39 +510,67 @@ struct Relay {
     done: bool,
     /// Whether the stream has ended (after its final error event, if any).
     finished: bool,
+    /// Whether the next bytes wait for the other tasks' turn.
+    turn: bool,
 }
 
 impl Relay {
-    /// The next bytes for the client: the events the next chunk completes,
+    /// The next bytes for the client: the events the next read completes,
     /// or one final error event; `None` once the stream is over.
     async fn next(&mut self) -> Option<Bytes> {
         if self.finished {
             return None;
         }
+        // An engine that sent more than one read takes (an unpaced one,
+        // or a stream that waited on a busy host) could keep this
+        // connection's task running through its whole answer, while other
+        // streams wait for their first token: the client's write goes out
+        // and the other tasks get a turn first.
+        if std::mem::take(&mut self.turn) {
+            tokio::task::yield_now().await;
+        }
         loop {
-            // Hook (health): silence past the stream's timeout checks the
-            // engine (busy or hung).
-            let waited =
-                upstream::wait(&self.sessions, &self.session, Wait::More, self.body.next());
-            let next = tokio::select! {
-                chunk = waited => match chunk {
-                    Ok(chunk) => chunk,
-                    Err(hung) => {
-                        self.finished = true;
-                        return Some(error_event(&hung));
+            if self.session.ended.is_cancelled() {
+                self.finished = true;
+                return Some(error_event(&ended_error(&self.session)));
+            }
+            let read = {
+                let read = self.body.read(&mut self.payload);
+                tokio::pin!(read);
+                // What has already arrived is taken at once: the silence
+                // timer below is armed only when the stream has to wait.
+                match futures_util::poll!(read.as_mut()) {
+                    std::task::Poll::Ready(read) => read,
+                    std::task::Poll::Pending => {
+                        // Hook (health): silence past the stream's timeout
+                        // checks the engine (busy or hung).
+                        let waited =
+                            upstream::wait(&self.sessions, &self.session, Wait::More, read);
+                        tokio::select! {
+                            read = waited => match read {
+                                Ok(read) => read,
+                                Err(hung) => {
+                                    self.finished = true;
+                                    return Some(error_event(&hung));
+                                }
+                            },
+                            _ = &mut self.ended => {
+                                self.finished = true;
+                                return Some(error_event(&ended_error(&self.session)));
+                            }
+                        }
                     }
-                },
-                _ = &mut self.ended => {
-                    self.finished = true;
-                    return Some(error_event(&ended_error(&self.session)));
                 }
             };
-            let what = match next {
-                Some(Ok(chunk)) => {
+            let what = match read {
+                Ok(true) => {
                     if let Some(streaming) = &self.streaming {
                         streaming.chunk();
                     }
-                    let run = self.framer.push(chunk, &mut self.ends);
+                    self.turn = self.body.more_waiting();
+                    let run = self
+                        .framer
+                        .push(self.payload.split().freeze(), &mut self.ends);
                     if run.is_empty() {
                         continue;
                     }
@@ -558,14 +589,14 @@ impl Relay {
                         },
                     );
                 }
-                Some(Err(e)) => format!("the stream broke: {e}"),
-                None if self.done => {
+                Err(e) => format!("the stream broke: {e}"),
+                Ok(false) if self.done => {
                     self.finished = true;
                     return None;
                 }
                 // An engine that dies mid-stream may close the connection
                 // cleanly; without [DONE] that is still a failure.
-                None => "the stream ended before [DONE]".to_string(),
+                Ok(false) => "the stream ended before [DONE]".to_string(),
             };
             self.finished = true;
             return Some(error_event(&failure(&self.session, &what).await));

@@ -3,7 +3,8 @@
 //!
 //! This is the per-token path, so it works on bytes and copies little: the
 //! framer scans each byte once (never the whole buffer again), complete
-//! events leave as slices of the engine's own chunks, and an event's
+//! events leave as slices of what a read of the engine's socket brought
+//! (every event in it, in one run), and an event's
 //! top-level `"model"` string is replaced in place. Only an event whose
 //! shape the in-place rewrite does not cover (a `model` that is not a
 //! string, a line that is not one JSON object) goes through a full

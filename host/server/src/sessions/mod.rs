@@ -27,6 +27,7 @@ use hangar_engine::registry::{Engine, PluginEntry, Registry};
 
 use crate::metrics::Metrics;
 use crate::settings::SettingsStore;
+use crate::supervisor::client::Connections;
 use crate::supervisor::health::{Monitor, State};
 pub(crate) use crate::supervisor::STOP_GRACE;
 use crate::supervisor::{free_port, launch, Launch};
@@ -708,6 +709,14 @@ impl Sessions {
             self.client.clone(),
             self.settings.get().serving,
         ));
+        let connections = match Connections::new(&base_url, self.settings.get().serving.connect()) {
+            Ok(connections) => connections,
+            Err(e) => {
+                process.stop(STOP_GRACE).await;
+                let _ = std::fs::remove_dir_all(&work_dir);
+                return Err(host_err(e.to_string()));
+            }
+        };
         let mut notes = plan.notes.clone();
         if worker {
             let engine_notes = worker_notes(&self.client, &base_url).await;
@@ -717,6 +726,7 @@ impl Sessions {
         let backend = Backend::Process {
             process,
             base_url,
+            connections,
             upstream_model: plan.upstream_model.clone(),
             mapper,
         };

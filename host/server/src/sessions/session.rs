@@ -15,6 +15,7 @@ use hangar_engine::models::Model;
 use hangar_plugin_api::wire::Description;
 
 use crate::settings::SettingMap;
+use crate::supervisor::client::Connections;
 use crate::supervisor::health::{Monitor, State};
 use crate::supervisor::EngineProcess;
 
@@ -192,6 +193,9 @@ pub(crate) enum Backend {
         process: EngineProcess,
         /// `http://127.0.0.1:PORT`.
         base_url: String,
+        /// Connections to `base_url` for proxied requests, kept open
+        /// between them.
+        connections: Arc<Connections>,
         /// The `model` value the engine expects (`None`: omit the field).
         upstream_model: Option<String>,
         /// The WebAssembly plugin whose `map_request` / `map_response` see

@@ -6,6 +6,7 @@
 //! that stopping it (TERM to the group, a grace period, then KILL) reaches
 //! every process it started, and so that nothing survives the host.
 
+pub(crate) mod client;
 pub(crate) mod health;
 pub(crate) mod keeper;
 mod launch;

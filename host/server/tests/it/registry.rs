@@ -398,7 +398,7 @@ fn every_malformed_plugin_is_reported_and_the_rest_still_load() {
             - truncated ($ROOT/plugins/truncated): $ROOT/plugins/truncated/libengine_truncated.so is not a shared library this host can read (Invalid ELF section header offset/size/alignment); rebuild the plugin for linux/x86_64
             - arm ($ROOT/plugins/wrong-arch): $ROOT/plugins/wrong-arch/libengine_arm.so is an ELF library for aarch64, but this host needs ELF for x86_64; install the plugin build for this machine
             - future ($ROOT/plugins/api-2): plugin needs plugin-api ^2.0, but this host provides 1.7.0; rebuild the plugin against plugin-api 1.x or use a matching host
-            - bad-toml ($ROOT/plugins/bad-toml): plugin.toml is malformed: a value is missing or cut off (at line 2, column 8)
+            - bad-toml ($ROOT/plugins/bad-toml): plugin.toml is malformed: string values must be quoted, expected literal string (at line 2, column 8)
             - ghost ($ROOT/plugins/missing-artifact): artifact $ROOT/plugins/missing-artifact/libengine_ghost.so is missing; build the plugin or reinstall its folder
             - not-a-plugin ($ROOT/plugins/not-a-plugin): no plugin.toml in this folder; a plugin folder holds plugin.toml and its artifact
             - kindless ($ROOT/plugins/unknown-kind): plugin.toml is malformed: unknown variant `python`, expected `native` or `wasm` (at line 5, column 8)
