@@ -28,6 +28,9 @@
 #   "off,oracle,lookup"; oracle is the speculative path's own answer as a
 #   predicted output, fed back until it predicts itself, acceptance 1.0:
 #   the verification machinery's ceiling), DRAFT_TOKENS (4),
+#   LOAD_SPECULATE (stream counts, as "8 64", at which native-mlx's own
+#   interleaved rounds compare every request asking for prompt lookup
+#   against none: speculation under load; its table goes to stdout),
 #   NATIVE_ARGS (more options of native-mlx-bench's batched runs, as
 #   "--step-tokens 1024").
 set -euo pipefail
@@ -118,6 +121,14 @@ PYTHON
     "$BIN" --speculate "$SPECULATE" --draft-tokens "${DRAFT_TOKENS:-4}" --runs "$ROUNDS" \
       --prompt-tokens 128 --gen-tokens "$SINGLE_GEN" "$model" || echo "gpu-bench: $shape speculation: no result" >&2
   fi
+
+  read -r -a load_streams <<<"${LOAD_SPECULATE:-}"
+  for n in "${load_streams[@]}"; do
+    echo "gpu-bench: $shape speculation under load ($n streams, off against lookup)" >&2
+    "$BIN" --concurrent "$n" --speculate off,lookup --draft-tokens "${DRAFT_TOKENS:-0}" \
+      --runs "$ROUNDS" --gen-tokens "$GEN" ${NATIVE_ARGS:-} "$model" |
+      sed -n '/every request speculating/,$p' || echo "gpu-bench: $shape $n streams speculating: no result" >&2
+  done
 
   for round in $(seq "$ROUNDS"); do
     if [[ "${SINGLE:-1}" != 0 ]]; then

@@ -43,6 +43,7 @@ mod plugin;
 mod pool;
 mod prefix;
 mod probe;
+mod qmv;
 mod sampling;
 mod session;
 mod specprefill;
@@ -61,6 +62,7 @@ pub use embed::{model_kind, Answer, Embedder, ModelKind, Pooling};
 pub use error::{Error, Result};
 pub use model::{LoadOptions, Model};
 pub use probe::{probe, DeviceKind, MlxProbe};
+pub use qmv::{check_qmv, QmvCheck};
 pub use sampling::SamplingParams;
 pub use session::{
     Completion, DrawScore, FinishReason, GenerateRequest, Prompt, Session, Timings, TokenEvent,

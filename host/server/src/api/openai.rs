@@ -266,6 +266,11 @@ async fn forward(
         };
     }
     let body = serde_json::to_string(&request).expect("a JSON map serializes");
+    // A streaming request counts as streaming from here (health: a busy
+    // engine's 503 while it streams is not a failure).
+    let streaming = stream
+        .then(|| session.monitor.as_ref().map(|m| m.stream()))
+        .flatten();
     let send = connections.post(path, body);
     // Hook (health): waits past a timeout check the engine (busy or hung).
     let answer = tokio::select! {
@@ -283,6 +288,7 @@ async fn forward(
             app.sessions.clone(),
             session,
             in_flight,
+            streaming,
             answer.into_body(),
             model_id,
             started,
@@ -459,6 +465,7 @@ fn sse(
     sessions: Arc<Sessions>,
     session: Arc<Session>,
     in_flight: InFlight,
+    streaming: Option<Streaming>,
     body: client::Body,
     model_id: String,
     started: std::time::Instant,
@@ -468,7 +475,7 @@ fn sse(
         payload: BytesMut::new(),
         ended: Box::pin(session.ended.clone().cancelled_owned()),
         timings: sessions.metrics().stream(&session.model.id, started),
-        streaming: session.monitor.as_ref().map(|m| m.stream()),
+        streaming,
         sessions,
         session,
         _in_flight: in_flight,

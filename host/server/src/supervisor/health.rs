@@ -223,11 +223,16 @@ impl Monitor {
         }
     }
 
-    /// Counts a stream from the engine as relayed until the returned guard
-    /// drops; call [`Streaming::chunk`] for each chunk it brings.
+    /// Counts a streaming request as open from the moment it is sent until
+    /// the returned guard drops; call [`Streaming::chunk`] for each chunk
+    /// it brings. The sending counts as its first sign of life: an engine
+    /// may report itself busy (mlx_lm.server's 503) as soon as it takes the
+    /// request, before its first chunk reaches the host.
     pub(crate) fn stream(self: &Arc<Self>) -> Streaming {
         self.streams.fetch_add(1, Ordering::SeqCst);
-        Streaming(self.clone())
+        let streaming = Streaming(self.clone());
+        streaming.chunk();
+        streaming
     }
 
     /// Whether the engine is streaming now: a stream is open and one of

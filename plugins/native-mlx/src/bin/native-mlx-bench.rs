@@ -32,8 +32,19 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[command(about = "Benchmark native-mlx on MLX model folders")]
 struct Args {
     /// Model folders (config.json, safetensors, tokenizer.json).
-    #[arg(required = true)]
+    #[arg(required_unless_present = "qmv_check")]
     models: Vec<PathBuf>,
+    /// On a GPU, quantized products of a few rows run on Hangar's own
+    /// CUDA kernel (`LoadOptions::custom_qmv`).
+    #[arg(long)]
+    qmv: bool,
+    /// Instead: Hangar's quantized matrix-vector kernel against MLX's
+    /// `quantized_matmul` on random weights at Qwen2.5-0.5B and 7B's
+    /// matrix shapes (4- and 8-bit, groups of 64, bfloat16, 1 and 4 rows):
+    /// a table of microseconds per product, the weights' read rate, and
+    /// the largest difference (GPU only).
+    #[arg(long)]
+    qmv_check: bool,
     /// Prompt length in tokens.
     #[arg(long, default_value_t = 128)]
     prompt_tokens: usize,
@@ -97,7 +108,11 @@ struct Args {
     /// table of the median decode tokens/s, its spread, the median ratio
     /// to `off` per round, acceptance, tokens per pass, and whether the
     /// ids equal plain decoding's.
-    #[arg(long, value_delimiter = ',', conflicts_with_all = ["concurrent", "ids", "embed"])]
+    /// With `--concurrent`: a round per proposer (`off`, `lookup`) in turn,
+    /// every request asking for it, and a table of the aggregate tokens/s
+    /// (the batcher speculates only for a sequence decoding alone, so this
+    /// measures what asking costs under load).
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["ids", "embed", "masked"])]
     speculate: Option<Vec<String>>,
     /// With `--speculate`: tokens proposed per pass (0: adapted to the
     /// acceptance rate).
@@ -158,6 +173,7 @@ fn prompt(len: usize, vocab: u32) -> Vec<u32> {
 fn load(args: &Args, dir: &Path) -> Result<Session> {
     let options = LoadOptions {
         fuse_projections: args.unfused.then_some(false),
+        custom_qmv: args.qmv,
         ..LoadOptions::default()
     };
     Session::load_with(dir, &options).with_context(|| format!("loading {}", dir.display()))
@@ -569,13 +585,35 @@ fn batched(args: &Args, dir: &Path, n: usize) -> Result<()> {
     for &i in order.iter().take(masked) {
         masked_requests[i].grammar = Some(RECORDS_GRAMMAR.to_string());
     }
-    let rounds: &[(&str, &Vec<GenerateRequest>)] = match args.masked {
-        Some(_) => &[(" free", &requests), (" masked", &masked_requests)],
-        None => &[("", &requests)],
+    // With `--speculate`: a round per proposer, every request proposing.
+    let speculating: Vec<(String, Vec<GenerateRequest>)> = match &args.speculate {
+        Some(modes) => modes
+            .iter()
+            .map(|mode| {
+                let speculation = load_speculation(mode, args.draft_tokens)?;
+                let requests = requests
+                    .iter()
+                    .map(|r| GenerateRequest {
+                        speculation: speculation.clone(),
+                        ..r.clone()
+                    })
+                    .collect();
+                Ok((format!(" {mode}"), requests))
+            })
+            .collect::<Result<_>>()?,
+        None => Vec::new(),
+    };
+    let rounds: Vec<(&str, &Vec<GenerateRequest>)> = match args.masked {
+        Some(_) => vec![(" free", &requests), (" masked", &masked_requests)],
+        None if !speculating.is_empty() => speculating
+            .iter()
+            .map(|(label, requests)| (label.as_str(), requests))
+            .collect(),
+        None => vec![("", &requests)],
     };
     let mut table: Vec<(usize, &str, f64, StepStats)> = Vec::new();
     for run in 0..=args.runs {
-        for &(label, requests) in rounds {
+        for &(label, requests) in &rounds {
             let before = batcher.step_stats();
             let start = Instant::now();
             let (tokens, mut ttfts): (Vec<usize>, Vec<Duration>) = std::thread::scope(|s| {
@@ -628,7 +666,64 @@ fn batched(args: &Args, dir: &Path, n: usize) -> Result<()> {
     if args.masked.is_some() {
         print_masked_table(dir, n, masked, &table);
     }
+    if !speculating.is_empty() {
+        print_speculating_table(dir, n, &rounds, &table);
+    }
     Ok(())
+}
+
+/// A proposer of `--concurrent` with `--speculate`: what every request of
+/// its rounds asks for (no oracle: it needs each answer in advance).
+fn load_speculation(mode: &str, k: usize) -> Result<Speculation> {
+    Ok(match mode {
+        "off" => Speculation::default(),
+        "lookup" => Speculation {
+            prompt_lookup: true,
+            k,
+            ..Speculation::default()
+        },
+        other => anyhow::bail!(
+            "--speculate with --concurrent: unknown proposer '{other}' (off, lookup)"
+        ),
+    })
+}
+
+/// `--concurrent` with `--speculate`'s table: per proposer the median
+/// aggregate tokens/s, its spread and the median of its ratio to the
+/// first proposer's (A B A B rounds, one pair per run).
+fn print_speculating_table(
+    dir: &Path,
+    n: usize,
+    rounds: &[(&str, &Vec<GenerateRequest>)],
+    table: &[(usize, &str, f64, StepStats)],
+) {
+    let of = |label: &str| -> Vec<f64> {
+        table
+            .iter()
+            .filter(|r| r.1 == label)
+            .map(|r| r.2)
+            .collect()
+    };
+    let median = |mut v: Vec<f64>| -> (f64, f64, f64) {
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => (f64::NAN, f64::NAN, f64::NAN),
+            len => ((v[(len - 1) / 2] + v[len / 2]) / 2.0, v[0], v[len - 1]),
+        }
+    };
+    let first = of(rounds[0].0);
+    println!("\n{}: {n} streams, every request speculating", dir.display());
+    println!("| proposer | aggregate tok/s | spread | vs{} per run (median) |", rounds[0].0);
+    println!("| --- | ---: | --- | ---: |");
+    for &(label, _) in rounds {
+        let values = of(label);
+        let ratios = values.iter().zip(&first).map(|(a, b)| a / b).collect();
+        let (tps, lo, hi) = median(values);
+        let (ratio, rlo, rhi) = median(ratios);
+        println!(
+            "|{label} | {tps:.1} | {lo:.1}-{hi:.1} | {ratio:.3} ({rlo:.3}-{rhi:.3}) |"
+        );
+    }
 }
 
 /// What the masked rounds of `--masked` constrain: a list of records that
@@ -795,6 +890,9 @@ fn embeddings(args: &Args, dir: &Path, sizes: &[usize]) -> Result<()> {
 fn main() -> Result<()> {
     let args = Args::parse();
     let mlx = probe()?;
+    if args.qmv_check {
+        return qmv_table(&args);
+    }
     if let Some(sizes) = &args.embed {
         println!("native-mlx on MLX {} ({})", mlx.version, mlx.device);
         for dir in &args.models {
@@ -857,6 +955,54 @@ fn main() -> Result<()> {
                 println!(
                     "    per step: graph build {build:.0} us, submit {submit:.0} us, \
                      waiting for MLX {wait:.0} us, detokenize {detok:.0} us"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `--qmv-check`'s table.
+fn qmv_table(args: &Args) -> Result<()> {
+    // (name, in, out): Qwen2.5-0.5B's and 7B's products (fused qkv and
+    // gate-up, as a GPU runs them; the 7B head).
+    const SHAPES: [(&str, i32, i32); 9] = [
+        ("0.5B qkv", 896, 1152),
+        ("0.5B o", 896, 896),
+        ("0.5B gate-up", 896, 9728),
+        ("0.5B down", 4864, 896),
+        ("7B qkv", 3584, 4608),
+        ("7B o", 3584, 3584),
+        ("7B gate-up", 3584, 37888),
+        ("7B down", 18944, 3584),
+        ("7B head", 3584, 152064),
+    ];
+    println!(
+        "| product | in | out | bits | rows | MLX us | hangar_qmv us | speed-up | MLX GB/s | hangar_qmv GB/s | max rel. difference |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for bits in [4, 8] {
+        for (name, k, n) in SHAPES {
+            for rows in [1, 4] {
+                let c = hangar_native_mlx::check_qmv(
+                    k,
+                    n,
+                    rows,
+                    bits,
+                    64,
+                    mlx_rs::Dtype::Bfloat16,
+                    50,
+                    args.runs.max(1),
+                )?;
+                let rate = |us: f64| c.weight_bytes as f64 / us / 1e3;
+                println!(
+                    "| {name} | {k} | {n} | {bits} | {rows} | {:.1} | {:.1} | {:.2}x | {:.0} | {:.0} | {:.1e} |",
+                    c.mlx_us,
+                    c.custom_us,
+                    c.mlx_us / c.custom_us,
+                    rate(c.mlx_us),
+                    rate(c.custom_us),
+                    c.max_error
                 );
             }
         }

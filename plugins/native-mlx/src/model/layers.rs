@@ -80,6 +80,8 @@ pub(crate) struct Layout {
     pub(crate) pretranspose: bool,
     /// Where the parts of a split product run.
     pub(crate) parallel: Parallel,
+    /// Quantized products of a few rows run on `crate::qmv`'s kernel.
+    pub(crate) custom_qmv: bool,
 }
 
 /// One block of output rows of a weight matrix `(out, in)`.
@@ -94,6 +96,8 @@ enum Matrix {
         scales: Array,
         biases: Option<Array>,
         params: QuantParams,
+        /// Products of a few rows run on `crate::qmv`'s kernel where it fits.
+        custom_qmv: bool,
     },
 }
 
@@ -111,10 +115,17 @@ impl Matrix {
                     scales,
                     biases,
                     params,
+                    custom_qmv,
                 },
                 bias,
             ) => {
-                let y = match params.mode {
+                let y = match (params.mode, biases) {
+                    (_, Some(biases))
+                        if *custom_qmv && crate::qmv::fits(x, weight, scales, params) =>
+                    {
+                        crate::qmv::qmv(x, weight, scales, biases, params)?
+                    }
+                    _ => match params.mode {
                     QuantMode::Affine => quantized_matmul(
                         x,
                         weight,
@@ -131,6 +142,7 @@ impl Matrix {
                         params: *params,
                     }
                     .matmul(x)?,
+                    },
                 };
                 match bias {
                     Some(bias) => y.add(bias)?,
@@ -210,6 +222,7 @@ impl Sharded {
                     scales: rows_of(scales)?,
                     biases: biases.map(rows_of).transpose()?,
                     params,
+                    custom_qmv: layout.custom_qmv,
                 },
             };
             let shard = Shard {

@@ -53,6 +53,10 @@ pub struct LoadOptions {
     /// bound by the number of kernels, but not on the CPU, where the layers
     /// stay exactly mlx-lm's.
     pub fuse_projections: Option<bool>,
+    /// On a GPU, compute quantized products of a few rows (decoding) with
+    /// Hangar's own CUDA kernel (`src/qmv.rs`) instead of MLX's `qmv`.
+    /// Off by default until a GPU run shows it faster; ignored on the CPU.
+    pub custom_qmv: bool,
 }
 
 impl Default for LoadOptions {
@@ -61,6 +65,7 @@ impl Default for LoadOptions {
             cpu_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             split_min_work: 1 << 18,
             fuse_projections: None,
+            custom_qmv: false,
         }
     }
 }
@@ -1111,6 +1116,7 @@ fn layout_for(options: &LoadOptions) -> Result<(Layout, bool)> {
         Layout {
             pretranspose: true,
             parallel: Parallel::cpu(options.cpu_threads.max(1), options.split_min_work)?,
+            custom_qmv: false,
         }
     } else {
         // GPU kernels read the row-major weights best, and one kernel
@@ -1118,6 +1124,8 @@ fn layout_for(options: &LoadOptions) -> Result<(Layout, bool)> {
         Layout {
             pretranspose: false,
             parallel: Parallel::none(),
+            // A CUDA kernel: not for Metal.
+            custom_qmv: options.custom_qmv && cfg!(target_os = "linux"),
         }
     };
     Ok((layout, on_cpu))

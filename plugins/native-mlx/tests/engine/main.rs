@@ -7,6 +7,7 @@ mod fixtures;
 mod greedy;
 mod moe;
 mod parity;
+mod qmv;
 mod real;
 mod session;
 mod specprefill;

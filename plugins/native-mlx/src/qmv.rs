@@ -1,0 +1,363 @@
+//! A CUDA matrix-vector product for MLX's affine 4- and 8-bit weights, for
+//! the few rows of a decoding step (issue 34): MLX 0.32's own CUDA `qmv`
+//! moves the weights at about 0.8 TB/s of an H200's 4.8.
+//!
+//! The kernel reads MLX's own layout (`uint32` words packing 8 four-bit or
+//! 4 eight-bit values, lowest bits first; one scale and one bias per group
+//! of 32, 64 or 128 values along a row) and computes `x @ W.T` for up to
+//! [`MAX_ROWS`] rows of `x`. One warp owns one output row: each lane loads
+//! 16 bytes of weights at a time (32 four-bit values), so a warp reads 512
+//! contiguous bytes per step, and the row's sum is a warp shuffle.
+//!
+//! Dequantizing without integer-to-float conversions (a slow instruction on
+//! the GPU): a value's bits are put in the top of a float's mantissa, which
+//! makes `1 + q / 2^bits`, and `Σ q·x = 2^bits · (Σ f·x − Σ x)`; with the
+//! group's scale `s` and bias `b`, a chunk adds `s · Σ q·x + b · Σ x`.
+//! Sums run in float32, in another order than MLX's kernel: the results
+//! agree with `quantized_matmul` to float rounding, not bit for bit.
+//!
+//! It runs through `mlx::core::fast::cuda_kernel` (mlx-c's
+//! `mlx_fast_cuda_kernel_*`), which compiles it with NVRTC on first use and
+//! keeps it in MLX's kernel cache; there is no CPU version.
+
+use std::ffi::CString;
+use std::sync::OnceLock;
+
+use mlx_rs::{Array, Dtype, Stream};
+
+use crate::config::{QuantMode, QuantParams};
+use crate::error::{Error, Result};
+
+/// The most rows of `x` one product takes (a decoding step's batch or a
+/// speculative pass's proposals); more go to MLX's `quantized_matmul`.
+pub(crate) const MAX_ROWS: i32 = 8;
+
+/// Threads per block: 8 warps, 8 output rows.
+const BLOCK: i32 = 256;
+
+const HEADER: &str = r#"
+template <typename T> struct Load8;
+template <> struct Load8<float> {
+  __device__ static inline void run(const float* p, float* o) {
+    float4 a = *reinterpret_cast<const float4*>(p);
+    float4 b = *reinterpret_cast<const float4*>(p + 4);
+    o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
+    o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+  }
+};
+template <> struct Load8<__nv_bfloat16> {
+  __device__ static inline void run(const __nv_bfloat16* p, float* o) {
+    uint4 u = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      o[2 * i] = __uint_as_float(w[i] << 16);
+      o[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  }
+};
+template <> struct Load8<__half> {
+  __device__ static inline void run(const __half* p, float* o) {
+    uint4 u = *reinterpret_cast<const uint4*>(p);
+    const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float2 f = __half22float2(h[i]);
+      o[2 * i] = f.x;
+      o[2 * i + 1] = f.y;
+    }
+  }
+};
+"#;
+
+/// The kernel's body; `T` (x, scales, biases, y), `M` (rows of x), `K`
+/// (inputs), `N` (outputs), `BITS` and `GS` (group size) are template
+/// arguments.
+const SOURCE: &str = r#"
+  constexpr int VALS = 128 / BITS;            // values per 16-byte load
+  constexpr int PER_WORD = 32 / BITS;
+  constexpr int CHUNKS = K / VALS;            // 16-byte loads per row
+  constexpr int WORDS = K / PER_WORD;         // uint32 words per row
+  constexpr int GROUPS = K / GS;
+  constexpr uint32_t MASK = (1u << BITS) - 1u;
+  constexpr float SCALE = float(1 << BITS);
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= N) {
+    return;
+  }
+  const uint4* wr = reinterpret_cast<const uint4*>(w + size_t(row) * WORDS);
+  const T* sr = scales + size_t(row) * GROUPS;
+  const T* br = biases + size_t(row) * GROUPS;
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    acc[m] = 0.0f;
+  }
+#pragma unroll 4
+  for (int c = lane; c < CHUNKS; c += 32) {
+    const uint4 q = wr[c];
+    const int g = (c * VALS) / GS;
+    const float s = static_cast<float>(sr[g]);
+    const float b = static_cast<float>(br[g]);
+    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+    float f[VALS];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < PER_WORD; ++j) {
+        const uint32_t bits = (words[i] >> (j * BITS)) & MASK;
+        f[i * PER_WORD + j] = __uint_as_float(0x3f800000u | (bits << (23 - BITS)));
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const T* xp = x + size_t(m) * K + size_t(c) * VALS;
+      float fx = 0.0f, xs = 0.0f;
+#pragma unroll
+      for (int v = 0; v < VALS; v += 8) {
+        float xv[8];
+        Load8<T>::run(xp + v, xv);
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+          fx = fmaf(f[v + t], xv[t], fx);
+          xs += xv[t];
+        }
+      }
+      acc[m] = fmaf(s * SCALE, fx - xs, fmaf(b, xs, acc[m]));
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    float v = acc[m];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      v += __shfl_xor_sync(0xffffffffu, v, o);
+    }
+    if (lane == 0) {
+      y[size_t(m) * N + row] = static_cast<T>(v);
+    }
+  }
+"#;
+
+/// The compiled-on-first-use kernel object (mlx-c's handle to MLX's
+/// `CustomKernelFunction`).
+struct Kernel(mlx_sys::mlx_fast_cuda_kernel);
+
+// SAFETY: the handle owns an immutable `std::function` (names, source,
+// header) that MLX only reads when the kernel is applied; applying builds a
+// new primitive each time. The engine applies it under its MLX turn
+// (src/turn.rs), like every other MLX op.
+#[allow(unsafe_code)]
+unsafe impl Send for Kernel {}
+#[allow(unsafe_code)]
+unsafe impl Sync for Kernel {}
+
+#[allow(unsafe_code)]
+fn kernel() -> &'static Kernel {
+    static KERNEL: OnceLock<Kernel> = OnceLock::new();
+    KERNEL.get_or_init(|| {
+        let cstr = |s: &str| CString::new(s).expect("no NUL in the kernel's strings");
+        let (name, source, header) = (cstr("hangar_qmv"), cstr(SOURCE), cstr(HEADER));
+        let inputs = ["x", "w", "scales", "biases"].map(cstr);
+        let output = cstr("y");
+        // SAFETY: every pointer is to a NUL-terminated string alive for the
+        // call; mlx-c copies the names and strings into the kernel object
+        // (and the string vectors, freed right after).
+        unsafe {
+            let pointers = inputs.iter().map(|s| s.as_ptr()).collect::<Vec<_>>();
+            let input_names = mlx_sys::mlx_vector_string_new_data(
+                pointers.as_ptr() as *mut *const std::ffi::c_char,
+                pointers.len(),
+            );
+            let output_names = mlx_sys::mlx_vector_string_new_value(output.as_ptr());
+            let kernel = mlx_sys::mlx_fast_cuda_kernel_new(
+                name.as_ptr(),
+                input_names,
+                output_names,
+                source.as_ptr(),
+                header.as_ptr(),
+                true,
+                0,
+            );
+            mlx_sys::mlx_vector_string_free(input_names);
+            mlx_sys::mlx_vector_string_free(output_names);
+            Kernel(kernel)
+        }
+    })
+}
+
+/// Whether [`qmv`] computes `x @ W.T` for this weight and `x`: affine 4- or
+/// 8-bit weights with groups of 32, 64 or 128, `x` of at most
+/// [`MAX_ROWS`] rows in the scales' float dtype.
+pub(crate) fn fits(x: &Array, weight: &Array, scales: &Array, params: &QuantParams) -> bool {
+    let k = x.dim(-1);
+    let rows = x.size() as i32 / k.max(1);
+    matches!(params.mode, QuantMode::Affine)
+        && matches!(params.bits, 4 | 8)
+        && matches!(params.group_size, 32 | 64 | 128)
+        && k % params.group_size == 0
+        && k % (128 / params.bits) == 0
+        && weight.dim(-1) * (32 / params.bits) == k
+        && weight.ndim() == 2
+        && rows >= 1
+        && rows <= MAX_ROWS
+        && x.dtype() == scales.dtype()
+        && matches!(x.dtype(), Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32)
+}
+
+/// `x @ W.T` for an affine-quantized `(N, K)` weight (`weight`, `scales`,
+/// `biases` as MLX stores them), `x` of shape `(..., K)` that [`fits`]: the
+/// result has shape `(..., N)`, on the current stream.
+#[allow(unsafe_code)]
+pub(crate) fn qmv(
+    x: &Array,
+    weight: &Array,
+    scales: &Array,
+    biases: &Array,
+    params: &QuantParams,
+) -> Result<Array> {
+    let k = x.dim(-1);
+    let n = weight.dim(0);
+    let rows = x.size() as i32 / k;
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().expect("x has a last axis") = n;
+    let flat = x.reshape(&[rows, k])?;
+    let stream = Stream::thread_local_or_default();
+    let failed = |what: &str| Error::Mlx(mlx_rs::error::Exception::custom(what));
+    let kernel = kernel();
+    let dtype = x.dtype() as u32 as mlx_sys::mlx_dtype;
+    // SAFETY: the config, the input vector and the output vector are
+    // created, used and freed here; the inputs are borrowed from live
+    // arrays for the call (mlx-c copies the handles it keeps); the one
+    // output handle is taken out of the vector with `mlx_vector_array_get`
+    // into a fresh handle that `Array::from_ptr` then owns.
+    unsafe {
+        let config = mlx_sys::mlx_fast_cuda_kernel_config_new();
+        let out_shape = [rows, n];
+        let mut status =
+            mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(config, out_shape.as_ptr(), 2, dtype);
+        status |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, n * 32, 1, 1);
+        status |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(config, BLOCK, 1, 1);
+        let t = CString::new("T").expect("no NUL");
+        status |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_dtype(config, t.as_ptr(), dtype);
+        for (name, value) in [
+            ("M", rows),
+            ("K", k),
+            ("N", n),
+            ("BITS", params.bits),
+            ("GS", params.group_size),
+        ] {
+            let name = CString::new(name).expect("no NUL");
+            status |=
+                mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(config, name.as_ptr(), value);
+        }
+        let handles = [flat.as_ptr(), weight.as_ptr(), scales.as_ptr(), biases.as_ptr()];
+        let inputs = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
+        let mut outputs = mlx_sys::mlx_vector_array_new();
+        if status == 0 {
+            status = mlx_sys::mlx_fast_cuda_kernel_apply(
+                &mut outputs as *mut _,
+                kernel.0,
+                inputs,
+                config,
+                stream.as_ptr(),
+            );
+        }
+        let mut y = mlx_sys::mlx_array_new();
+        if status == 0 && mlx_sys::mlx_vector_array_size(outputs) == 1 {
+            status = mlx_sys::mlx_vector_array_get(&mut y as *mut _, outputs, 0);
+        } else if status == 0 {
+            status = 1;
+        }
+        mlx_sys::mlx_vector_array_free(inputs);
+        mlx_sys::mlx_vector_array_free(outputs);
+        mlx_sys::mlx_fast_cuda_kernel_config_free(config);
+        if status != 0 {
+            mlx_sys::mlx_array_free(y);
+            return Err(failed("the quantized matrix-vector kernel (hangar_qmv) failed"));
+        }
+        Ok(Array::from_ptr(y).reshape(&shape)?)
+    }
+}
+
+/// [`qmv`] against MLX's `quantized_matmul` on one random weight
+/// (`native-mlx-bench --qmv-check`).
+#[derive(Debug, Clone, Copy)]
+pub struct QmvCheck {
+    /// Microseconds per product: MLX's kernel, then this one (`repeats`
+    /// products submitted at once, so the GPU's time dominates).
+    pub mlx_us: f64,
+    pub custom_us: f64,
+    /// The largest difference from MLX's result, relative to its largest
+    /// magnitude.
+    pub max_error: f32,
+    /// Bytes of the packed weight, scales and biases (what one product reads).
+    pub weight_bytes: usize,
+}
+
+/// Checks and times [`qmv`] for an `(n, k)` weight quantized to `bits`
+/// with `group_size`, `rows` rows of `x` in `dtype`: `repeats` products of
+/// each kernel per timed evaluation, the median of `rounds` evaluations.
+#[doc(hidden)]
+pub fn check_qmv(
+    k: i32,
+    n: i32,
+    rows: i32,
+    bits: i32,
+    group_size: i32,
+    dtype: Dtype,
+    repeats: usize,
+    rounds: usize,
+) -> Result<QmvCheck> {
+    use mlx_rs::ops::{abs, max, quantize, quantized_matmul};
+    use mlx_rs::random::normal;
+    use mlx_rs::transforms::eval;
+    let w = normal::<f32>(&[n, k][..], None, 0.02, None)?.as_dtype(dtype)?;
+    let (weight, scales, biases) = quantize(&w, group_size, bits)?;
+    let x = normal::<f32>(&[1, rows, k][..], None, None, None)?.as_dtype(dtype)?;
+    eval([&weight, &scales, &biases, &x])?;
+    drop(w);
+    let params = QuantParams {
+        group_size,
+        bits,
+        mode: QuantMode::Affine,
+    };
+    if !fits(&x, &weight, &scales, &params) {
+        return Err(Error::Mlx(mlx_rs::error::Exception::custom(format!(
+            "hangar_qmv does not take k {k}, {rows} rows, {bits} bits, groups of {group_size}, {dtype:?}"
+        ))));
+    }
+    let reference = |x: &Array| {
+        quantized_matmul(x, &weight, &scales, &biases, true, group_size, bits)
+    };
+    let ours = |x: &Array| qmv(x, &weight, &scales, &biases, &params);
+    let expected = reference(&x)?.as_dtype(Dtype::Float32)?;
+    let got = ours(&x)?.as_dtype(Dtype::Float32)?;
+    let scale = max(&abs(&expected)?, None)?;
+    let error = max(&abs(&got.subtract(&expected)?)?, None)?.divide(&scale)?;
+    eval([&error])?;
+    let max_error = error.item_cast::<f32>();
+    let time = |f: &dyn Fn(&Array) -> mlx_rs::error::Result<Array>| -> Result<f64> {
+        let mut times = Vec::new();
+        for round in 0..=rounds {
+            let started = std::time::Instant::now();
+            let outputs = (0..repeats).map(|_| f(&x)).collect::<std::result::Result<Vec<_>, _>>()?;
+            eval(outputs.iter())?;
+            if round > 0 {
+                times.push(started.elapsed().as_secs_f64() * 1e6 / repeats as f64);
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    };
+    let mlx_us = time(&|x| reference(x))?;
+    let custom_us = time(&|x| ours(x).map_err(|e| mlx_rs::error::Exception::custom(e.to_string())))?;
+    let weight_bytes = weight.nbytes() + scales.nbytes() + biases.nbytes();
+    Ok(QmvCheck {
+        mlx_us,
+        custom_us,
+        max_error,
+        weight_bytes,
+    })
+}

@@ -1,0 +1,40 @@
+//! Hangar's CUDA matrix-vector kernel for quantized weights (`src/qmv.rs`)
+//! against MLX's `quantized_matmul`, on random weights: on a GPU it must
+//! agree to the output dtype's rounding; elsewhere it must be refused with
+//! an error (the engine never asks for it there).
+
+use hangar_native_mlx::{check_qmv, probe, DeviceKind};
+use mlx_rs::Dtype;
+
+#[test]
+fn the_quantized_matrix_vector_kernel_matches_mlx_on_a_gpu_and_is_refused_elsewhere() {
+    let gpu = probe().expect("MLX answers").device == DeviceKind::Gpu;
+    // (in, out, rows of x, bits, group size): 0.5B's shapes, several rows,
+    // 8 bits, the other group sizes, an output count no block divides.
+    let shapes = [
+        (896, 1152, 1, 4, 64),
+        (4864, 896, 4, 4, 64),
+        (896, 643, 8, 8, 32),
+        (1024, 384, 3, 4, 128),
+    ];
+    for (k, n, rows, bits, group_size) in shapes {
+        for (dtype, tolerance) in [
+            (Dtype::Bfloat16, 1e-2),
+            (Dtype::Float16, 2e-3),
+            (Dtype::Float32, 1e-4),
+        ] {
+            let checked = check_qmv(k, n, rows, bits, group_size, dtype, 1, 1);
+            let what = format!("{n}x{k}, {rows} rows, {bits} bits, groups of {group_size}, {dtype:?}");
+            if gpu {
+                let c = checked.unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(
+                    c.max_error <= tolerance,
+                    "{what}: differs from quantized_matmul by {} of its largest value",
+                    c.max_error
+                );
+            } else {
+                assert!(checked.is_err(), "{what}: ran without a GPU");
+            }
+        }
+    }
+}
