@@ -62,7 +62,7 @@ pub use embed::{model_kind, Answer, Embedder, ModelKind, Pooling};
 pub use error::{Error, Result};
 pub use model::{LoadOptions, Model};
 pub use probe::{probe, DeviceKind, MlxProbe};
-pub use qmv::{check_qmv, QmvCheck};
+pub use qmv::{check_qmv, QmvCheck, QmvShape};
 pub use sampling::SamplingParams;
 pub use session::{
     Completion, DrawScore, FinishReason, GenerateRequest, Prompt, Session, Timings, TokenEvent,

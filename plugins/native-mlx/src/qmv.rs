@@ -200,8 +200,7 @@ pub(crate) fn fits(x: &Array, weight: &Array, scales: &Array, params: &QuantPara
         && k % (128 / params.bits) == 0
         && weight.dim(-1) * (32 / params.bits) == k
         && weight.ndim() == 2
-        && rows >= 1
-        && rows <= MAX_ROWS
+        && (1..=MAX_ROWS).contains(&rows)
         && x.dtype() == scales.dtype()
         && matches!(x.dtype(), Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32)
 }
@@ -235,12 +234,17 @@ pub(crate) fn qmv(
     unsafe {
         let config = mlx_sys::mlx_fast_cuda_kernel_config_new();
         let out_shape = [rows, n];
-        let mut status =
-            mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(config, out_shape.as_ptr(), 2, dtype);
+        let mut status = mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(
+            config,
+            out_shape.as_ptr(),
+            2,
+            dtype,
+        );
         status |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, n * 32, 1, 1);
         status |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(config, BLOCK, 1, 1);
         let t = CString::new("T").expect("no NUL");
-        status |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_dtype(config, t.as_ptr(), dtype);
+        status |=
+            mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_dtype(config, t.as_ptr(), dtype);
         for (name, value) in [
             ("M", rows),
             ("K", k),
@@ -249,10 +253,18 @@ pub(crate) fn qmv(
             ("GS", params.group_size),
         ] {
             let name = CString::new(name).expect("no NUL");
-            status |=
-                mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(config, name.as_ptr(), value);
+            status |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(
+                config,
+                name.as_ptr(),
+                value,
+            );
         }
-        let handles = [flat.as_ptr(), weight.as_ptr(), scales.as_ptr(), biases.as_ptr()];
+        let handles = [
+            flat.as_ptr(),
+            weight.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+        ];
         let inputs = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
         let mut outputs = mlx_sys::mlx_vector_array_new();
         if status == 0 {
@@ -275,7 +287,9 @@ pub(crate) fn qmv(
         mlx_sys::mlx_fast_cuda_kernel_config_free(config);
         if status != 0 {
             mlx_sys::mlx_array_free(y);
-            return Err(failed("the quantized matrix-vector kernel (hangar_qmv) failed"));
+            return Err(failed(
+                "the quantized matrix-vector kernel (hangar_qmv) failed",
+            ));
         }
         Ok(Array::from_ptr(y).reshape(&shape)?)
     }
@@ -296,20 +310,29 @@ pub struct QmvCheck {
     pub weight_bytes: usize,
 }
 
-/// Checks and times [`qmv`] for an `(n, k)` weight quantized to `bits`
-/// with `group_size`, `rows` rows of `x` in `dtype`: `repeats` products of
-/// each kernel per timed evaluation, the median of `rounds` evaluations.
+/// One product for [`check_qmv`]: an `(n, k)` weight quantized to `bits`
+/// with `group_size`, times `rows` rows of `x`.
+#[derive(Debug, Clone, Copy)]
+pub struct QmvShape {
+    pub k: i32,
+    pub n: i32,
+    pub rows: i32,
+    pub bits: i32,
+    pub group_size: i32,
+}
+
+/// Checks and times [`qmv`] for `shape` with `x` in `dtype`: `repeats`
+/// products of each kernel per timed evaluation, the median of `rounds`
+/// evaluations.
 #[doc(hidden)]
-pub fn check_qmv(
-    k: i32,
-    n: i32,
-    rows: i32,
-    bits: i32,
-    group_size: i32,
-    dtype: Dtype,
-    repeats: usize,
-    rounds: usize,
-) -> Result<QmvCheck> {
+pub fn check_qmv(shape: QmvShape, dtype: Dtype, repeats: usize, rounds: usize) -> Result<QmvCheck> {
+    let QmvShape {
+        k,
+        n,
+        rows,
+        bits,
+        group_size,
+    } = shape;
     use mlx_rs::ops::{abs, max, quantize, quantized_matmul};
     use mlx_rs::random::normal;
     use mlx_rs::transforms::eval;
@@ -328,9 +351,8 @@ pub fn check_qmv(
             "hangar_qmv does not take k {k}, {rows} rows, {bits} bits, groups of {group_size}, {dtype:?}"
         ))));
     }
-    let reference = |x: &Array| {
-        quantized_matmul(x, &weight, &scales, &biases, true, group_size, bits)
-    };
+    let reference =
+        |x: &Array| quantized_matmul(x, &weight, &scales, &biases, true, group_size, bits);
     let ours = |x: &Array| qmv(x, &weight, &scales, &biases, &params);
     let expected = reference(&x)?.as_dtype(Dtype::Float32)?;
     let got = ours(&x)?.as_dtype(Dtype::Float32)?;
@@ -342,7 +364,9 @@ pub fn check_qmv(
         let mut times = Vec::new();
         for round in 0..=rounds {
             let started = std::time::Instant::now();
-            let outputs = (0..repeats).map(|_| f(&x)).collect::<std::result::Result<Vec<_>, _>>()?;
+            let outputs = (0..repeats)
+                .map(|_| f(&x))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
             eval(outputs.iter())?;
             if round > 0 {
                 times.push(started.elapsed().as_secs_f64() * 1e6 / repeats as f64);
@@ -352,7 +376,8 @@ pub fn check_qmv(
         Ok(times[times.len() / 2])
     };
     let mlx_us = time(&|x| reference(x))?;
-    let custom_us = time(&|x| ours(x).map_err(|e| mlx_rs::error::Exception::custom(e.to_string())))?;
+    let custom_us =
+        time(&|x| ours(x).map_err(|e| mlx_rs::error::Exception::custom(e.to_string())))?;
     let weight_bytes = weight.nbytes() + scales.nbytes() + biases.nbytes();
     Ok(QmvCheck {
         mlx_us,

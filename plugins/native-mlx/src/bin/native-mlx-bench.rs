@@ -682,9 +682,9 @@ fn load_speculation(mode: &str, k: usize) -> Result<Speculation> {
             k,
             ..Speculation::default()
         },
-        other => anyhow::bail!(
-            "--speculate with --concurrent: unknown proposer '{other}' (off, lookup)"
-        ),
+        other => {
+            anyhow::bail!("--speculate with --concurrent: unknown proposer '{other}' (off, lookup)")
+        }
     })
 }
 
@@ -697,13 +697,8 @@ fn print_speculating_table(
     rounds: &[(&str, &Vec<GenerateRequest>)],
     table: &[(usize, &str, f64, StepStats)],
 ) {
-    let of = |label: &str| -> Vec<f64> {
-        table
-            .iter()
-            .filter(|r| r.1 == label)
-            .map(|r| r.2)
-            .collect()
-    };
+    let of =
+        |label: &str| -> Vec<f64> { table.iter().filter(|r| r.1 == label).map(|r| r.2).collect() };
     let median = |mut v: Vec<f64>| -> (f64, f64, f64) {
         v.sort_by(f64::total_cmp);
         match v.len() {
@@ -712,17 +707,21 @@ fn print_speculating_table(
         }
     };
     let first = of(rounds[0].0);
-    println!("\n{}: {n} streams, every request speculating", dir.display());
-    println!("| proposer | aggregate tok/s | spread | vs{} per run (median) |", rounds[0].0);
+    println!(
+        "\n{}: {n} streams, every request speculating",
+        dir.display()
+    );
+    println!(
+        "| proposer | aggregate tok/s | spread | vs{} per run (median) |",
+        rounds[0].0
+    );
     println!("| --- | ---: | --- | ---: |");
     for &(label, _) in rounds {
         let values = of(label);
         let ratios = values.iter().zip(&first).map(|(a, b)| a / b).collect();
         let (tps, lo, hi) = median(values);
         let (ratio, rlo, rhi) = median(ratios);
-        println!(
-            "|{label} | {tps:.1} | {lo:.1}-{hi:.1} | {ratio:.3} ({rlo:.3}-{rhi:.3}) |"
-        );
+        println!("|{label} | {tps:.1} | {lo:.1}-{hi:.1} | {ratio:.3} ({rlo:.3}-{rhi:.3}) |");
     }
 }
 
@@ -984,12 +983,15 @@ fn qmv_table(args: &Args) -> Result<()> {
     for bits in [4, 8] {
         for (name, k, n) in SHAPES {
             for rows in [1, 4] {
-                let c = hangar_native_mlx::check_qmv(
+                let shape = hangar_native_mlx::QmvShape {
                     k,
                     n,
                     rows,
                     bits,
-                    64,
+                    group_size: 64,
+                };
+                let c = hangar_native_mlx::check_qmv(
+                    shape,
                     mlx_rs::Dtype::Bfloat16,
                     50,
                     args.runs.max(1),

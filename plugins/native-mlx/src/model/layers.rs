@@ -126,22 +126,22 @@ impl Matrix {
                         crate::qmv::qmv(x, weight, scales, biases, params)?
                     }
                     _ => match params.mode {
-                    QuantMode::Affine => quantized_matmul(
-                        x,
-                        weight,
-                        scales,
-                        biases.as_ref(),
-                        true,
-                        params.group_size,
-                        params.bits,
-                    )?,
-                    _ => Packed {
-                        weight,
-                        scales,
-                        biases: biases.as_ref(),
-                        params: *params,
-                    }
-                    .matmul(x)?,
+                        QuantMode::Affine => quantized_matmul(
+                            x,
+                            weight,
+                            scales,
+                            biases.as_ref(),
+                            true,
+                            params.group_size,
+                            params.bits,
+                        )?,
+                        _ => Packed {
+                            weight,
+                            scales,
+                            biases: biases.as_ref(),
+                            params: *params,
+                        }
+                        .matmul(x)?,
                     },
                 };
                 match bias {

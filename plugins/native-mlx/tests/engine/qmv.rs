@@ -3,7 +3,7 @@
 //! agree to the output dtype's rounding; elsewhere it must be refused with
 //! an error (the engine never asks for it there).
 
-use hangar_native_mlx::{check_qmv, probe, DeviceKind};
+use hangar_native_mlx::{check_qmv, probe, DeviceKind, QmvShape};
 use mlx_rs::Dtype;
 
 #[test]
@@ -23,8 +23,16 @@ fn the_quantized_matrix_vector_kernel_matches_mlx_on_a_gpu_and_is_refused_elsewh
             (Dtype::Float16, 2e-3),
             (Dtype::Float32, 1e-4),
         ] {
-            let checked = check_qmv(k, n, rows, bits, group_size, dtype, 1, 1);
-            let what = format!("{n}x{k}, {rows} rows, {bits} bits, groups of {group_size}, {dtype:?}");
+            let shape = QmvShape {
+                k,
+                n,
+                rows,
+                bits,
+                group_size,
+            };
+            let checked = check_qmv(shape, dtype, 1, 1);
+            let what =
+                format!("{n}x{k}, {rows} rows, {bits} bits, groups of {group_size}, {dtype:?}");
             if gpu {
                 let c = checked.unwrap_or_else(|e| panic!("{what}: {e}"));
                 assert!(
