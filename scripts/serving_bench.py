@@ -86,20 +86,27 @@ def text(rng, words):
 
 
 async def one(client, model, prompt, max_tokens):
-    """Streams one chat completion: (time to first token s, completion tokens, end time)."""
+    """Streams one chat completion: (time to first token s, completion tokens,
+    end time, None), or (.., .., end time, what failed) when the server
+    refused it or broke it off (as text: an exception of the openai client
+    does not survive the trip back from a client process)."""
     start = time.perf_counter()
     first = None
     tokens = 0
-    stream = await client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
-        temperature=0, stream=True, stream_options={"include_usage": True})
-    async for chunk in stream:
-        if first is None and chunk.choices and chunk.choices[0].delta.content:
-            first = time.perf_counter() - start
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
+    try:
+        stream = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+            temperature=0, stream=True, stream_options={"include_usage": True})
+        async for chunk in stream:
+            if first is None and chunk.choices and chunk.choices[0].delta.content:
+                first = time.perf_counter() - start
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+    except Exception as e:  # noqa: BLE001 - every failure is reported, by name
+        end = time.perf_counter()
+        return end - start, tokens, end, f"{type(e).__name__}: {str(e)[:300]}"
     end = time.perf_counter()
-    return (first if first is not None else end - start), tokens, end
+    return (first if first is not None else end - start), tokens, end, None
 
 
 async def streams_of(url, model, prompts, max_tokens, start_at):
@@ -111,7 +118,7 @@ async def streams_of(url, model, prompts, max_tokens, start_at):
         await asyncio.sleep(max(0.0, start_at - time.time()))
         offset = time.time() - time.perf_counter()
         results = await asyncio.gather(*(one(client, model, p, max_tokens) for p in prompts))
-        return [(first, tokens, end + offset) for first, tokens, end in results]
+        return [(first, tokens, end + offset, error) for first, tokens, end, error in results]
 
 
 def client_process(args):
@@ -137,12 +144,16 @@ async def concurrent(url, model, streams, prompts, max_tokens):
             pool.map, client_process, [(url, model, g, max_tokens, start_at) for g in groups])
     results = [r for part in parts for r in part]
     wall = max(r[2] for r in results) - start_at
-    ttfts = sorted(r[0] for r in results)
+    ttfts = sorted(r[0] for r in results if r[3] is None) or [float("nan")]
     total = sum(r[1] for r in results)
     return {
         "tok_s": total / wall,
         "ttft_p50": percentile(ttfts, 50),
         "ttft_p99": percentile(ttfts, 99),
+        # Answers shorter than asked (an end-of-sequence token) leave the
+        # batch early: the aggregate counts only what was generated.
+        "short": sum(1 for r in results if r[3] is None and r[1] < max_tokens),
+        "errors": [r[3] for r in results if r[3] is not None],
     }
 
 
@@ -254,7 +265,9 @@ def main():
                     res = asyncio.run(concurrent(servers[engine].url, name, n, prompts, args.max_tokens))
                     results[engine][n].append(res)
                     print(f"round {r} streams {n} {engine}: {res['tok_s']:.0f} tok/s, "
-                          f"ttft p50 {res['ttft_p50']*1000:.0f} ms p99 {res['ttft_p99']*1000:.0f} ms",
+                          f"ttft p50 {res['ttft_p50']*1000:.0f} ms p99 {res['ttft_p99']*1000:.0f} ms, "
+                          f"{res['short']} answers short of {args.max_tokens} tokens, "
+                          f"{len(res['errors'])} failed" + (f" (first: {res['errors'][0]})" if res['errors'] else ""),
                           file=sys.stderr, flush=True)
 
         long = {e: {"cold": [], "warm": [], "disk": [], "cached": [], "prompt": []} for e in servers}
@@ -290,15 +303,17 @@ def main():
     print(f"\n### Concurrent streaming chat, {args.max_tokens} tokens each, {args.rounds} rounds "
           f"(median, min–max)\n")
     print(f"| streams | {a} tok/s | {b} tok/s | ratio | {a} TTFT p50 ms | {b} TTFT p50 ms "
-          f"| {a} TTFT p99 ms | {b} TTFT p99 ms |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"| {a} TTFT p99 ms | {b} TTFT p99 ms | failed, short answers ({a}; {b}) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in streams:
         ra, rb = results[a][n], results[b][n]
         ratio = [x["tok_s"] / y["tok_s"] for x, y in zip(ra, rb)]
         print(f"| {n} | {fmt([x['tok_s'] for x in ra])} | {fmt([x['tok_s'] for x in rb])} "
               f"| {fmt(ratio, digits=2)} "
               f"| {fmt([x['ttft_p50'] for x in ra], 1000)} | {fmt([x['ttft_p50'] for x in rb], 1000)} "
-              f"| {fmt([x['ttft_p99'] for x in ra], 1000)} | {fmt([x['ttft_p99'] for x in rb], 1000)} |")
+              f"| {fmt([x['ttft_p99'] for x in ra], 1000)} | {fmt([x['ttft_p99'] for x in rb], 1000)} "
+              f"| {sum(len(x['errors']) for x in ra)}, {sum(x['short'] for x in ra)}; "
+              f"{sum(len(x['errors']) for x in rb)}, {sum(x['short'] for x in rb)} |")
     if not args.long_rounds:
         return
     print(f"\n### Time to first token of a long prompt, {args.long_rounds} rounds (median, min–max, ms)\n")
