@@ -5,9 +5,10 @@
 //! The kernel reads MLX's own layout (`uint32` words packing 8 four-bit or
 //! 4 eight-bit values, lowest bits first; one scale and one bias per group
 //! of 32, 64 or 128 values along a row) and computes `x @ W.T` for up to
-//! [`MAX_ROWS`] rows of `x`. One warp owns one output row: each lane loads
-//! 16 bytes of weights at a time (32 four-bit values), so a warp reads 512
-//! contiguous bytes per step, and the row's sum is a warp shuffle.
+//! [`MAX_ROWS`] rows of `x`. One warp owns a few consecutive output rows:
+//! each lane loads 16 bytes of each row's weights at a time (32 four-bit
+//! values), so a warp reads 512 contiguous bytes of a row per step, and
+//! each row's sum is a warp shuffle.
 //!
 //! Dequantizing without integer-to-float conversions (a slow instruction on
 //! the GPU): a value's bits are put in the top of a float's mantissa, which
@@ -32,8 +33,22 @@ use crate::error::{Error, Result};
 /// speculative pass's proposals); more go to MLX's `quantized_matmul`.
 pub(crate) const MAX_ROWS: i32 = 8;
 
-/// Threads per block: 8 warps, 8 output rows.
+/// Threads per block: 8 warps.
 const BLOCK: i32 = 256;
+
+/// Output rows per warp: `NATIVE_MLX_QMV_ROWS` (1, 2, 4 or 8), default 4.
+/// More rows share each converted value of `x` and put more loads in
+/// flight per lane, at the cost of registers.
+fn rows_per_warp() -> i32 {
+    static ROWS: OnceLock<i32> = OnceLock::new();
+    *ROWS.get_or_init(|| {
+        std::env::var("NATIVE_MLX_QMV_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|r| matches!(r, 1 | 2 | 4 | 8))
+            .unwrap_or(4)
+    })
+}
 
 const HEADER: &str = r#"
 template <typename T> struct Load8;
@@ -71,8 +86,11 @@ template <> struct Load8<__half> {
 "#;
 
 /// The kernel's body; `T` (x, scales, biases, y), `M` (rows of x), `K`
-/// (inputs), `N` (outputs), `BITS` and `GS` (group size) are template
-/// arguments.
+/// (inputs), `N` (outputs), `BITS`, `GS` (group size) and `R` (output rows
+/// per warp) are template arguments. Each warp takes `R` consecutive output
+/// rows: per 16-byte chunk a lane loads `R` independent chunks of weights
+/// (more bytes in flight), and each value of `x` is converted and summed
+/// once for all `R` rows.
 const SOURCE: &str = r#"
   constexpr int VALS = 128 / BITS;            // values per 16-byte load
   constexpr int PER_WORD = 32 / BITS;
@@ -82,60 +100,73 @@ const SOURCE: &str = r#"
   constexpr uint32_t MASK = (1u << BITS) - 1u;
   constexpr float SCALE = float(1 << BITS);
   const int lane = threadIdx.x & 31;
-  const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (row >= N) {
+  const int first = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
+  if (first >= N) {
     return;
   }
-  const uint4* wr = reinterpret_cast<const uint4*>(w + size_t(row) * WORDS);
-  const T* sr = scales + size_t(row) * GROUPS;
-  const T* br = biases + size_t(row) * GROUPS;
-  float acc[M];
+  float acc[R][M];
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    acc[m] = 0.0f;
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      acc[r][m] = 0.0f;
+    }
   }
-#pragma unroll 4
+#pragma unroll 2
   for (int c = lane; c < CHUNKS; c += 32) {
-    const uint4 q = wr[c];
     const int g = (c * VALS) / GS;
-    const float s = static_cast<float>(sr[g]);
-    const float b = static_cast<float>(br[g]);
-    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-    float f[VALS];
+    uint4 q[R];
+    float s[R], b[R];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-      for (int j = 0; j < PER_WORD; ++j) {
-        const uint32_t bits = (words[i] >> (j * BITS)) & MASK;
-        f[i * PER_WORD + j] = __uint_as_float(0x3f800000u | (bits << (23 - BITS)));
-      }
+    for (int r = 0; r < R; ++r) {
+      // Rows past N (the last warp) read row N - 1 again and write nothing.
+      const size_t row = size_t(min(first + r, N - 1));
+      q[r] = __ldg(reinterpret_cast<const uint4*>(w + row * WORDS) + c);
+      s[r] = static_cast<float>(scales[row * GROUPS + g]) * SCALE;
+      b[r] = static_cast<float>(biases[row * GROUPS + g]);
     }
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       const T* xp = x + size_t(m) * K + size_t(c) * VALS;
-      float fx = 0.0f, xs = 0.0f;
+      float xv[VALS];
+      float xs = 0.0f;
 #pragma unroll
       for (int v = 0; v < VALS; v += 8) {
-        float xv[8];
-        Load8<T>::run(xp + v, xv);
-#pragma unroll
-        for (int t = 0; t < 8; ++t) {
-          fx = fmaf(f[v + t], xv[t], fx);
-          xs += xv[t];
-        }
+        Load8<T>::run(xp + v, xv + v);
       }
-      acc[m] = fmaf(s * SCALE, fx - xs, fmaf(b, xs, acc[m]));
+#pragma unroll
+      for (int v = 0; v < VALS; ++v) {
+        xs += xv[v];
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint32_t words[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
+        float fx = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+          for (int j = 0; j < PER_WORD; ++j) {
+            const uint32_t bits = (words[i] >> (j * BITS)) & MASK;
+            const float f = __uint_as_float(0x3f800000u | (bits << (23 - BITS)));
+            fx = fmaf(f, xv[i * PER_WORD + j], fx);
+          }
+        }
+        acc[r][m] = fmaf(s[r], fx - xs, fmaf(b[r], xs, acc[r][m]));
+      }
     }
   }
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    float v = acc[m];
+  for (int r = 0; r < R; ++r) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      v += __shfl_xor_sync(0xffffffffu, v, o);
-    }
-    if (lane == 0) {
-      y[size_t(m) * N + row] = static_cast<T>(v);
+    for (int m = 0; m < M; ++m) {
+      float v = acc[r][m];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+      }
+      if (lane == 0 && first + r < N) {
+        y[size_t(m) * N + first + r] = static_cast<T>(v);
+      }
     }
   }
 "#;
@@ -240,7 +271,8 @@ pub(crate) fn qmv(
             2,
             dtype,
         );
-        status |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, n * 32, 1, 1);
+        let r = rows_per_warp();
+        status |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, (n + r - 1) / r * 32, 1, 1);
         status |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(config, BLOCK, 1, 1);
         let t = CString::new("T").expect("no NUL");
         status |=
@@ -251,6 +283,7 @@ pub(crate) fn qmv(
             ("N", n),
             ("BITS", params.bits),
             ("GS", params.group_size),
+            ("R", r),
         ] {
             let name = CString::new(name).expect("no NUL");
             status |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(
