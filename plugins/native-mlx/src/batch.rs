@@ -120,6 +120,13 @@ pub struct StepStats {
     pub spec_accepted: u64,
     pub spec_tokens: u64,
     pub spec_time: Duration,
+    /// Where the speculative steps' time went: proposing, building the
+    /// verifying pass's graph, waiting for MLX to compute it (submission
+    /// included), and the rest (reading the step before, verifying on the
+    /// host, truncating the cache, taking the tokens).
+    pub spec_propose_time: Duration,
+    pub spec_build_time: Duration,
+    pub spec_wait_time: Duration,
 }
 
 impl StepStats {
@@ -720,18 +727,24 @@ impl Engine {
             .proposer
             .as_mut()
             .expect("a speculating sequence proposes");
+        let proposing = Instant::now();
         let proposal = proposer.propose(&context, answer, room, self.drafter.as_ref())?;
+        let proposed = proposing.elapsed();
         let mut input = Vec::with_capacity(proposal.tokens.len() + 1);
         input.push(last);
         input.extend_from_slice(&proposal.tokens);
         let cache = seq.alone.as_mut().expect("a cache of its own");
         let before = cache.first().map_or(0, KvCache::offset);
+        let building = Instant::now();
         let logits = self.session.model.logits(&ids(&input)?, cache)?;
         // Log-probabilities as `Session::step` computes them, row by row.
         let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
+        let (built, waited);
         let (kept, next) = if seq.sampler.is_greedy() {
             let choices = argmax_axis(&logprobs, -1, None)?.as_dtype(Dtype::Uint32)?;
+            built = building.elapsed();
             choices.eval()?;
+            waited = building.elapsed() - built;
             verify_greedy(&proposal.tokens, choices.as_slice::<u32>())
         } else {
             let probs = seq.sampler.probabilities(&logprobs)?;
@@ -739,7 +752,9 @@ impl Engine {
                 .sampler
                 .uniforms(input.len() + 1)?
                 .expect("a sampled request draws");
+            built = building.elapsed();
             mlx_rs::transforms::eval([&probs, &draws])?;
+            waited = building.elapsed() - built;
             let vocab = probs.dim(-1) as usize;
             let probs = probs.as_slice::<f32>();
             let rows: Vec<&[f32]> = probs.chunks(vocab).collect();
@@ -778,6 +793,9 @@ impl Engine {
             stats.spec_accepted += kept as u64;
             stats.spec_tokens += produced.len() as u64;
             stats.spec_time += began.elapsed();
+            stats.spec_propose_time += proposed;
+            stats.spec_build_time += built;
+            stats.spec_wait_time += waited;
         }
         self.last_read = None;
         self.retire();

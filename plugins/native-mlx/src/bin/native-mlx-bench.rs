@@ -338,6 +338,8 @@ struct SpecRun {
     decode_tps: f64,
     usage: SpecUsage,
     ids: Vec<u32>,
+    /// The batcher's step statistics over the run.
+    steps: StepStats,
 }
 
 /// Single-stream decode with each proposer of `modes`, in interleaved
@@ -353,6 +355,7 @@ fn speculation(args: &Args, dir: &Path, modes: &[String]) -> Result<()> {
     let run = |spec: Speculation| -> Result<SpecRun> {
         let mut request = base.clone();
         request.speculation = spec;
+        let stats = batcher.step_stats();
         let started = Instant::now();
         let mut first = None;
         let done = batcher.generate(request, |_| {
@@ -365,6 +368,7 @@ fn speculation(args: &Args, dir: &Path, modes: &[String]) -> Result<()> {
             decode_tps: n as f64 / first.elapsed().as_secs_f64(),
             usage: done.speculation,
             ids: done.token_ids,
+            steps: delta(&stats, &batcher.step_stats()),
         })
     };
     // Warm-up, and the plain answer the oracle predicts.
@@ -482,6 +486,36 @@ fn speculation(args: &Args, dir: &Path, modes: &[String]) -> Result<()> {
             format!("{lo:.1}-{hi:.1}"),
             ratio.map_or("-".to_string(), |r| format!("{r:.2}x")),
             if same { "yes" } else { "NO" }
+        );
+    }
+    // Where a step's time went, over all rounds of each proposer: a plain
+    // step (pipelined: the next is built while MLX computes this one) and a
+    // speculative pass (proposing, building the verifying graph, waiting
+    // for MLX, the rest).
+    println!(
+        "{:<8} {:>14} {:>12} {:>11} {:>9} {:>9} {:>9}",
+        "proposer", "plain step ms", "passes", "pass ms", "propose", "build", "wait"
+    );
+    for (i, mode) in modes.iter().enumerate() {
+        let mut t = StepStats::default();
+        for r in &rounds[i] {
+            t.decode_steps += r.steps.decode_steps;
+            t.decode_time += r.steps.decode_time;
+            t.spec_steps += r.steps.spec_steps;
+            t.spec_time += r.steps.spec_time;
+            t.spec_propose_time += r.steps.spec_propose_time;
+            t.spec_build_time += r.steps.spec_build_time;
+            t.spec_wait_time += r.steps.spec_wait_time;
+        }
+        let per = |d: Duration, n: u64| d.as_secs_f64() * 1e3 / n.max(1) as f64;
+        let passes = t.spec_steps;
+        println!(
+            "{mode:<8} {:>14.2} {passes:>12} {:>11.2} {:>9.2} {:>9.2} {:>9.2}",
+            per(t.decode_time, t.decode_steps),
+            per(t.spec_time, passes),
+            per(t.spec_propose_time, passes),
+            per(t.spec_build_time, passes),
+            per(t.spec_wait_time, passes),
         );
     }
     Ok(())
@@ -737,6 +771,11 @@ fn delta(before: &StepStats, after: &StepStats) -> StepStats {
         grammar_time: after.grammar_time - before.grammar_time,
         decode_steps: after.decode_steps - before.decode_steps,
         decode_time: after.decode_time - before.decode_time,
+        spec_steps: after.spec_steps - before.spec_steps,
+        spec_time: after.spec_time - before.spec_time,
+        spec_propose_time: after.spec_propose_time - before.spec_propose_time,
+        spec_build_time: after.spec_build_time - before.spec_build_time,
+        spec_wait_time: after.spec_wait_time - before.spec_wait_time,
         ..StepStats::default()
     }
 }
