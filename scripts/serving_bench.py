@@ -157,6 +157,30 @@ async def concurrent(url, model, streams, prompts, max_tokens):
     }
 
 
+def engine_steps(root, engine):
+    """The engine's step statistics as it last wrote them (native-mlx, with
+    NATIVE_MLX_STATS_FILE), or None."""
+    try:
+        with open(os.path.join(root, engine, "steps.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def steps_between(before, after):
+    """What the engine's steps did between two readings, as native-mlx-bench
+    prints it, or "" where the engine wrote none."""
+    if not after:
+        return ""
+    before = before or {k: 0 for k in after}
+    d = {k: after[k] - before.get(k, 0) for k in after if k != "peak_batch"}
+    per = lambda ms, n: ms / n if n else 0.0
+    return (f"{d['decode_steps']} decode-only at {per(d['decode_ms'], d['decode_steps']):.2f} ms "
+            f"({per(d['decode_rows'], d['decode_steps']):.1f} rows) each, {d['mixed_steps']} with prompt "
+            f"chunks at {per(d['mixed_ms'], d['mixed_steps']):.2f} ms ({per(d['mixed_rows'], d['mixed_steps']):.1f} "
+            f"rows, {per(d['mixed_prompt_tokens'], d['mixed_steps']):.0f} prompt tokens) each")
+
+
 def percentile(sorted_values, p):
     if len(sorted_values) == 1:
         return sorted_values[0]
@@ -245,10 +269,14 @@ def main():
             f.write(f'[plugins.mlx-lm]\nprogram = "{args.python}"\nallow_programs = ["python3"]\n')
         with open(os.path.join(home, "settings.toml"), "w") as f:
             f.write(f'[default_engines]\nmlx = "{engine}"\n')
+        # native-mlx writes its step statistics each time it goes idle:
+        # where a round's time went inside the engine (decoding steps,
+        # steps with prompt chunks), against native-mlx-bench --concurrent.
+        engine_env = dict(env, NATIVE_MLX_STATS_FILE=os.path.join(home, "steps.json"))
         servers[engine] = Server(engine, [
             args.hangar, "serve", "--port", "0", "--model-dir", models,
             "--plugins-dir", args.plugins_dir, "--config", os.path.join(home, "config.toml"),
-            "--state-dir", os.path.join(home, "state")], env)
+            "--state-dir", os.path.join(home, "state")], engine_env)
     order = list(servers)
     try:
         rng = random.Random(0)
@@ -262,13 +290,17 @@ def main():
                 for engine in (order if r % 2 == 0 else order[::-1]):
                     # Fresh prompts every round: no prefix is shared.
                     prompts = [f"{r}-{n}-{i}: " + text(rng, args.prompt_words) for i in range(n)]
+                    before = engine_steps(root, engine)
                     res = asyncio.run(concurrent(servers[engine].url, name, n, prompts, args.max_tokens))
+                    res["steps"] = steps_between(before, engine_steps(root, engine))
                     results[engine][n].append(res)
                     print(f"round {r} streams {n} {engine}: {res['tok_s']:.0f} tok/s, "
                           f"ttft p50 {res['ttft_p50']*1000:.0f} ms p99 {res['ttft_p99']*1000:.0f} ms, "
                           f"{res['short']} answers short of {args.max_tokens} tokens, "
                           f"{len(res['errors'])} failed" + (f" (first: {res['errors'][0]})" if res['errors'] else ""),
                           file=sys.stderr, flush=True)
+                    if res["steps"]:
+                        print(f"    {engine} steps: {res['steps']}", file=sys.stderr, flush=True)
 
         long = {e: {"cold": [], "warm": [], "disk": [], "cached": [], "prompt": []} for e in servers}
         for r in range(args.long_rounds):

@@ -129,6 +129,32 @@ pub struct StepStats {
     pub spec_wait_time: Duration,
 }
 
+/// For benchmarks through a server (scripts/serving_bench.py): with
+/// `NATIVE_MLX_STATS_FILE` set, each time the engine goes idle it writes
+/// its step statistics there as one JSON object (times in milliseconds),
+/// so that a run's steps can be told apart from the server around them.
+fn write_stats(stats: &Mutex<StepStats>) {
+    static FILE: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    let Some(path) = FILE.get_or_init(|| std::env::var_os("NATIVE_MLX_STATS_FILE").map(Into::into))
+    else {
+        return;
+    };
+    let s = *stats.lock().unwrap_or_else(|e| e.into_inner());
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let json = serde_json::json!({
+        "peak_batch": s.peak_batch,
+        "decode_steps": s.decode_steps, "decode_rows": s.decode_rows, "decode_ms": ms(s.decode_time),
+        "mixed_steps": s.mixed_steps, "mixed_rows": s.mixed_rows,
+        "mixed_prompt_tokens": s.mixed_prompt_tokens, "mixed_ms": ms(s.mixed_time),
+        "spec_steps": s.spec_steps, "spec_tokens": s.spec_tokens, "spec_ms": ms(s.spec_time),
+    });
+    // Written whole, then renamed: a reader never sees half of it.
+    let partial = path.with_extension("partial");
+    if std::fs::write(&partial, json.to_string()).is_ok() {
+        let _ = std::fs::rename(&partial, path);
+    }
+}
+
 impl StepStats {
     /// Counts a step of `rows` decoding rows and `prompt_tokens` prompt
     /// tokens that took `time`.
@@ -450,6 +476,7 @@ impl Engine {
             // Idle: the pool's memory goes back, and the wait for the next
             // request is no step's time.
             if self.active.is_empty() && self.in_flight.is_none() {
+                write_stats(&self.stats);
                 self.last_read = None;
                 if !self.pool.is_empty() {
                     self.pool.clear();
