@@ -64,7 +64,8 @@ if [[ "${SERVE:-0}" == 1 ]]; then
   # with native-mlx linked against MLX for CUDA, and wheels of the openai
   # client's needs that the image lacks (at the venv's versions), in .dev/c.
   echo "gpu-prepare: the host, its plugins and the openai client's wheels for serving-bench.sh" >&2
-  PY="$(scripts/python-env.sh)"
+  # The openai client's versions: the tests group (no llama.cpp build).
+  PY="$(scripts/python-env.sh engines tests)"
   plugins="$(HANGAR_NO_NATIVE_MLX=1 HANGAR_NO_WASM=1 scripts/build-plugins.sh --release | tail -1)"
   # A release host, as operators run it (scripts/demo.sh): a debug build's
   # request path (the worker's and the host's JSON and SSE per token) is
