@@ -42,6 +42,8 @@ if [[ ! -f "$PREFIX/mlx/lib/libmlx.so" ]]; then
   (cd "$PREFIX" && unzip -q -o "$REPO/$cuda" && unzip -q -o "$REPO/$python")
 fi
 
+# bindgen (mlx-sys) needs libclang.
+scripts/system-deps.sh build
 scripts/native-mlx-prepare.sh
 target="${CARGO_TARGET_DIR:-$REPO/plugins/native-mlx/target/cuda}"
 echo "gpu-prepare: building native-mlx-bench against $PREFIX/mlx (MLX for CUDA)" >&2
