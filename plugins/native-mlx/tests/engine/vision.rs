@@ -1,0 +1,192 @@
+//! Gemma 3's vision tower and projector on a random-weight `gemma3` folder (`scripts/make_tiny_model.py --vision`): pixel values against transformers' image processor, soft tokens against mlx-vlm (`tests/vision_reference.py`).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use hangar_native_mlx::{preprocess_image, Error, LoadOptions, VisionEncoder};
+use serde_json::{json, Value};
+
+use crate::fixtures::{python, repo};
+
+/// The test images: (file name, Pillow mode, width, height, format). Shrunk
+/// (not by a whole factor), kept at the tower's 32x32, enlarged; gray,
+/// gray with alpha, RGBA (alpha from 0 to 255) and a palette; one JPEG.
+const IMAGES: [(&str, &str, u32, u32, &str); 7] = [
+    ("rgb-shrunk.png", "RGB", 50, 37, "PNG"),
+    ("rgb-same.png", "RGB", 32, 32, "PNG"),
+    ("rgba-enlarged.png", "RGBA", 20, 12, "PNG"),
+    ("gray.png", "L", 45, 64, "PNG"),
+    ("gray-alpha.png", "LA", 33, 31, "PNG"),
+    ("palette.png", "P", 40, 40, "PNG"),
+    ("photo.jpg", "RGB", 64, 48, "JPEG"),
+];
+
+/// Soft tokens must agree to float32 rounding.
+const FEATURE_TOLERANCE: f32 = 1e-4;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    model: PathBuf,
+    images: PathBuf,
+    /// The reference's answer for each of [`IMAGES`].
+    answers: Vec<Value>,
+}
+
+/// The tiny vision folder, its images and the reference, made once.
+fn fixture() -> &'static Fixture {
+    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("gemma3-vision");
+        let images = dir.path().join("images");
+        std::fs::create_dir_all(&images).unwrap();
+        let status = Command::new(python())
+            .arg(repo().join("scripts/make_tiny_model.py"))
+            .arg(&model)
+            .args(["--arch", "gemma3", "--vision", "--layers", "2"])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "make_tiny_model.py --vision failed");
+        let specs: Vec<Value> = IMAGES
+            .iter()
+            .enumerate()
+            .map(|(i, (name, mode, width, height, format))| {
+                json!({"path": images.join(name), "mode": mode, "width": width,
+                    "height": height, "seed": i, "format": format})
+            })
+            .collect();
+        let answer = reference(json!({"model": model, "images": specs}));
+        Fixture {
+            answers: answer["images"].as_array().unwrap().clone(),
+            _dir: dir,
+            model,
+            images,
+        }
+    })
+}
+
+fn reference(request: Value) -> Value {
+    let mut child = Command::new(python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vision_reference.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(request.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "vision_reference.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// For image `i`: the largest difference of its pixel values and of its
+/// soft tokens from the reference's.
+fn compare(encoder: &VisionEncoder, i: usize) -> (f32, f32) {
+    let f = fixture();
+    let (name, ..) = IMAGES[i];
+    let bytes = std::fs::read(f.images.join(name)).unwrap();
+    let want = &f.answers[i];
+    let pixels = preprocess_image(&bytes, encoder.config().image_size as u32).unwrap();
+    let features = encoder.image_features(&bytes).unwrap();
+    let (tokens, hidden) = (want["tokens"].as_i64().unwrap() as i32, want["hidden"].as_i64().unwrap() as i32);
+    assert_eq!(features.shape(), [tokens, hidden], "{name}");
+    let got: Vec<f32> = features.as_slice::<f32>().to_vec();
+    (
+        max_diff(&pixels, &floats(&want["pixels"])),
+        max_diff(&got, &floats(&want["features"])),
+    )
+}
+
+fn encoder() -> VisionEncoder {
+    VisionEncoder::load(&fixture().model, &LoadOptions::default()).unwrap()
+}
+
+#[test]
+fn gemma3_image_soft_tokens_match_mlx_vlm() {
+    let encoder = encoder();
+    let config = encoder.config();
+    assert_eq!(
+        (config.image_size, config.mm_tokens_per_image, config.text_hidden_size),
+        (32, 4, 64)
+    );
+    for i in 0..3 {
+        let (pixels, features) = compare(&encoder, i);
+        eprintln!("{}: pixels {pixels:e}, soft tokens {features:e}", IMAGES[i].0);
+        assert_eq!(pixels, 0.0, "{}: pixel values differ", IMAGES[i].0);
+        assert!(
+            features <= FEATURE_TOLERANCE,
+            "{}: soft tokens differ by {features}",
+            IMAGES[i].0
+        );
+    }
+}
+
+#[test]
+fn gray_transparent_and_palette_pngs_become_rgb_as_the_processor_makes_them() {
+    let encoder = encoder();
+    for i in 3..6 {
+        let (pixels, features) = compare(&encoder, i);
+        eprintln!("{}: pixels {pixels:e}, soft tokens {features:e}", IMAGES[i].0);
+        assert_eq!(pixels, 0.0, "{}: pixel values differ", IMAGES[i].0);
+        assert!(
+            features <= FEATURE_TOLERANCE,
+            "{}: soft tokens differ by {features}",
+            IMAGES[i].0
+        );
+    }
+}
+
+#[test]
+fn a_jpeg_decodes_close_to_pillow() {
+    // Not bit for bit: the `image` crate's JPEG decoder is not libjpeg-turbo.
+    let (pixels, features) = compare(&encoder(), 6);
+    eprintln!("photo.jpg: pixels {pixels:e}, soft tokens {features:e}");
+    assert!(pixels <= 4.0 / 255.0 * 2.0, "JPEG pixels differ by {pixels}");
+}
+
+#[test]
+fn a_corrupt_image_is_a_clear_error() {
+    let encoder = encoder();
+    let png = std::fs::read(fixture().images.join("rgb-same.png")).unwrap();
+    let truncated = &png[..png.len() / 2];
+    let cases: [(&str, &[u8]); 3] = [
+        ("truncated PNG", truncated),
+        ("not an image", b"GIF89a? no, just text"),
+        ("empty", b""),
+    ];
+    for (what, bytes) in cases {
+        match encoder.image_features(bytes) {
+            Err(e @ Error::Image(_)) => {
+                let message = e.to_string();
+                assert!(message.contains("PNG or JPEG"), "{what}: {message}");
+            }
+            Err(e) => panic!("{what}: not an image error: {e}"),
+            Ok(_) => panic!("{what}: decoded"),
+        }
+    }
+}
