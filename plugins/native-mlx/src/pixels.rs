@@ -15,7 +15,11 @@
 //! 4. rescale by `1/255` (in float64, then float32) and normalize with mean
 //!    0.5 and std 0.5 (in float32).
 //!
-//! What does not match bit for bit: JPEG decoding (the `image` crate's
+//! What does not match bit for bit: Pillow 13.0 runs some resizes of both
+//! sides vertical pass first (its choice is not Pillow 12's source, which
+//! always starts horizontally, as this does); the intermediate image then
+//! rounds differently and pixels may be one level apart (a 45x64 image to
+//! 32x32 is one). JPEG decoding (the `image` crate's
 //! decoder is not libjpeg-turbo, whose IDCT and chroma upsampling Pillow
 //! uses; pixels may differ by one level) and 16-bit PNGs (Pillow opens
 //! 16-bit gray as `I;16`, which its RGB conversion clamps, where the `image`
@@ -39,7 +43,9 @@ const COMPOSITE_BITS: u32 = 7;
 /// convolutions).
 pub fn preprocess_image(bytes: &[u8], size: u32) -> Result<Vec<f32>> {
     if size == 0 {
-        return Err(Error::InvalidRequest("the vision tower's image size is 0".into()));
+        return Err(Error::InvalidRequest(
+            "the vision tower's image size is 0".into(),
+        ));
     }
     let rgb = decode_rgb(bytes)?;
     let resized = resize_bilinear(&rgb, size as usize, size as usize);
@@ -71,7 +77,9 @@ fn decode_rgb(bytes: &[u8]) -> Result<Rgb> {
     })?;
     let (width, height) = (image.width() as usize, image.height() as usize);
     if width == 0 || height == 0 {
-        return Err(Error::Image(format!("the image is {width}x{height} pixels")));
+        return Err(Error::Image(format!(
+            "the image is {width}x{height} pixels"
+        )));
     }
     let data = if image.color().has_alpha() {
         composite_on_white(&image)
@@ -236,7 +244,11 @@ mod tests {
         assert_eq!(taps[0].first, 0);
         assert_eq!(taps[1].first, 1);
         let one = f64::from(1u32 << RESAMPLE_BITS);
-        let w: Vec<f64> = taps[1].weights.iter().map(|&w| f64::from(w) / one).collect();
+        let w: Vec<f64> = taps[1]
+            .weights
+            .iter()
+            .map(|&w| f64::from(w) / one)
+            .collect();
         assert!((w[0] - 1.0 / 7.0).abs() < 1e-6, "{w:?}");
     }
 

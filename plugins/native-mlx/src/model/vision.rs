@@ -82,7 +82,8 @@ impl VisionConfig {
             .ok_or_else(|| invalid("no \"vision_config\" object".into()))?;
         let text = config.get("text_config");
         let int = |of: Option<&serde_json::Value>, name: &str| -> Option<i64> {
-            of.and_then(|o| o.get(name)).and_then(serde_json::Value::as_i64)
+            of.and_then(|o| o.get(name))
+                .and_then(serde_json::Value::as_i64)
         };
         let need = |name: &str| -> Result<i32> {
             int(Some(vision), name)
@@ -241,7 +242,10 @@ impl VisionEncoder {
                 )))
             }
         };
-        let patch_rhs = kernel.reshape(&[hidden, p * p * 3])?.transpose()?.contiguous()?;
+        let patch_rhs = kernel
+            .reshape(&[hidden, p * p * 3])?
+            .transpose()?
+            .contiguous()?;
         let patch_bias = w.take(&format!("{tower}.embeddings.patch_embedding.bias"))?;
         let positions = w.take(&format!("{tower}.embeddings.position_embedding.weight"))?;
         let patches = config.patches_per_side() * config.patches_per_side();
@@ -347,8 +351,8 @@ impl VisionEncoder {
             .reshape(&[images, side, p, side, p, 3])?
             .transpose_axes(&[0, 1, 3, 2, 4, 5])?
             .reshape(&[images, side * side, p * p * 3])?;
-        let mut x = addmm(&self.patch_bias, &patches, &self.patch_rhs, None, None)?
-            .add(&self.positions)?;
+        let mut x =
+            addmm(&self.patch_bias, &patches, &self.patch_rhs, None, None)?.add(&self.positions)?;
         let heads = c.num_heads;
         let head_dim = hidden / heads;
         let scale = (head_dim as f32).powf(-0.5);
@@ -389,4 +393,3 @@ impl VisionEncoder {
         })
     }
 }
-
