@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use hangar_native_mlx::{preprocess_image, Error, LoadOptions, VisionEncoder};
+use hangar_native_mlx::{preprocess_image, Error, LoadOptions, Model, ModelConfig, VisionEncoder};
 use serde_json::{json, Value};
 
 use crate::fixtures::{python, repo};
@@ -29,12 +29,22 @@ const IMAGES: [(&str, &str, u32, u32, &str); 8] = [
 /// Soft tokens must agree to float32 rounding.
 const FEATURE_TOLERANCE: f32 = 1e-4;
 
+/// The quantized copies of the folder, as mlx-vlm converts it: (folder
+/// name, bits, whether the vision tower's linear layers are quantized too;
+/// mlx-vlm's own predicate keeps the tower and projector dense).
+const CONVERTED: [(&str, u32, bool); 2] = [
+    ("gemma3-vision-q8", 8, false),
+    ("gemma3-vision-q8-tower", 8, true),
+];
+
 struct Fixture {
     _dir: tempfile::TempDir,
     model: PathBuf,
     images: PathBuf,
     /// The reference's answer for each of [`IMAGES`].
     answers: Vec<Value>,
+    /// For each of [`CONVERTED`]: mlx-vlm's soft tokens of each image.
+    converted: Vec<Vec<Vec<f32>>>,
 }
 
 /// The tiny vision folder, its images and the reference, made once.
@@ -61,9 +71,21 @@ fn fixture() -> &'static Fixture {
                     "height": height, "seed": i, "format": format})
             })
             .collect();
-        let answer = reference(json!({"model": model, "images": specs}));
+        let convert: Vec<Value> = CONVERTED
+            .iter()
+            .map(|(name, bits, tower)| {
+                json!({"mlx_path": dir.path().join(name), "bits": bits, "vision": tower})
+            })
+            .collect();
+        let answer = reference(json!({"model": model, "images": specs, "convert": convert}));
         Fixture {
             answers: answer["images"].as_array().unwrap().clone(),
+            converted: answer["converted"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|per_image| per_image.as_array().unwrap().iter().map(floats).collect())
+                .collect(),
             _dir: dir,
             model,
             images,
@@ -215,4 +237,35 @@ fn a_resize_that_pillow_13_runs_vertically_first_is_within_one_level() {
     let (pixels, features) = compare(&encoder(), "vertical-first.png");
     eprintln!("vertical-first.png: pixels {pixels:e}, soft tokens {features:e}");
     assert!(pixels <= 2.0 / 255.0 + 1e-6, "pixels differ by {pixels}");
+}
+
+#[test]
+fn quantized_gemma3_folders_match_mlx_vlm() {
+    // mlx-vlm's layout: the patch kernel channels-last; the text model
+    // 8-bit; in the second folder the tower's linear layers 8-bit as well.
+    let f = fixture();
+    let root = f.model.parent().unwrap();
+    for (c, (name, ..)) in CONVERTED.iter().enumerate() {
+        let encoder = VisionEncoder::load(&root.join(name), &LoadOptions::default()).unwrap();
+        for (i, (image, ..)) in IMAGES.iter().enumerate().take(3) {
+            let bytes = std::fs::read(f.images.join(image)).unwrap();
+            let features = encoder.image_features(&bytes).unwrap();
+            let diff = max_diff(features.as_slice::<f32>(), &f.converted[c][i]);
+            eprintln!("{name} {image}: soft tokens {diff:e}");
+            assert!(
+                diff <= FEATURE_TOLERANCE,
+                "{name} {image}: soft tokens differ by {diff}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_text_model_of_a_vision_folder_still_loads() {
+    let f = fixture();
+    let root = f.model.parent().unwrap();
+    for dir in [f.model.clone(), root.join(CONVERTED[1].0)] {
+        let config = ModelConfig::load(&dir).unwrap();
+        Model::load(&dir, config, &LoadOptions::default()).unwrap();
+    }
 }
