@@ -10,16 +10,12 @@
 //! 3. resize to `size x size` with Pillow's `BILINEAR` resampling: a
 //!    separable triangle filter whose support widens by the scale when the
 //!    image shrinks (so it antialiases, as Pillow always does), coefficients
-//!    in fixed point (22 fraction bits), the horizontal pass first, each
-//!    pass rounded and clamped to 8 bits;
+//!    in fixed point (22 fraction bits), one pass a direction in Pillow
+//!    13's order, each pass rounded and clamped to 8 bits;
 //! 4. rescale by `1/255` (in float64, then float32) and normalize with mean
 //!    0.5 and std 0.5 (in float32).
 //!
-//! What does not match bit for bit: Pillow 13.0 runs some resizes of both
-//! sides vertical pass first (its choice is not Pillow 12's source, which
-//! always starts horizontally, as this does); the intermediate image then
-//! rounds differently and pixels may be one level apart (a 45x64 image to
-//! 32x32 is one). JPEG decoding (the `image` crate's
+//! What does not match bit for bit: JPEG decoding (the `image` crate's
 //! decoder is not libjpeg-turbo, whose IDCT and chroma upsampling Pillow
 //! uses; pixels may differ by one level) and 16-bit PNGs (Pillow opens
 //! 16-bit gray as `I;16`, which its RGB conversion clamps, where the `image`
@@ -60,6 +56,7 @@ pub fn preprocess_image(bytes: &[u8], size: u32) -> Result<Vec<f32>> {
 }
 
 /// An 8-bit RGB image, row by row, three values a pixel.
+#[derive(Clone)]
 struct Rgb {
     width: usize,
     height: usize,
@@ -172,55 +169,72 @@ fn clamp8(sum: i64) -> u8 {
     (sum >> RESAMPLE_BITS).clamp(0, 255) as u8
 }
 
-/// Pillow's `Image.resize(..., BILINEAR)` of an 8-bit RGB image: the
-/// horizontal pass first, then the vertical one, each only where the size
-/// changes, each rounded to 8 bits.
+/// Pillow's `Image.resize(..., BILINEAR)` of an 8-bit RGB image: two
+/// passes, each only where the size changes, each rounded to 8 bits.
+/// Pillow 13 runs the vertical pass first when the height loses more than
+/// twice as many pixels as the width (less work for the horizontal pass),
+/// else the horizontal one first (as every Pillow before 13 always did);
+/// the order changes the rounding of the intermediate image, so it is
+/// Pillow 13's here (transformers 5.24 with mlx-vlm 0.7.6 installs it).
 fn resize_bilinear(image: &Rgb, width: usize, height: usize) -> Rgb {
-    let half = 1i64 << (RESAMPLE_BITS - 1);
-    let mut current = Rgb {
-        width: image.width,
-        height: image.height,
-        data: image.data.clone(),
-    };
-    if width != current.width {
-        let taps = bilinear_taps(current.width, width);
-        let mut data = Vec::with_capacity(width * current.height * 3);
-        for y in 0..current.height {
-            let row = &current.data[y * current.width * 3..(y + 1) * current.width * 3];
-            for t in &taps {
-                for c in 0..3 {
-                    let sum = t.weights.iter().enumerate().fold(half, |s, (k, &w)| {
-                        s + i64::from(row[(t.first + k) * 3 + c]) * i64::from(w)
-                    });
-                    data.push(clamp8(sum));
-                }
-            }
-        }
-        current = Rgb {
-            width,
-            height: current.height,
-            data,
-        };
+    let lost_height = image.height as i64 - height as i64;
+    let lost_width = image.width as i64 - width as i64;
+    let vertical_first = lost_height > 0 && lost_height > 2 * lost_width;
+    if vertical_first {
+        resize_horizontally(&resize_vertically(image, height), width)
+    } else {
+        resize_vertically(&resize_horizontally(image, width), height)
     }
-    if height != current.height {
-        let taps = bilinear_taps(current.height, height);
-        let stride = current.width * 3;
-        let mut data = Vec::with_capacity(stride * height);
+}
+
+/// The horizontal pass: every row resampled to `width` pixels.
+fn resize_horizontally(image: &Rgb, width: usize) -> Rgb {
+    if width == image.width {
+        return image.clone();
+    }
+    let half = 1i64 << (RESAMPLE_BITS - 1);
+    let taps = bilinear_taps(image.width, width);
+    let mut data = Vec::with_capacity(width * image.height * 3);
+    for y in 0..image.height {
+        let row = &image.data[y * image.width * 3..(y + 1) * image.width * 3];
         for t in &taps {
-            for x in 0..stride {
+            for c in 0..3 {
                 let sum = t.weights.iter().enumerate().fold(half, |s, (k, &w)| {
-                    s + i64::from(current.data[(t.first + k) * stride + x]) * i64::from(w)
+                    s + i64::from(row[(t.first + k) * 3 + c]) * i64::from(w)
                 });
                 data.push(clamp8(sum));
             }
         }
-        current = Rgb {
-            width: current.width,
-            height,
-            data,
-        };
     }
-    current
+    Rgb {
+        width,
+        height: image.height,
+        data,
+    }
+}
+
+/// The vertical pass: every column resampled to `height` pixels.
+fn resize_vertically(image: &Rgb, height: usize) -> Rgb {
+    if height == image.height {
+        return image.clone();
+    }
+    let half = 1i64 << (RESAMPLE_BITS - 1);
+    let taps = bilinear_taps(image.height, height);
+    let stride = image.width * 3;
+    let mut data = Vec::with_capacity(stride * height);
+    for t in &taps {
+        for x in 0..stride {
+            let sum = t.weights.iter().enumerate().fold(half, |s, (k, &w)| {
+                s + i64::from(image.data[(t.first + k) * stride + x]) * i64::from(w)
+            });
+            data.push(clamp8(sum));
+        }
+    }
+    Rgb {
+        width: image.width,
+        height,
+        data,
+    }
 }
 
 #[cfg(test)]
