@@ -393,3 +393,49 @@ impl VisionEncoder {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<VisionConfig> {
+        let value: serde_json::Value = serde_json::from_str(json).unwrap();
+        VisionConfig::from_json(&value, Path::new("config.json"))
+    }
+
+    const TOWER: &str = r#""hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "patch_size": 14"#;
+
+    #[test]
+    fn gemma3s_vision_fields_are_read_with_its_defaults() {
+        let c = parse(&format!(
+            r#"{{"model_type": "gemma3", "text_config": {{"hidden_size": 2560}},
+                "vision_config": {{{TOWER}, "image_size": 896}}}}"#
+        ))
+        .unwrap();
+        // 64 patches a side pool by 4 into 16 x 16 = 256 soft tokens.
+        assert_eq!(
+            (c.mm_tokens_per_image, c.text_hidden_size, c.layer_norm_eps),
+            (256, 2560, 1e-6)
+        );
+        assert_eq!((c.patches_per_side(), c.tokens_per_side()), (64, 16));
+    }
+
+    #[test]
+    fn a_grid_that_does_not_pool_evenly_is_refused() {
+        // 224 / 14 = 16 patches a side do not pool into 3 x 3 tokens.
+        let err = parse(&format!(
+            r#"{{"model_type": "gemma3", "mm_tokens_per_image": 9,
+                "text_config": {{"hidden_size": 64}}, "vision_config": {{{TOWER}}}}}"#
+        ))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(err.contains("does not pool"), "{err}");
+        let err = parse(r#"{"model_type": "gemma3", "text_config": {"hidden_size": 64}}"#)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("vision_config"), "{err}");
+    }
+}
