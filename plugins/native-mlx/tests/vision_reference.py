@@ -3,7 +3,7 @@
 Reads one JSON request from stdin:
     {"model": DIR, "images": [{"path": FILE, "mode": "RGB" | "L" | "RGBA" | "LA" | "P",
                                "width": W, "height": H, "seed": S, "format": "PNG" | "JPEG"}, ..],
-     "convert": [{"mlx_path": DIR, "bits": B, "vision": BOOL}, ..]}
+     "convert": [{"mlx_path": DIR, "bits": B, "vision": BOOL}, ..], "also": [DIR, ..]}
 writes each image (seeded noise, smoothed so that resizing has something to
 average; RGBA's alpha spans 0 to 255) to its path with Pillow, then preprocesses
 the file as mlx-vlm does (transformers' AutoImageProcessor with use_fast=False:
@@ -16,7 +16,7 @@ and projector dense; "vision" quantizes the tower's linear layers as well.
 Writes
     {"images": [{"pixels": [..] (height, width, channel), "features": [..] (tokens, hidden),
                  "tokens": T, "hidden": D}, ..],
-     "converted": [[features of each image] for each convert entry]}
+     "converted": [[features of each image] for each convert entry, then each "also" folder]}
 """
 import contextlib
 import shutil
@@ -92,7 +92,8 @@ def main():
             convert(model_dir, spec)
     processor = AutoImageProcessor.from_pretrained(model_dir, use_fast=False)
     model = load_model(model_dir)
-    converted = [load_model(Path(spec["mlx_path"])) for spec in request.get("convert", [])]
+    others = [spec["mlx_path"] for spec in request.get("convert", [])] + request.get("also", [])
+    converted = [load_model(Path(path)) for path in others]
     answers, others = [], [[] for _ in converted]
     for spec in request["images"]:
         write_image(spec)

@@ -37,13 +37,18 @@ const CONVERTED: [(&str, u32, bool); 2] = [
     ("gemma3-vision-q8-tower", 8, true),
 ];
 
+/// The same folder in bfloat16 (other random weights: they are drawn in
+/// float32 and rounded).
+const BF16: &str = "gemma3-vision-bf16";
+
 struct Fixture {
     _dir: tempfile::TempDir,
     model: PathBuf,
     images: PathBuf,
     /// The reference's answer for each of [`IMAGES`].
     answers: Vec<Value>,
-    /// For each of [`CONVERTED`]: mlx-vlm's soft tokens of each image.
+    /// For each of [`CONVERTED`], then the bfloat16 folder: mlx-vlm's soft
+    /// tokens of each image.
     converted: Vec<Vec<Vec<f32>>>,
 }
 
@@ -63,6 +68,18 @@ fn fixture() -> &'static Fixture {
             .status()
             .unwrap();
         assert!(status.success(), "make_tiny_model.py --vision failed");
+        let status = Command::new(python())
+            .arg(repo().join("scripts/make_tiny_model.py"))
+            .arg(dir.path().join(BF16))
+            .args(["--arch", "gemma3", "--vision", "--layers", "2"])
+            .args(["--dtype", "bfloat16"])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "make_tiny_model.py --vision --dtype bfloat16 failed"
+        );
         let specs: Vec<Value> = IMAGES
             .iter()
             .enumerate()
@@ -77,7 +94,8 @@ fn fixture() -> &'static Fixture {
                 json!({"mlx_path": dir.path().join(name), "bits": bits, "vision": tower})
             })
             .collect();
-        let answer = reference(json!({"model": model, "images": specs, "convert": convert}));
+        let answer = reference(json!({"model": model, "images": specs, "convert": convert,
+            "also": [dir.path().join(BF16)]}));
         Fixture {
             answers: answer["images"].as_array().unwrap().clone(),
             converted: answer["converted"]
@@ -264,5 +282,30 @@ fn the_text_model_of_a_vision_folder_still_loads() {
     for dir in [f.model.clone(), root.join(CONVERTED[1].0)] {
         let config = ModelConfig::load(&dir).unwrap();
         Model::load(&dir, config, &LoadOptions::default()).unwrap();
+    }
+}
+
+#[test]
+fn a_bfloat16_folder_matches_mlx_vlm_to_its_rounding() {
+    // Pixels and weights in bfloat16 as mlx-vlm casts them; the patch
+    // embedding is a product here and a convolution there, which round
+    // differently in bfloat16 (8 bits of mantissa: one step of a value
+    // near 4 is 1/32).
+    let f = fixture();
+    let dir = f.model.parent().unwrap().join(BF16);
+    let encoder = VisionEncoder::load(&dir, &LoadOptions::default()).unwrap();
+    for (i, (image, ..)) in IMAGES.iter().enumerate().take(3) {
+        let bytes = std::fs::read(f.images.join(image)).unwrap();
+        let features = encoder.image_features(&bytes).unwrap();
+        assert_eq!(features.dtype(), mlx_rs::Dtype::Bfloat16);
+        let features = features.as_dtype(mlx_rs::Dtype::Float32).unwrap();
+        let want = &f.converted[CONVERTED.len()][i];
+        let diff = max_diff(features.as_slice::<f32>(), want);
+        let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        eprintln!("bfloat16 {image}: soft tokens {diff:e} (largest {scale})");
+        assert!(
+            diff <= 0.05 * scale,
+            "{image}: soft tokens differ by {diff}"
+        );
     }
 }
