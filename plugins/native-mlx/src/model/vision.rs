@@ -158,6 +158,7 @@ struct Norm {
 }
 
 impl Norm {
+    /// Takes `{prefix}.weight` and `{prefix}.bias`.
     fn take(w: &mut Weights, prefix: &str) -> Result<Self> {
         Ok(Self {
             weight: w.take(&format!("{prefix}.weight"))?,
@@ -165,12 +166,14 @@ impl Norm {
         })
     }
 
+    /// `mlx.nn.LayerNorm` over the last axis.
     fn apply(&self, x: &Array, eps: f32) -> Result<Array> {
         Ok(layer_norm(x, &self.weight, &self.bias, eps)?)
     }
 }
 
-/// One pre-LN encoder layer of the tower.
+/// One pre-LN encoder layer of the tower: `norm1`, attention (`q_proj`,
+/// `k_proj`, `v_proj`, `out_proj`), `norm2`, MLP (`fc1`, `fc2`).
 struct EncoderLayer {
     norm1: Norm,
     q_proj: Linear,
@@ -302,6 +305,7 @@ impl VisionEncoder {
         &self.config
     }
 
+    /// Every weight, to evaluate them at load.
     fn arrays(&self) -> Vec<&Array> {
         let mut all = vec![&self.patch_rhs, &self.patch_bias, &self.positions];
         for l in &self.layers {
