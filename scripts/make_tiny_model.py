@@ -10,7 +10,9 @@ gate_up_proj, partial rotary embeddings, LongRoPE scaling); gemma3_text
 (sliding-window layers of --window positions every other layer, Gemma's
 norms, tied embeddings) and gemma3 (the same text model inside a
 vision-language folder: `text_config`, weights under `language_model.`, and
-a few vision tensors the text path ignores).
+a few vision tensors the text path ignores; with --vision a whole tiny SigLIP
+vision tower and multi-modal projector instead, as mlx-vlm's `gemma3` loads
+them).
 Run it with the venv from scripts/python-env.sh:
     $(scripts/python-env.sh) scripts/make_tiny_model.py /tmp/tiny --arch qwen3
 """
@@ -187,10 +189,63 @@ def make_gemma3_weights(a, head_dim, rng):
                   "pre_feedforward_layernorm", "post_feedforward_layernorm"):
             w[p + n + ".weight"] = norm(h)
     w[f"{lm}model.norm.weight"] = norm(h)
-    if a.arch == "gemma3":  # a vision tower and projector the text path ignores
+    if a.arch == "gemma3" and a.vision:
+        w.update(make_vision_weights(a, h, np.random.default_rng(a.seed + 1)))
+    elif a.arch == "gemma3":  # a vision tower and projector the text path ignores
         w["vision_tower.vision_model.embeddings.patch_embedding.weight"] = rand(16, 3, 4, 4)
         w["multi_modal_projector.mm_input_projection_weight"] = rand(16, h)
     return w
+
+
+def make_vision_weights(a, text_hidden, rng):
+    """Gemma 3's SigLIP vision tower and multi-modal projector, named as
+    transformers and mlx-vlm name them; the patch kernel in PyTorch's
+    (out, in, kh, kw) layout, as a Hugging Face folder holds it (mlx-vlm
+    transposes it on load). LayerNorm weights near 1 and biases near 0, but
+    random, so that a swapped or forgotten one shows; the projector's RMS
+    norm weighs 1 + w."""
+    d, inter, p = a.vision_hidden, a.vision_intermediate, a.patch_size
+    patches = (a.image_size // p) ** 2
+    rand = lambda *shape, s=0.05: rng.normal(0.0, s, size=shape).astype(np.float32)
+    t = "vision_tower.vision_model."
+    w = {
+        t + "embeddings.patch_embedding.weight": rand(d, 3, p, p),
+        t + "embeddings.patch_embedding.bias": rand(d),
+        t + "embeddings.position_embedding.weight": rand(patches, d, s=0.5),
+    }
+    ln = lambda name: {name + ".weight": 1.0 + rand(d, s=0.1), name + ".bias": rand(d, s=0.1)}
+    for i in range(a.vision_layers):
+        l = f"{t}encoder.layers.{i}."
+        for n in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            w[l + f"self_attn.{n}.weight"] = rand(d, d, s=0.2)
+            w[l + f"self_attn.{n}.bias"] = rand(d)
+        w[l + "mlp.fc1.weight"] = rand(inter, d, s=0.2)
+        w[l + "mlp.fc1.bias"] = rand(inter)
+        w[l + "mlp.fc2.weight"] = rand(d, inter, s=0.2)
+        w[l + "mlp.fc2.bias"] = rand(d)
+        w.update(ln(l + "layer_norm1"))
+        w.update(ln(l + "layer_norm2"))
+    w.update(ln(t + "post_layernorm"))
+    w["multi_modal_projector.mm_soft_emb_norm.weight"] = rand(d, s=0.1)
+    w["multi_modal_projector.mm_input_projection_weight"] = rand(d, text_hidden, s=0.2)
+    return w
+
+
+def vision_config(a):
+    """A tiny Gemma 3 vision_config (SigLIP), in transformers' fields."""
+    return {
+        "model_type": "siglip_vision_model",
+        "hidden_size": a.vision_hidden,
+        "intermediate_size": a.vision_intermediate,
+        "num_hidden_layers": a.vision_layers,
+        "num_attention_heads": a.vision_heads,
+        "patch_size": a.patch_size,
+        "image_size": a.image_size,
+        "num_channels": 3,
+        "layer_norm_eps": 1e-6,
+        "hidden_act": "gelu_pytorch_tanh",
+        "vision_use_head": False,
+    }
 
 
 def gemma3_text_config(a, head_dim):
@@ -261,7 +316,18 @@ def main():
     ap.add_argument("--openai-mxfp4", action="store_true",
                     help="gpt_oss: the experts as OpenAI released them (MXFP4 blocks, gate and up "
                     "rows interleaved, quantization_config mxfp4)")
+    ap.add_argument("--vision", action="store_true",
+                    help="gemma3: a whole tiny vision tower and projector (the sizes below)")
+    ap.add_argument("--image-size", type=int, default=32)
+    ap.add_argument("--patch-size", type=int, default=8)
+    ap.add_argument("--vision-hidden", type=int, default=64)
+    ap.add_argument("--vision-intermediate", type=int, default=128)
+    ap.add_argument("--vision-layers", type=int, default=2)
+    ap.add_argument("--vision-heads", type=int, default=2)
+    ap.add_argument("--mm-tokens", type=int, default=4, help="soft tokens per image (a square)")
     a = ap.parse_args()
+    if a.vision and a.arch != "gemma3":
+        ap.error("--vision is for --arch gemma3")
     if a.arch in ("gemma3_text", "gemma3") and a.layers < 2:
         ap.error("gemma3 needs 2 layers at least (mlx-lm reads the second's cache)")
     if a.hidden % a.heads or a.heads % a.kv_heads:
@@ -320,12 +386,31 @@ def main():
             "model_type": "gemma3",
             "architectures": [arch_name],
             "text_config": gemma3_text_config(a, head_dim),
-            "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 16},
+            "vision_config": vision_config(a) if a.vision
+            else {"model_type": "siglip_vision_model", "hidden_size": 16},
             "vocab_size": a.vocab,
             "bos_token_id": bos_id,
             "eos_token_id": eos_id,
             "torch_dtype": a.dtype,
         }
+    if a.arch == "gemma3" and a.vision:
+        # Top level, where transformers reads it, and in text_config, where
+        # mlx-vlm does; the special tokens of Gemma 3's processor.
+        config["mm_tokens_per_image"] = a.mm_tokens
+        config["text_config"]["mm_tokens_per_image"] = a.mm_tokens
+        config["image_token_index"] = a.vocab - 1
+        config["boi_token_index"] = a.vocab - 2
+        config["eoi_token_index"] = a.vocab - 3
+        with open(out("preprocessor_config.json"), "w") as f:
+            json.dump({
+                "image_processor_type": "Gemma3ImageProcessor",
+                "processor_class": "Gemma3Processor",
+                "size": {"height": a.image_size, "width": a.image_size},
+                "resample": 2,
+                "do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255,
+                "do_normalize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+                "do_convert_rgb": True, "do_pan_and_scan": None,
+            }, f, indent=2)
     if a.arch == "qwen3_moe":
         config.update({
             "num_experts": a.experts,

@@ -39,6 +39,7 @@ mod error;
 mod ffi;
 mod indexing;
 mod model;
+mod pixels;
 mod plugin;
 mod pool;
 mod prefix;
@@ -60,7 +61,9 @@ pub use config::{
 pub use draft::{DraftLoad, Drafter};
 pub use embed::{model_kind, Answer, Embedder, ModelKind, Pooling};
 pub use error::{Error, Result};
+pub use model::vision::{VisionConfig, VisionEncoder};
 pub use model::{LoadOptions, Model};
+pub use pixels::preprocess_image;
 pub use probe::{probe, DeviceKind, MlxProbe};
 pub use qmv::{check_qmv, QmvCheck, QmvShape};
 pub use sampling::SamplingParams;

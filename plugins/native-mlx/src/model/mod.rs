@@ -10,6 +10,7 @@ pub(crate) mod encoder;
 mod gemma;
 mod layers;
 mod moe;
+pub(crate) mod vision;
 mod weights;
 pub(crate) mod window;
 

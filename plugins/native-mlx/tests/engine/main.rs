@@ -12,3 +12,4 @@ mod real;
 mod session;
 mod specprefill;
 mod speculate;
+mod vision;
