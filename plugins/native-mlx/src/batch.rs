@@ -772,7 +772,11 @@ impl Engine {
             built = building.elapsed();
             choices.eval()?;
             waited = building.elapsed() - built;
-            verify_greedy(&proposal.tokens, choices.as_slice::<u32>())
+            let choices = choices.as_slice::<u32>();
+            match proposer.spec.accept_all {
+                true => (proposal.tokens.len(), choices[proposal.tokens.len()]),
+                false => verify_greedy(&proposal.tokens, choices),
+            }
         } else {
             let probs = seq.sampler.probabilities(&logprobs)?;
             let draws = seq

@@ -247,6 +247,7 @@ fn speculate_settings(
             prediction: None,
             draft_model: source.is_some(),
             k,
+            accept_all: false,
         },
         source,
     ))

@@ -40,6 +40,11 @@ pub struct Speculation {
     /// Most tokens proposed per verification; 0 chooses (and adapts to the
     /// acceptance rate) up to [`MAX_K`].
     pub k: usize,
+    /// For benchmarks only: every proposal is taken as if the model had
+    /// chosen it (the verifying passes cost what they cost at acceptance
+    /// 1.0, but the answer is the proposals', not the model's).
+    #[doc(hidden)]
+    pub accept_all: bool,
 }
 
 impl Speculation {
@@ -79,7 +84,7 @@ pub struct SpecUsage {
 
 /// One request's proposer and its adaptive `k`.
 pub(crate) struct Proposer {
-    spec: Speculation,
+    pub(crate) spec: Speculation,
     /// Where in the prediction the answer is expected to go on.
     cursor: usize,
     /// The acceptance rate so far (an exponential average), for `k = 0`.

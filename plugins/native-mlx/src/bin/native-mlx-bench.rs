@@ -104,7 +104,9 @@ struct Args {
     /// acceptance 1.0, the verification machinery's ceiling, even where
     /// near-ties make that answer differ from plain decoding's on a GPU),
     /// `draft` (the model of `--draft-model`, or the model's own first
-    /// `--draft-layers`, greedily ahead); a
+    /// `--draft-layers`, greedily ahead), `forced` (the plain answer with
+    /// every proposal taken unverified: acceptance 1.0 by construction);
+    /// a
     /// table of the median decode tokens/s, its spread, the median ratio
     /// to `off` per round, acceptance, tokens per pass, and whether the
     /// ids equal plain decoding's.
@@ -417,9 +419,18 @@ fn speculation(args: &Args, dir: &Path, modes: &[String]) -> Result<()> {
                 k,
                 ..Speculation::default()
             },
+            // The plain answer, every proposal taken unverified: the
+            // machinery's cost at acceptance 1.0 exactly (the ids then
+            // are the proposals', and may differ on a GPU).
+            "forced" => Speculation {
+                prediction: Some(plain.clone()),
+                k,
+                accept_all: true,
+                ..Speculation::default()
+            },
             other => {
                 anyhow::bail!(
-                    "--speculate: unknown proposer '{other}' (off, lookup, oracle, draft)"
+                    "--speculate: unknown proposer '{other}' (off, lookup, oracle, draft, forced)"
                 )
             }
         })
