@@ -7,13 +7,13 @@
 
 use std::path::Path;
 
-use mlx_rs::fast::{layer_norm, scaled_dot_product_attention, ScaledDotProductAttentionMask};
+use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask};
 use mlx_rs::ops::{erf, tanh};
 use mlx_rs::transforms::eval;
 use mlx_rs::Array;
 
 use crate::error::{Error, Result};
-use crate::model::layers::{Embedding, Linear};
+use crate::model::layers::{Embedding, LayerNorm, Linear};
 use crate::model::weights::Weights;
 use crate::model::{layout_for, LoadOptions};
 
@@ -133,33 +133,15 @@ pub(crate) enum Head {
     Roberta { dense: Linear, out_proj: Linear },
 }
 
-struct NormWeights {
-    weight: Array,
-    bias: Array,
-}
-
-impl NormWeights {
-    fn take(w: &mut Weights, prefix: &str) -> Result<Self> {
-        Ok(Self {
-            weight: w.take(&format!("{prefix}.weight"))?,
-            bias: w.take(&format!("{prefix}.bias"))?,
-        })
-    }
-
-    fn apply(&self, x: &Array, eps: f32) -> Result<Array> {
-        Ok(layer_norm(x, &self.weight, &self.bias, eps)?)
-    }
-}
-
 struct EncoderLayer {
     query: Linear,
     key: Linear,
     value: Linear,
     attention_out: Linear,
-    attention_norm: NormWeights,
+    attention_norm: LayerNorm,
     intermediate: Linear,
     output: Linear,
-    output_norm: NormWeights,
+    output_norm: LayerNorm,
 }
 
 /// A loaded encoder, with its classification head when it is a cross-encoder.
@@ -168,7 +150,7 @@ pub(crate) struct Encoder {
     words: Embedding,
     positions: Array,
     token_types: Array,
-    embedding_norm: NormWeights,
+    embedding_norm: LayerNorm,
     layers: Vec<EncoderLayer>,
     head: Option<Head>,
 }
@@ -219,7 +201,7 @@ impl Encoder {
         )?;
         let positions = w.take(&name("embeddings.position_embeddings.weight"))?;
         let token_types = w.take(&name("embeddings.token_type_embeddings.weight"))?;
-        let embedding_norm = NormWeights::take(&mut w, &name("embeddings.LayerNorm"))?;
+        let embedding_norm = LayerNorm::take(&mut w, &name("embeddings.LayerNorm"))?;
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = name(&format!("encoder.layer.{i}"));
@@ -228,13 +210,13 @@ impl Encoder {
                 key: linear(&mut w, &format!("{p}.attention.self.key"))?,
                 value: linear(&mut w, &format!("{p}.attention.self.value"))?,
                 attention_out: linear(&mut w, &format!("{p}.attention.output.dense"))?,
-                attention_norm: NormWeights::take(
+                attention_norm: LayerNorm::take(
                     &mut w,
                     &format!("{p}.attention.output.LayerNorm"),
                 )?,
                 intermediate: linear(&mut w, &format!("{p}.intermediate.dense"))?,
                 output: linear(&mut w, &format!("{p}.output.dense"))?,
-                output_norm: NormWeights::take(&mut w, &format!("{p}.output.LayerNorm"))?,
+                output_norm: LayerNorm::take(&mut w, &format!("{p}.output.LayerNorm"))?,
             });
         }
         let head = match head {

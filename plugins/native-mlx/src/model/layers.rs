@@ -612,3 +612,25 @@ impl Embedding {
         }
     }
 }
+
+/// A LayerNorm's weight and bias (`mlx.nn.LayerNorm` over the last axis),
+/// as the encoders and the vision tower load them.
+pub(crate) struct LayerNorm {
+    pub(crate) weight: Array,
+    pub(crate) bias: Array,
+}
+
+impl LayerNorm {
+    /// Takes `{prefix}.weight` and `{prefix}.bias`.
+    pub(crate) fn take(w: &mut Weights, prefix: &str) -> Result<Self> {
+        Ok(Self {
+            weight: w.take(&format!("{prefix}.weight"))?,
+            bias: w.take(&format!("{prefix}.bias"))?,
+        })
+    }
+
+    /// The norm of `x` with `eps`.
+    pub(crate) fn apply(&self, x: &Array, eps: f32) -> Result<Array> {
+        Ok(mlx_rs::fast::layer_norm(x, &self.weight, &self.bias, eps)?)
+    }
+}

@@ -20,7 +20,7 @@
 
 use std::path::Path;
 
-use mlx_rs::fast::{layer_norm, rms_norm, scaled_dot_product_attention};
+use mlx_rs::fast::{rms_norm, scaled_dot_product_attention};
 use mlx_rs::ops::{addmm, matmul};
 use mlx_rs::transforms::eval;
 use mlx_rs::Array;
@@ -28,7 +28,7 @@ use mlx_rs::Array;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::model::gemma;
-use crate::model::layers::Linear;
+use crate::model::layers::{LayerNorm, Linear};
 use crate::model::weights::Weights;
 use crate::model::{layout_for, LoadOptions};
 use crate::pixels::preprocess_image;
@@ -151,36 +151,15 @@ impl VisionConfig {
     }
 }
 
-/// A LayerNorm's weight and bias.
-struct Norm {
-    weight: Array,
-    bias: Array,
-}
-
-impl Norm {
-    /// Takes `{prefix}.weight` and `{prefix}.bias`.
-    fn take(w: &mut Weights, prefix: &str) -> Result<Self> {
-        Ok(Self {
-            weight: w.take(&format!("{prefix}.weight"))?,
-            bias: w.take(&format!("{prefix}.bias"))?,
-        })
-    }
-
-    /// `mlx.nn.LayerNorm` over the last axis.
-    fn apply(&self, x: &Array, eps: f32) -> Result<Array> {
-        Ok(layer_norm(x, &self.weight, &self.bias, eps)?)
-    }
-}
-
 /// One pre-LN encoder layer of the tower: `norm1`, attention (`q_proj`,
 /// `k_proj`, `v_proj`, `out_proj`), `norm2`, MLP (`fc1`, `fc2`).
 struct EncoderLayer {
-    norm1: Norm,
+    norm1: LayerNorm,
     q_proj: Linear,
     k_proj: Linear,
     v_proj: Linear,
     out_proj: Linear,
-    norm2: Norm,
+    norm2: LayerNorm,
     fc1: Linear,
     fc2: Linear,
 }
@@ -196,7 +175,7 @@ pub struct VisionEncoder {
     /// `(patches, hidden)`.
     positions: Array,
     layers: Vec<EncoderLayer>,
-    post_norm: Norm,
+    post_norm: LayerNorm,
     /// `1 + w` of the projector's RMS norm.
     soft_norm: Array,
     /// `(vision hidden, text hidden)`.
@@ -263,17 +242,17 @@ impl VisionEncoder {
         for i in 0..config.num_layers {
             let l = format!("{tower}.encoder.layers.{i}");
             layers.push(EncoderLayer {
-                norm1: Norm::take(&mut w, &format!("{l}.layer_norm1"))?,
+                norm1: LayerNorm::take(&mut w, &format!("{l}.layer_norm1"))?,
                 q_proj: linear(&mut w, &format!("{l}.self_attn.q_proj"))?,
                 k_proj: linear(&mut w, &format!("{l}.self_attn.k_proj"))?,
                 v_proj: linear(&mut w, &format!("{l}.self_attn.v_proj"))?,
                 out_proj: linear(&mut w, &format!("{l}.self_attn.out_proj"))?,
-                norm2: Norm::take(&mut w, &format!("{l}.layer_norm2"))?,
+                norm2: LayerNorm::take(&mut w, &format!("{l}.layer_norm2"))?,
                 fc1: linear(&mut w, &format!("{l}.mlp.fc1"))?,
                 fc2: linear(&mut w, &format!("{l}.mlp.fc2"))?,
             });
         }
-        let post_norm = Norm::take(&mut w, &format!("{tower}.post_layernorm"))?;
+        let post_norm = LayerNorm::take(&mut w, &format!("{tower}.post_layernorm"))?;
         let soft_norm =
             gemma::norm_weight(&w.take("multi_modal_projector.mm_soft_emb_norm.weight")?)?;
         let projection = w.take("multi_modal_projector.mm_input_projection_weight")?;
