@@ -1,7 +1,6 @@
 //! Embeddings and rerank scores of random-weight BERT, XLM-RoBERTa and Qwen3 folders (`scripts/make_tiny_embedder.py`) against `tests/embed_reference.py` (numpy from transformers' definitions; mlx-lm for the decoder).
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
@@ -37,21 +36,7 @@ fn folder(kind: &str) -> PathBuf {
 }
 
 fn reference(request: Value) -> Value {
-    let mut child = Command::new(python())
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/embed_reference.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(request.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "embed_reference.py failed");
-    serde_json::from_slice(&out.stdout).unwrap()
+    crate::fixtures::python_reference("embed_reference.py", &request)
 }
 
 fn load(kind: &str) -> Embedder {

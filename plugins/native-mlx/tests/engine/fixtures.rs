@@ -321,6 +321,13 @@ fn build() -> Fixtures {
 /// Runs `tests/mlx_lm_reference.py` on `request` (see its docstring) and
 /// returns its answer.
 pub fn reference(request: Value) -> Value {
+    python_reference("mlx_lm_reference.py", &request)
+}
+
+/// Runs the Python reference `tests/{script}` with `request` as JSON on its
+/// standard input and returns the JSON it prints; its error output is shown
+/// when it fails.
+pub fn python_reference(script: &str, request: &Value) -> Value {
     // HANGAR_FIXTURES_LOG shows the reference's progress as it runs: where
     // another machine spends its time (scripts/gpu-device.sh sets it).
     let stderr = if std::env::var_os("HANGAR_FIXTURES_LOG").is_some() {
@@ -329,7 +336,7 @@ pub fn reference(request: Value) -> Value {
         Stdio::piped()
     };
     let mut child = Command::new(python())
-        .arg(repo().join("plugins/native-mlx/tests/mlx_lm_reference.py"))
+        .arg(repo().join("plugins/native-mlx/tests").join(script))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(stderr)
@@ -345,7 +352,7 @@ pub fn reference(request: Value) -> Value {
     let output = child.wait_with_output().unwrap();
     assert!(
         output.status.success(),
-        "mlx_lm_reference.py failed:\n{}",
+        "{script} failed:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
     serde_json::from_slice(&output.stdout).unwrap()

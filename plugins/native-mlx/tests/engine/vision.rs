@@ -1,7 +1,6 @@
 //! Gemma 3's vision tower and projector on a random-weight `gemma3` folder (`scripts/make_tiny_model.py --vision`): pixel values against transformers' image processor, soft tokens against mlx-vlm (`tests/vision_reference.py`).
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
@@ -112,26 +111,7 @@ fn fixture() -> &'static Fixture {
 }
 
 fn reference(request: Value) -> Value {
-    let mut child = Command::new(python())
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vision_reference.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(request.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "vision_reference.py failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    crate::fixtures::python_reference("vision_reference.py", &request)
 }
 
 fn floats(v: &Value) -> Vec<f32> {
