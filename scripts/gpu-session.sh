@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The open GPU measurements of issues 33, 34 and 37, in parts that each fit
+# one device call (600 s), after scripts/gpu-device.sh stage / install (and
+# serve, for `serve`). Each part writes its whole log to $OUT/PART.log (or
+# /tmp/gpu-session when OUT is unset) and prints its last lines; nothing is
+# piped into a reader that would wait for a server's children, and every
+# command has its own timeout, so a hung part still returns its log.
+#
+# Usage: scripts/gpu-session.sh PART...
+#   kernels    native-mlx-bench --qmv-check with 1, 2, 4 and 8 output rows
+#              per warp (NATIVE_MLX_QMV_ROWS)
+#   q4         7B 4-bit (made from the 7B bf16 folder if missing): single
+#              stream, MLX's qmv against Hangar's (--qmv), interleaved rounds
+#   speculate  0.5B and 7B: --speculate off,oracle,forced (k 4), with the
+#              per-pass breakdown
+#   serve      serving-bench.sh qwen7 --streams 32,64 --rounds 3, with the
+#              engine's steps per round (needs `gpu-device.sh serve`)
+#   engine     native-mlx-bench --concurrent 32 and 64 at 7B, the
+#              engine-level figures `serve` is compared with
+# Env: BIN (the bench binary, default /tmp/gpu/native-mlx-bench), BENCH_DIR
+#   (models, default /tmp/hgb; the 7B folder takes a few minutes to write,
+#   so make it in a part of its own call: scripts/gpu-bench.sh makes it),
+#   ROUNDS (3).
+set -uo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="${BIN:-/tmp/gpu/native-mlx-bench}"
+export BENCH_DIR="${BENCH_DIR:-/tmp/hgb}"
+ROUNDS="${ROUNDS:-3}"
+LOGS="${OUT:-/tmp/gpu-session}"
+PY="${PYTHON:-python3}"
+mkdir -p "$LOGS" "$BENCH_DIR"
+
+model() { # shape: the folder, made as scripts/gpu-bench.sh makes it
+  local shape="$1"
+  if [[ ! -f "$BENCH_DIR/$shape/config.json" ]]; then
+    STREAMS= IDS=0 SINGLE=0 ROUNDS=0 "$REPO/scripts/gpu-bench.sh" "$BIN" "$shape" >/dev/null 2>&1
+  fi
+  echo "$BENCH_DIR/$shape"
+}
+
+for part in "$@"; do
+  log="$LOGS/$part.log"
+  : >"$log"
+  case "$part" in
+    kernels)
+      for rows in 1 2 4 8; do
+        echo "## NATIVE_MLX_QMV_ROWS=$rows" >>"$log"
+        NATIVE_MLX_QMV_ROWS=$rows timeout 120 "$BIN" --qmv-check --runs 3 >>"$log" 2>&1
+      done
+      ;;
+    q4)
+      q4="$(model qwen7-q4)"
+      for round in $(seq "$ROUNDS"); do
+        for flag in "" --qmv; do
+          echo "## round $round ${flag:-mlx-qmv}" >>"$log"
+          timeout 150 "$BIN" --json --runs 1 --prompt-tokens 128 --gen-tokens 256 --breakdown $flag "$q4" >>"$log" 2>&1
+        done
+      done
+      ;;
+    speculate)
+      for shape in qwen05 qwen7; do
+        echo "## $shape" >>"$log"
+        timeout 240 "$BIN" --speculate off,oracle,forced --draft-tokens 4 --runs "$ROUNDS" \
+          --prompt-tokens 128 --gen-tokens 256 "$(model "$shape")" >>"$log" 2>&1
+      done
+      ;;
+    serve)
+      timeout -k 10 560 "$REPO/scripts/serving-bench.sh" qwen7 --streams 32,64 --rounds "$ROUNDS" \
+        --long-rounds 0 >>"$log" 2>&1
+      ;;
+    engine)
+      for round in $(seq "$ROUNDS"); do
+        for n in 32 64; do
+          echo "## round $round, $n streams" >>"$log"
+          timeout 150 "$BIN" --concurrent "$n" --runs 1 --gen-tokens 128 "$(model qwen7)" >>"$log" 2>&1
+        done
+      done
+      ;;
+    *)
+      echo "gpu-session: unknown part '$part' (kernels, q4, speculate, serve, engine)" >&2
+      exit 2
+      ;;
+  esac
+  echo "gpu-session: $part (exit $?), log $log" >&2
+  grep -v "tokenizer you are loading" "$log" | tail -40
+done
