@@ -40,8 +40,8 @@ def test_messages_errors_in_anthropics_shape(server):
         (dict(max_tokens=0), 400, "invalid_request_error", "'max_tokens' must be a whole number"),
         (dict(extra_body={"temperature": 1.5}), 400, "invalid_request_error", "'temperature' must be a number from 0 to 1"),
         (dict(stop_sequences=[""]), 400, "invalid_request_error", "'stop_sequences[0]'"),
-        (dict(messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}]),
-         400, "invalid_request_error", "'messages[0].content[0].source' is http: this host takes images inline only"),
+        (dict(messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "ftp://x"}}]}]),
+         400, "invalid_request_error", "'messages[0].content[0].source' must be a data: URL such as data:image/png;base64,..., or a file: or http(s) URL"),
         # An inline image reaches the model check: this model takes text only.
         (dict(messages=[{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw=="}},

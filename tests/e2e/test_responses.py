@@ -168,8 +168,8 @@ def test_store_false_keeps_nothing(echo):
 def test_a_clients_mistake_is_a_400_naming_the_field(echo):
     c = oa(echo)
     cases = [
-        (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/a.png"}]}]),
-         "input", "'input[0].content[0].image_url' is http: this host takes images inline only"),
+        (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "ftp://x/a.png"}]}]),
+         "input", "'input[0].content[0].image_url' must be a data: URL such as data:image/png;base64,..., or a file: or http(s) URL"),
         (dict(input=[{"type": "function_call_output", "output": "x"}]), "input", "'input[0].call_id'"),
         (dict(tools=[{"type": "web_search"}]), "tools", "'tools[0]' is a 'web_search' tool"),
         (dict(tool_choice="sometimes"), "tool_choice", "'tool_choice' must be"),

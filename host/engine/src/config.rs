@@ -21,6 +21,13 @@
 //! call_timeout_ms = 2000                   # each call's deadline
 //! memory_mib = 64                          # each instance's memory cap
 //! cache_dir = "~/.cache/hangar/wasm"       # compiled plugins
+//!
+//! [images]                                 # images that requests name by URL
+//! local_dirs = ["~/Pictures"]              # file: URLs read under these only
+//! remote = true                            # fetch http(s) URLs for clients
+//! remote_hosts = ["images.example.com"]    # and only from these (empty: any)
+//! max_mib = 20                             # the largest image read or fetched
+//! fetch_timeout_ms = 10000                 # a fetch's deadline, redirects included
 //! ```
 //!
 //! Settings (generation defaults, default engines, engine and model
@@ -70,6 +77,11 @@ pub struct Config {
     /// one).
     #[serde(default)]
     pub clusters: BTreeMap<String, ClusterConfig>,
+    /// Images that requests give by reference (`file:` and `http(s)` URLs
+    /// in `image_url` parts) rather than inline: which ones the host reads
+    /// or fetches for a client. None by default.
+    #[serde(default)]
+    pub images: ImagesConfig,
 }
 
 impl Default for Config {
@@ -82,6 +94,7 @@ impl Default for Config {
             plugins: BTreeMap::new(),
             wasm: WasmConfig::default(),
             clusters: BTreeMap::new(),
+            images: ImagesConfig::default(),
         }
     }
 }
@@ -208,6 +221,75 @@ impl Default for WasmConfig {
     }
 }
 
+/// `[images]` in `config.toml`: which images a request may name by URL
+/// instead of sending their bytes (a `data:` URL, always taken). The host
+/// reads or fetches such an image itself and hands every engine the bytes,
+/// so engines never touch the client's URLs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ImagesConfig {
+    /// Folders whose files (and their subfolders') requests may name as
+    /// `file:///...` URLs. None by default: a client must not read the
+    /// host's files.
+    pub local_dirs: Vec<PathBuf>,
+    /// Whether the host fetches `http://` and `https://` image URLs for
+    /// clients. Off by default: it lets clients make the host send requests.
+    pub remote: bool,
+    /// With `remote`: the host names fetched from, redirects included
+    /// (`images.example.com`; empty: any).
+    pub remote_hosts: Vec<String>,
+    /// The largest image read or fetched, in MiB.
+    pub max_mib: u64,
+    /// A fetch's deadline in milliseconds, from connecting to the last byte.
+    pub fetch_timeout_ms: u64,
+}
+
+impl Default for ImagesConfig {
+    fn default() -> Self {
+        ImagesConfig {
+            local_dirs: Vec::new(),
+            remote: false,
+            remote_hosts: Vec::new(),
+            max_mib: 20,
+            fetch_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl ImagesConfig {
+    /// What is wrong with `[images]`, if anything.
+    fn check(&self) -> Result<(), String> {
+        if self.max_mib == 0 || self.max_mib > 1024 {
+            return Err(format!(
+                "[images] max_mib = {} is out of range; give the largest image taken in MiB, 1 to 1024 (default 20)",
+                self.max_mib
+            ));
+        }
+        if self.fetch_timeout_ms == 0 {
+            return Err(
+                "[images] fetch_timeout_ms = 0 would fail every fetch; give a deadline in milliseconds (default 10000)"
+                    .into(),
+            );
+        }
+        if !self.remote_hosts.is_empty() && !self.remote {
+            return Err(
+                "[images] remote_hosts is set but remote is off, so nothing is fetched; add remote = true, or remove remote_hosts"
+                    .into(),
+            );
+        }
+        if let Some(bad) = self
+            .remote_hosts
+            .iter()
+            .find(|h| h.is_empty() || h.contains(['/', ':', ' ']))
+        {
+            return Err(format!(
+                "[images] remote_hosts has \"{bad}\", which is not a host name; list names such as \"images.example.com\" (no scheme, port or path)"
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Why the configuration could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -257,6 +339,7 @@ impl Config {
         for (name, cluster) in &config.clusters {
             cluster.check(name)?;
         }
+        config.images.check()?;
         for (id, settings) in &config.plugins {
             let allow = settings.get(ALLOW_PROGRAMS);
             let list = allow.map(|v| v.as_array().filter(|l| l.iter().all(|p| p.is_string())));
@@ -329,6 +412,34 @@ mod tests {
             parsed("[plugins.mlx-lm]\nallow_programs = [1]"),
         ]
         .join("\n"));
+    }
+
+    #[test]
+    fn images_settings_are_checked() {
+        let parsed = |text: &str| match Config::parse(text) {
+            Ok(config) => format!("{:?}", config.images),
+            Err(e) => format!("error: {e}"),
+        };
+        expect_test::expect![[r#"
+            ImagesConfig { local_dirs: [], remote: false, remote_hosts: [], max_mib: 20, fetch_timeout_ms: 10000 }
+            ImagesConfig { local_dirs: ["/srv/pictures"], remote: true, remote_hosts: ["images.example.com"], max_mib: 5, fetch_timeout_ms: 10000 }
+            error: [images] max_mib = 0 is out of range; give the largest image taken in MiB, 1 to 1024 (default 20)
+            error: [images] fetch_timeout_ms = 0 would fail every fetch; give a deadline in milliseconds (default 10000)
+            error: [images] remote_hosts is set but remote is off, so nothing is fetched; add remote = true, or remove remote_hosts
+            error: [images] remote_hosts has "https://x.org", which is not a host name; list names such as "images.example.com" (no scheme, port or path)
+            error: unknown field `remote_host`, expected one of `local_dirs`, `remote`, `remote_hosts`, `max_mib`, `fetch_timeout_ms`"#]]
+        .assert_eq(
+            &[
+                parsed(""),
+                parsed("[images]\nlocal_dirs = [\"/srv/pictures\"]\nremote = true\nremote_hosts = [\"images.example.com\"]\nmax_mib = 5"),
+                parsed("[images]\nmax_mib = 0"),
+                parsed("[images]\nfetch_timeout_ms = 0"),
+                parsed("[images]\nremote_hosts = [\"x.org\"]"),
+                parsed("[images]\nremote = true\nremote_hosts = [\"https://x.org\"]"),
+                parsed("[images]\nremote_host = [\"x.org\"]"),
+            ]
+            .join("\n"),
+        );
     }
 
     fn check(text: &str, expect: expect_test::Expect) {

@@ -95,6 +95,7 @@ pub(crate) fn run(
         ),
         _ => {}
     }
+    let images = Arc::new(crate::api::images::Images::new(&registry.config().images)?);
     let state_dir = match &args.state_dir {
         Some(dir) => dir.clone(),
         None => dirs::data_dir()
@@ -138,6 +139,7 @@ pub(crate) fn run(
             api_key: args.api_key,
             responses,
             pulls: Arc::default(),
+            images,
         });
         let discovery = app.discovery();
         for bad in &discovery.rejected {

@@ -36,6 +36,7 @@ mod admin;
 mod embeddings;
 mod error;
 mod hub;
+pub(crate) mod images;
 pub(crate) mod inprocess;
 pub(crate) use embeddings::{worker_embeddings, worker_rerank};
 pub(crate) mod listen;
@@ -89,6 +90,8 @@ pub(crate) struct App {
     pub responses: Arc<responses::Store>,
     /// The pulls of `POST /api/models/pull`.
     pub pulls: Arc<pull::Pulls>,
+    /// The images requests name by URL, read or fetched as `[images]` allows.
+    pub images: Arc<images::Images>,
 }
 
 impl App {

@@ -219,6 +219,8 @@ async fn forward(
         (*plan, constraint) = super::tools::plan(&app, &model, &mut request).await?;
     }
     gate_request(&app, &model, route, &mut request).await?;
+    // Images named by URL become their bytes, before a slot is taken.
+    app.images.inline(&mut request).await?;
     let (session, in_flight) = app.scheduler.admit(&model).await?;
     if let Some(constraint) = &constraint {
         super::tools::enforce(&app, &model, &session.plugin, constraint, &mut request)?;

@@ -407,9 +407,10 @@ const IMAGE_TYPES: &[&str] = &["png", "jpeg", "jpg", "webp", "gif", "bmp"];
 
 /// An OpenAI `image_url` part: `{"type": "image_url", "image_url": {"url":
 /// "data:image/png;base64,...", "detail": "auto"}}`. The image travels in
-/// the request as a base64 `data:` URL; this host neither reads its own
-/// files nor fetches remote URLs for a client. On error: the path inside
-/// the part and what is wrong with it.
+/// the request as a base64 `data:` URL, or is named by a `file:` or
+/// `http(s)` URL, which the host reads or fetches where the operator allows
+/// it ([`super::images`], after this check). On error: the path inside the
+/// part and what is wrong with it.
 pub(super) fn image_part(part: &Value) -> Result<(), String> {
     let Some(Value::Object(image)) = part.get("image_url") else {
         return Err(
@@ -429,15 +430,16 @@ pub(super) fn image_part(part: &Value) -> Result<(), String> {
         return Err("image_url.url' is missing: a data: URL of the image (base64)".into());
     };
     if url.starts_with("http://") || url.starts_with("https://") || url.starts_with("file:") {
-        return Err(format!(
-            "image_url.url' is {}: this host takes images inline only; send the image's bytes as a data: URL (data:image/png;base64,...)",
-            url.split(':').next().unwrap_or_default()
-        ));
+        return match reqwest::Url::parse(url) {
+            Ok(parsed) if parsed.scheme() != "file" || parsed.to_file_path().is_ok() => Ok(()),
+            Ok(_) => Err("image_url.url' is not a local file's URL (file:///absolute/path)".into()),
+            Err(e) => Err(format!("image_url.url' is not a URL: {e}")),
+        };
     }
     let (kind, data) = url
         .strip_prefix("data:image/")
         .and_then(|rest| rest.split_once(";base64,"))
-        .ok_or("image_url.url' must be a data: URL such as data:image/png;base64,...")?;
+        .ok_or("image_url.url' must be a data: URL such as data:image/png;base64,..., or a file: or http(s) URL where the operator allows them")?;
     if !IMAGE_TYPES.contains(&kind) {
         return Err(format!(
             "image_url.url' is an image/{kind}; the image types taken are {}",
@@ -527,6 +529,8 @@ mod tests {
             json!({"url": "data:image/png;base64,iVBORw==", "detail": "ultra"}),
             json!({"url": "https://example.com/cat.png"}),
             json!({"url": "file:///etc/passwd"}),
+            json!({"url": "file://server/share/cat.png"}),
+            json!({"url": "http://[::1"}),
             json!({"url": "data:text/plain;base64,aGk="}),
             json!({"url": "data:image/tiff;base64,aGk="}),
             json!({"url": "data:image/png;base64,not base64!"}),
@@ -546,9 +550,11 @@ mod tests {
             400 Some("messages"): 'messages[0].content[1].image_url' must be an object such as {"url": "data:image/png;base64,..."}
             400 Some("messages"): 'messages[0].content[1].image_url.url' is missing: a data: URL of the image (base64)
             400 Some("messages"): 'messages[0].content[1].image_url.detail' must be "auto", "low" or "high", not "ultra"
-            400 Some("messages"): 'messages[0].content[1].image_url.url' is https: this host takes images inline only; send the image's bytes as a data: URL (data:image/png;base64,...)
-            400 Some("messages"): 'messages[0].content[1].image_url.url' is file: this host takes images inline only; send the image's bytes as a data: URL (data:image/png;base64,...)
-            400 Some("messages"): 'messages[0].content[1].image_url.url' must be a data: URL such as data:image/png;base64,...
+            ok
+            ok
+            400 Some("messages"): 'messages[0].content[1].image_url.url' is not a local file's URL (file:///absolute/path)
+            400 Some("messages"): 'messages[0].content[1].image_url.url' is not a URL: invalid IPv6 address
+            400 Some("messages"): 'messages[0].content[1].image_url.url' must be a data: URL such as data:image/png;base64,..., or a file: or http(s) URL where the operator allows them
             400 Some("messages"): 'messages[0].content[1].image_url.url' is an image/tiff; the image types taken are png, jpeg, jpg, webp, gif, bmp
             400 Some("messages"): 'messages[0].content[1].image_url.url' is not valid base64: Invalid symbol 32, offset 3.
             400 Some("messages"): 'messages[0].content[1].image_url.url' holds no image: its base64 data is empty"#]]

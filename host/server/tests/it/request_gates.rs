@@ -45,7 +45,8 @@ fn server(requirements: Option<(&str, &str)>) -> Server {
 }
 
 /// [`server`] with gamma's `vision` on from version `vision`, and beside
-/// `tiny` a vision-language model `vlm` (a config with a vision tower).
+/// `tiny` a vision-language model `vlm` (a config with a vision tower);
+/// images are read from the folder `pictures`, which holds `cat.png`.
 fn server_with(requirements: Option<(&str, &str)>, vision: &str) -> Server {
     Server::with(|s: &Scenario| {
         let (id, capabilities) = match requirements {
@@ -76,8 +77,12 @@ fn server_with(requirements: Option<(&str, &str)>, vision: &str) -> Server {
             &manifest(id, &library, formats, 10, &extra),
             Some(&library),
         );
+        let pictures = s.root.path().join("pictures");
+        std::fs::create_dir_all(&pictures).unwrap();
+        std::fs::write(pictures.join("cat.png"), b"\x89PNG\r\n\x1a\n").unwrap();
         s.config(&format!(
-            "[plugins.{id}]\nscript = \"{}\"\nallow_programs = [\"python3\"]\n",
+            "[images]\nlocal_dirs = [\"{}\"]\n[plugins.{id}]\nscript = \"{}\"\nallow_programs = [\"python3\"]\n",
+            pictures.display(),
             script.display()
         ));
     })
@@ -238,5 +243,32 @@ fn images_need_a_vision_model_and_an_engine_with_vision() {
         image,
         json!({}),
         expect!["200 engine saw reasoning_effort: null, parts: [text, image_url]"],
+    );
+    // An image named by a file of the folders `[images]` lists reaches the
+    // engine as its bytes; a file elsewhere is refused, naming the part.
+    let url = |path: &std::path::Path| format!("file://{}", path.display());
+    let root = std::fs::canonicalize(host.root()).unwrap();
+    let by_file = |path: &std::path::Path| {
+        let body = json!({"model": "vlm", "max_tokens": 2, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": url(path)}},
+        ]}]});
+        host.post("/v1/chat/completions", body)
+    };
+    let (status, answer) = by_file(&root.join("pictures/cat.png"));
+    assert_eq!(status, 200, "{answer}");
+    let seen: Value =
+        serde_json::from_str(answer["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        seen["messages"][0]["content"][1]["image_url"]["url"], "data:image/png;base64,iVBORw0KGgo=",
+        "{seen}"
+    );
+    let (status, answer) = by_file(&root.join("config.toml"));
+    assert_eq!(status, 400, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("'messages[0].content[1].image_url.url' (file://")
+            && message.contains("names a file outside the folders this host reads images from"),
+        "{message}"
     );
 }

@@ -15,7 +15,14 @@ use crate::fixtures::{allow_python, manifest, Scenario};
 pub struct Server {
     pub child: Child,
     pub url: String,
-    _scenario: Scenario,
+    scenario: Scenario,
+}
+
+impl Server {
+    /// The scenario's folder (models, plugins, config).
+    pub fn root(&self) -> &std::path::Path {
+        self.scenario.root.path()
+    }
 }
 
 impl Drop for Server {
@@ -109,7 +116,7 @@ impl Server {
         Server {
             child,
             url,
-            _scenario: s,
+            scenario: s,
         }
     }
 

@@ -491,24 +491,12 @@ fn image_parts(value: Option<&Value>, field: &str) -> Result<Option<Vec<Value>>,
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(data)
             .map_err(|e| format!("'{field}[{k}]' is not valid base64: {e}"))?;
-        let kind = image_type(&bytes)
+        let kind = super::super::images::image_type(&bytes)
             .ok_or_else(|| format!("'{field}[{k}]' is not a PNG, JPEG, GIF, WebP or BMP image"))?;
         parts.push(json!({ "type": "image_url",
                            "image_url": { "url": format!("data:image/{kind};base64,{data}") } }));
     }
     Ok(Some(parts))
-}
-
-/// An image's type from its signature (its first bytes).
-fn image_type(bytes: &[u8]) -> Option<&'static str> {
-    Some(match bytes {
-        [0x89, b'P', b'N', b'G', ..] => "png",
-        [0xFF, 0xD8, 0xFF, ..] => "jpeg",
-        [b'G', b'I', b'F', b'8', ..] => "gif",
-        [b'R', b'I', b'F', b'F', _, _, _, _, b'W', b'E', b'B', b'P', ..] => "webp",
-        [b'B', b'M', ..] => "bmp",
-        _ => return None,
-    })
 }
 
 /// `POST /api/show`: the model's name.

@@ -130,8 +130,8 @@ fn every_field_is_checked_by_name() {
     let cases = [
         (with("model", json!("")), expect![[r#"400 Some("model"): 'model' is required: a string naming one of the models GET /v1/models lists"#]]),
         (with("input", json!([])), expect![[r#"400 Some("input"): 'input' is required: a string, or a non-empty list of items ({"role": "user", "content": "..."}, function_call_output, ...)"#]]),
-        (with("input", json!([{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}])),
-         expect![[r#"400 Some("input"): 'input[0].content[0].image_url' is http: this host takes images inline only; send the image's bytes as a data: URL (data:image/png;base64,...)"#]]),
+        (with("input", json!([{"role": "user", "content": [{"type": "input_image", "image_url": "ftp://x"}]}])),
+         expect![[r#"400 Some("input"): 'input[0].content[0].image_url' must be a data: URL such as data:image/png;base64,..., or a file: or http(s) URL where the operator allows them"#]]),
         (with("input", json!([{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}])),
          expect![[r#"400 Some("input"): 'input[0].content[0].file_id': this host stores no files; send the image as 'image_url', a data: URL (data:image/png;base64,...)"#]]),
         (with("input", json!([{"role": "user", "content": [{"type": "input_text", "text": "what?"}, {"type": "input_image", "image_url": "data:image/png;base64,iVBORw==", "detail": "low"}]}])),
