@@ -15,7 +15,9 @@ from __future__ import annotations
 import base64
 import os
 import struct
+import threading
 import zlib
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import ollama
 import openai
@@ -54,15 +56,20 @@ def llama(env, tmp_path_factory):
     _run([env["python"], make, str(models / VISION_MODEL / "weights.gguf"), "--seed", "2"], "make_tiny_gguf.py")
     _run([env["python"], make, str(models / VISION_MODEL / "mmproj-weights.gguf"), "--arch", "mmproj",
           "--projection-dim", "64"], "make_tiny_gguf.py --arch mmproj")
+    # Images named by URL: files of this folder, and fetches from loopback.
+    (tmp / "pictures").mkdir()
+    (tmp / "pictures" / "cat.png").write_bytes(IMAGE)
     config = tmp / "config.toml"
     config.write_text(
         f'[plugins.llama-server]\nprogram = "{server_bin}"\n[wasm]\ncache_dir = "{tmp / "wasm-cache"}"\n'
+        f'[images]\nlocal_dirs = ["{tmp / "pictures"}"]\nremote = true\nremote_hosts = ["127.0.0.1"]\n'
     )
     args = list(env["base_args"])
     args[args.index("--model-dir") + 1] = str(models)
     args[args.index("--config") + 1] = str(config)
     args[args.index("--state-dir") + 1] = str(tmp / "state")
     srv = Server("hangar (llama-server)", args, env["proc_env"])
+    srv.pictures = tmp / "pictures"
     yield srv
     problems = srv.stop()
     assert not problems, problems
@@ -200,6 +207,52 @@ def test_an_image_reaches_llama_server_through_mmproj_and_is_answered(llama):
         model=VISION_MODEL, messages=[{"role": "user", "content": QUESTION, "images": [IMAGE]}],
         options={"num_predict": 4, "temperature": 0}, stream=False)
     assert o.done and o.eval_count == 4 and o.prompt_eval_count == r.usage.prompt_tokens, o
+
+
+def test_an_image_named_by_a_file_or_an_http_url_is_the_same_image(llama):
+    """The host reads `file:` URLs under `[images] local_dirs` and fetches
+    `http` URLs from `remote_hosts`; llama-server gets the bytes, so the
+    prompt and the greedy answer are those of the inline image."""
+    class Images(SimpleHTTPRequestHandler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, directory=str(llama.pictures), **kw)
+
+        def log_message(self, *a):
+            pass
+
+    images = ThreadingHTTPServer(("127.0.0.1", 0), Images)
+    threading.Thread(target=images.serve_forever, daemon=True).start()
+    try:
+        c = openai.OpenAI(base_url=llama.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+        def ask(url):
+            return c.chat.completions.create(model=VISION_MODEL, max_tokens=4, temperature=0, messages=[
+                {"role": "user", "content": [{"type": "text", "text": QUESTION},
+                                             {"type": "image_url", "image_url": {"url": url}}]}])
+
+        inline = ask(IMAGE_URL)
+        served = f"http://127.0.0.1:{images.server_address[1]}/cat.png"
+        for url in (f"file://{llama.pictures / 'cat.png'}", served):
+            r = ask(url)
+            assert r.usage.prompt_tokens == inline.usage.prompt_tokens, (url, r.usage, inline.usage)
+            assert r.choices[0].message.content == inline.choices[0].message.content, (url, r, inline)
+        m = anthropic_client(llama.url).messages.create(
+            model=VISION_MODEL, max_tokens=4, extra_body={"temperature": 0}, messages=[{"role": "user", "content": [
+                {"type": "text", "text": QUESTION}, {"type": "image", "source": {"type": "url", "url": served}}]}])
+        assert m.usage.input_tokens == inline.usage.prompt_tokens, m.usage
+        # What the operator did not allow is the client's 400, naming the part.
+        for url, words in [
+            (f"file://{llama.pictures.parent / 'config.toml'}", "names a file outside the folders"),
+            (f"http://localhost:{images.server_address[1]}/cat.png", "is on localhost, which is not one of the hosts"),
+            (served.replace("cat.png", "missing.png"), "could not be fetched: its server answered 404 Not Found"),
+        ]:
+            with pytest.raises(openai.BadRequestError) as e:
+                ask(url)
+            message = e.value.body["message"]
+            assert message.startswith("'messages[0].content[1].image_url.url'") and words in message, message
+            assert e.value.body["param"] == "messages", e.value.body
+    finally:
+        images.shutdown()
 
 
 def test_an_image_for_a_text_only_gguf_is_a_400_naming_the_model_and_vision(llama):
