@@ -198,6 +198,32 @@ fn greedy_tokens_are_the_same_alone_and_batched_mxfp4_gpt_oss() {
     same_tokens_alone_and_batched("gpt_oss-mxfp4");
 }
 
+/// 64 streams at once on routed experts (issue 35's "MoE under load"): a
+/// decoding step of 64 rows sends at least 64 (row, expert) pairs through
+/// the experts, where mlx-lm's order (and native-mlx's) sorts them by expert
+/// before `gather_mm`, a path a lone sequence's decoding never takes; each
+/// request's ids are still those it gets alone.
+#[test]
+fn sixty_four_streams_on_routed_experts_each_get_their_ids_alone() {
+    for model in ["qwen3_moe", "gpt_oss-q4"] {
+        let requests: Vec<GenerateRequest> = (0..64u64)
+            .map(|i| request(&prompt(300 + i, 6 + (i as usize % 7) * 5), 12))
+            .collect();
+        let b = batcher(model, 0);
+        let alone: Vec<Vec<u32>> = requests.iter().map(|r| run(&b, r).token_ids).collect();
+        let together = run_together(&b, &requests);
+        assert!(
+            b.peak_batch() >= 48,
+            "{model}: only {} of 64 ran together",
+            b.peak_batch()
+        );
+        for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+            let what = format!("{model}: request {i} of 64 streams");
+            assert_same_greedy(model, ids_of(&requests[i]), &t.token_ids, a, &what);
+        }
+    }
+}
+
 #[test]
 fn a_short_prompt_gives_the_session_tokens() {
     // A prompt within one chunk is prefilled in one pass by both paths;
