@@ -284,26 +284,30 @@ impl Session {
                         .ok_or_else(|| Error::NoChatTemplate {
                             dir: self.dir.clone(),
                         })?;
-                // As transformers' apply_chat_template: the template writes
-                // the special tokens itself.
-                let text = template.render(messages, options)?;
                 let images: Vec<ImageData> = messages
                     .iter()
                     .flat_map(ChatMessage::images)
                     .cloned()
                     .collect();
-                if images.is_empty() {
-                    return Ok(PromptInput::text(self.tokenizer.encode(&text, false)?));
-                }
-                match &self.vision {
-                    Ok(vision) => vision.expand(&text, images, &self.tokenizer),
-                    Err(no) => Err(Error::InvalidRequest(format!(
-                        "the request has {} image(s), but model {} lacks the vision capability \
-                         in native-mlx: {}; send text only",
-                        images.len(),
-                        self.dir.display(),
-                        no.reason
-                    ))),
+                let vision = match &self.vision {
+                    _ if images.is_empty() => None,
+                    Ok(vision) => Some(vision),
+                    Err(no) => {
+                        return Err(Error::InvalidRequest(format!(
+                            "the request has {} image(s), but model {} lacks the vision \
+                             capability in native-mlx: {}; send text only",
+                            images.len(),
+                            self.dir.display(),
+                            no.reason
+                        )))
+                    }
+                };
+                // As transformers' apply_chat_template: the template writes
+                // the special tokens itself.
+                let text = template.render(messages, options)?;
+                match vision {
+                    Some(vision) => vision.expand(&text, images, &self.tokenizer),
+                    None => Ok(PromptInput::text(self.tokenizer.encode(&text, false)?)),
                 }
             }
         }
