@@ -682,7 +682,11 @@ impl Engine {
             if image.start + image.len <= filled {
                 continue;
             }
-            let vision = self.session.vision.as_mut().expect("images expanded by the vision");
+            let vision = self
+                .session
+                .vision
+                .as_mut()
+                .expect("images expanded by the vision");
             match vision.soft_tokens(image, index) {
                 Ok(rows) => images.push((image.start, rows)),
                 Err(e) => {

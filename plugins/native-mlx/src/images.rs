@@ -179,9 +179,10 @@ impl Vision {
                 .or_else(|| tokenizer.token_to_id(name))
                 .or((key == "image_token_index").then_some(DEFAULT_IMAGE_TOKEN))
                 .ok_or_else(|| broken(format!("no {key}, and no {name} token")))?;
-            let text = tokenizer.inner().id_to_token(id).ok_or_else(|| {
-                broken(format!("{key} {id} is not a token of the tokenizer"))
-            })?;
+            let text = tokenizer
+                .inner()
+                .id_to_token(id)
+                .ok_or_else(|| broken(format!("{key} {id} is not a token of the tokenizer")))?;
             Ok((id, text))
         };
         let (_, boi) = token("boi_token_index", "<start_of_image>")?;
@@ -281,7 +282,9 @@ impl Vision {
             .encoder
             .image_features(&image.image.bytes)
             .map_err(|e| match e {
-                Error::Image(what) => Error::Image(format!("image {} of the request: {what}", index + 1)),
+                Error::Image(what) => {
+                    Error::Image(format!("image {} of the request: {what}", index + 1))
+                }
                 other => other,
             })?;
         // mlx-vlm's `image_features / (hidden_size**0.5)`: a Python float,
@@ -313,7 +316,12 @@ impl FeatureCache {
     fn put(&mut self, digest: ImageDigest, features: Array) {
         self.clock += 1;
         self.entries.push((digest, features, self.clock));
-        while self.entries.iter().map(|(_, a, _)| a.nbytes()).sum::<usize>() > FEATURE_CACHE_BYTES
+        while self
+            .entries
+            .iter()
+            .map(|(_, a, _)| a.nbytes())
+            .sum::<usize>()
+            > FEATURE_CACHE_BYTES
             && self.entries.len() > 1
         {
             let oldest = (0..self.entries.len())

@@ -526,7 +526,9 @@ fn image_part(part: &Value) -> Result<ContentPart, String> {
         .get("image_url")
         .and_then(|i| i.get("url"))
         .and_then(Value::as_str)
-        .ok_or("invalid request: an image_url part needs 'image_url.url', a data: URL of the image")?;
+        .ok_or(
+            "invalid request: an image_url part needs 'image_url.url', a data: URL of the image",
+        )?;
     let data = url
         .strip_prefix("data:")
         .and_then(|rest| rest.split_once(";base64,"))
@@ -575,7 +577,11 @@ mod tests {
                 {"type": "image_url", "image_url": {"url": url}}]}))
             .unwrap_err()
         };
-        assert!(bad("https://x/y.png").contains("data: URLs"), "{}", bad("https://x"));
+        assert!(
+            bad("https://x/y.png").contains("data: URLs"),
+            "{}",
+            bad("https://x")
+        );
         assert!(bad("data:image/png;base64,%%").starts_with("invalid request: "));
     }
 

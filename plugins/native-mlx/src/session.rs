@@ -255,7 +255,10 @@ impl Session {
     /// Whether the model reads images (Gemma 3 with its vision tower):
     /// `Err` says why not.
     pub fn reads_images(&self) -> std::result::Result<(), String> {
-        self.vision.as_ref().map(|_| ()).map_err(|no| no.reason.clone())
+        self.vision
+            .as_ref()
+            .map(|_| ())
+            .map_err(|no| no.reason.clone())
     }
 
     /// Why the model reads no images although its folder has a vision
