@@ -200,17 +200,14 @@ impl Vision {
                 "the tokenizer reads {per_image} × '{soft}' as {found} image tokens"
             )));
         }
-        let hidden = config
-            .get("hidden_size")
-            .and_then(|h| h.as_u64())
-            .map_or(encoder.config().text_hidden_size as f64, |h| h as f64);
+        let divisor = soft_token_divisor(&config, encoder.config().text_hidden_size);
         Ok(Self {
             encoder,
             placeholder: boi,
             expansion,
             soft_token,
             per_image,
-            divisor: hidden.sqrt() as f32,
+            divisor,
             cache: FeatureCache::default(),
         })
     }
@@ -297,6 +294,17 @@ impl Vision {
     }
 }
 
+/// What the soft tokens are divided by: `sqrt` of the top level's
+/// `hidden_size` of `config.json`, as mlx-vlm reads it, else of the text
+/// model's width (where mlx-vlm would take 2048; see the module's docs).
+fn soft_token_divisor(config: &serde_json::Value, text_hidden: i32) -> f32 {
+    let hidden = config
+        .get("hidden_size")
+        .and_then(|h| h.as_u64())
+        .map_or(text_hidden as f64, |h| h as f64);
+    hidden.sqrt() as f32
+}
+
 /// Soft tokens of recent images by digest, least recently used out first.
 #[derive(Default)]
 struct FeatureCache {
@@ -368,6 +376,15 @@ mod tests {
         assert!(ka[2..22].iter().zip(&kb[2..22]).all(|(x, y)| x != y));
         assert_eq!(ka, a.clone().cache_keys().unwrap());
         assert_eq!(PromptInput::text(tokens).cache_keys(), None);
+    }
+
+    #[test]
+    fn soft_tokens_are_divided_by_the_top_levels_width_else_the_text_models() {
+        let top = serde_json::json!({"hidden_size": 2048, "text_config": {"hidden_size": 2560}});
+        assert_eq!(soft_token_divisor(&top, 2560), 2048f32.sqrt());
+        // Google's layout: no top-level width.
+        let google = serde_json::json!({"text_config": {"hidden_size": 2560}});
+        assert_eq!(soft_token_divisor(&google, 2560), 2560f32.sqrt());
     }
 
     #[test]
