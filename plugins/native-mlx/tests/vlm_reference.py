@@ -1,0 +1,60 @@
+"""Reference prompts and greedy answers for the engine's vision-language tests, from mlx-vlm.
+
+Reads one JSON request from stdin:
+    {"model": DIR,
+     "images": [{"path": FILE, "mode": "RGB", "width": W, "height": H, "seed": S}, ..],
+     "cases": [{"messages": [..], "images": [FILE, ..], "max_tokens": N}, ..]}
+writes each image as vision_reference.py writes it (seeded, smoothed noise;
+RGB, since mlx-vlm's loader drops an alpha channel where transformers'
+processor composites it on white), then for each case renders the messages
+with the model's chat template (transformers' apply_chat_template, content
+parts as given: {"type": "image"} where an image goes), prepares the inputs
+as mlx-vlm's generate does (mlx_vlm.utils.prepare_inputs: Gemma3Processor
+expands each <start_of_image>, the image processor makes the pixels) and
+decodes greedily with mlx_vlm.generate.generate_step for max_tokens tokens,
+past any end-of-sequence token. Writes
+    {"cases": [{"prompt": [ids], "ids": [ids]}, ..]}
+"""
+import contextlib
+import json
+import sys
+
+import mlx.core as mx
+
+from mlx_vlm.generate import generate_step
+from mlx_vlm.utils import load, prepare_inputs
+
+from vision_reference import write_image
+
+
+def main():
+    request = json.load(sys.stdin)
+    with contextlib.redirect_stdout(sys.stderr):
+        for spec in request["images"]:
+            write_image(spec)
+        model, processor = load(request["model"])
+    tokenizer = processor.tokenizer
+    # The soft tokens are divided by sqrt(hidden_size) of the top level:
+    # the fixture states the text model's (see the native-mlx README).
+    assert model.config.hidden_size == model.config.text_config.hidden_size
+    answers = []
+    for case in request["cases"]:
+        prompt = tokenizer.apply_chat_template(case["messages"], tokenize=False,
+                                               add_generation_prompt=True)
+        images = case["images"] or None
+        inputs = prepare_inputs(processor, images=images, prompts=prompt,
+                                image_token_index=model.config.image_token_index,
+                                add_special_tokens=False)
+        pixels = inputs.get("pixel_values") if images else None
+        ids = []
+        steps = generate_step(inputs["input_ids"], model, pixels, inputs["attention_mask"],
+                              max_tokens=case["max_tokens"], temperature=0.0)
+        for (token, _), _ in zip(steps, range(case["max_tokens"])):
+            ids.append(int(token))
+        answers.append({"prompt": inputs["input_ids"][0].tolist(), "ids": ids})
+        mx.clear_cache()
+    json.dump({"cases": answers}, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
