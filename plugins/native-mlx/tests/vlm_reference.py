@@ -2,11 +2,15 @@
 
 Reads one JSON request from stdin:
     {"model": DIR,
-     "images": [{"path": FILE, "mode": "RGB", "width": W, "height": H, "seed": S}, ..],
+     "images": [{"path": FILE, "width": W, "height": H, "from": [R, G, B], "to": [R, G, B],
+                 "vertical": BOOL, "seed": S}, ..],
      "cases": [{"messages": [..], "images": [FILE, ..], "max_tokens": N}, ..]}
-writes each image as vision_reference.py writes it (seeded, smoothed noise;
-RGB, since mlx-vlm's loader drops an alpha channel where transformers'
-processor composites it on white), then for each case renders the messages
+writes each image as an RGB PNG (RGB: mlx-vlm's loader drops an alpha
+channel where transformers' processor composites it on white): a colour
+gradient from "from" to "to", down or across, with seeded noise. Gradients,
+not noise alone: the tiny model's answer then depends on which image it
+sees and on the order of an image's soft tokens (the means of two noise
+images are all but the same). Then for each case it renders the messages
 with the model's chat template (transformers' apply_chat_template, content
 parts as given: {"type": "image"} where an image goes), prepares the inputs
 as mlx-vlm's generate does (mlx_vlm.utils.prepare_inputs: Gemma3Processor
@@ -20,11 +24,20 @@ import json
 import sys
 
 import mlx.core as mx
+import numpy as np
+from PIL import Image
 
 from mlx_vlm.generate import generate_step
 from mlx_vlm.utils import load, prepare_inputs
 
-from vision_reference import write_image
+
+def write_image(spec):
+    h, w = spec["height"], spec["width"]
+    along = np.arange(h)[:, None, None] / (h - 1) if spec["vertical"] else np.arange(w)[None, :, None] / (w - 1)
+    start, end = np.array(spec["from"], np.float64), np.array(spec["to"], np.float64)
+    noise = np.random.default_rng(spec["seed"]).normal(0.0, 12.0, size=(h, w, 3))
+    pixels = start * (1 - along) + end * along + noise
+    Image.fromarray(np.clip(np.round(pixels), 0, 255).astype(np.uint8), "RGB").save(spec["path"], format="PNG")
 
 
 def main():

@@ -16,11 +16,14 @@ use crate::fixtures::{python, python_reference, repo};
 /// Tokens each answer decodes (past end-of-sequence tokens).
 const MAX_TOKENS: usize = 24;
 
-/// The images, RGB PNGs: (file name, width, height).
-const IMAGES: [(&str, u32, u32); 3] = [
-    ("shrunk.png", 50, 37),
-    ("square.png", 64, 64),
-    ("wide.png", 90, 40),
+/// The images, RGB PNGs of a colour gradient with noise: (file name,
+/// width, height, colour at the start, at the end, down rather than
+/// across). Shrunk, kept and shrunk unevenly to the tower's 64x64.
+#[allow(clippy::type_complexity)]
+const IMAGES: [(&str, u32, u32, [u8; 3], [u8; 3], bool); 3] = [
+    ("shrunk.png", 50, 37, [230, 40, 20], [30, 200, 60], false),
+    ("square.png", 64, 64, [10, 10, 40], [120, 180, 250], true),
+    ("wide.png", 90, 40, [240, 220, 30], [90, 20, 140], true),
 ];
 
 /// A message part: text, or the image of that file.
@@ -93,7 +96,8 @@ struct Fixture {
     answers: Vec<Vec<u32>>,
 }
 
-/// The folder (three text layers, sliding windows of 8; 64 soft tokens an
+/// The folder (three text layers, sliding windows of 32: the last tokens
+/// of a prompt see an image's last rows in every layer; 64 soft tokens an
 /// image, pooled 2x2 from 16x16 patches), the images and the reference,
 /// made once.
 fn fixture() -> &'static Fixture {
@@ -107,7 +111,7 @@ fn fixture() -> &'static Fixture {
             .arg(repo().join("scripts/make_tiny_model.py"))
             .arg(&model)
             .args(["--arch", "gemma3", "--vision", "--layers", "3"])
-            .args(["--hidden", "128", "--heads", "8"])
+            .args(["--hidden", "128", "--heads", "8", "--window", "32"])
             .args([
                 "--image-size",
                 "64",
@@ -135,9 +139,9 @@ fn fixture() -> &'static Fixture {
         let specs: Vec<Value> = IMAGES
             .iter()
             .enumerate()
-            .map(|(i, (name, width, height))| {
-                json!({"path": images.join(name), "mode": "RGB", "width": width,
-                    "height": height, "seed": 100 + i, "format": "PNG"})
+            .map(|(i, (name, width, height, from, to, vertical))| {
+                json!({"path": images.join(name), "width": width, "height": height,
+                    "from": from, "to": to, "vertical": vertical, "seed": 100 + i})
             })
             .collect();
         let cases: Vec<Value> = CASES
