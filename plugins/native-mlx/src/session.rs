@@ -270,6 +270,30 @@ impl Session {
         }
     }
 
+    /// The input embeddings of `prompt` as the first layer reads them
+    /// `(tokens, hidden)`, in float32: image soft tokens in place of their
+    /// ids' embeddings, Gemma's scale applied. What the tests compare with
+    /// mlx-vlm's merged embeddings.
+    #[doc(hidden)]
+    pub fn prompt_embeddings(&mut self, prompt: &Prompt) -> Result<Vec<f32>> {
+        let input = self.prompt_input(prompt)?;
+        let stream = self.stream.clone();
+        let _turn = mlx_turn();
+        with_stream(&stream.0, || {
+            let mut soft_tokens = Vec::new();
+            for (index, image) in input.images.iter().enumerate() {
+                let vision = self.vision.as_mut().expect("images expanded by the vision");
+                soft_tokens.push((image.start as i32, vision.soft_tokens(image, index)?));
+            }
+            let h = self
+                .model
+                .embedded_with(&ids(&input.tokens)?, &soft_tokens)?
+                .as_dtype(Dtype::Float32)?;
+            h.eval()?;
+            Ok(h.as_slice::<f32>().to_vec())
+        })
+    }
+
     /// The token ids a prompt stands for (an image's soft tokens included).
     pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
         Ok(self.prompt_input(prompt)?.tokens)

@@ -4,7 +4,8 @@ Reads one JSON request from stdin:
     {"model": DIR,
      "images": [{"path": FILE, "width": W, "height": H, "from": [R, G, B], "to": [R, G, B],
                  "vertical": BOOL, "seed": S}, ..],
-     "cases": [{"messages": [..], "images": [FILE, ..], "max_tokens": N}, ..]}
+     "cases": [{"messages": [..], "images": [FILE, ..], "max_tokens": N,
+                "embeddings": BOOL}, ..]}
 writes each image as an RGB PNG (RGB: mlx-vlm's loader drops an alpha
 channel where transformers' processor composites it on white): a colour
 gradient from "from" to "to", down or across, with seeded noise. Gradients,
@@ -16,8 +17,10 @@ parts as given: {"type": "image"} where an image goes), prepares the inputs
 as mlx-vlm's generate does (mlx_vlm.utils.prepare_inputs: Gemma3Processor
 expands each <start_of_image>, the image processor makes the pixels) and
 decodes greedily with mlx_vlm.generate.generate_step for max_tokens tokens,
-past any end-of-sequence token. Writes
-    {"cases": [{"prompt": [ids], "ids": [ids]}, ..]}
+past any end-of-sequence token; with "embeddings", also the input embeddings
+its text model's first layer reads (mlx-vlm's merged embeddings times the
+embedding scale, as Gemma3Model applies it). Writes
+    {"cases": [{"prompt": [ids], "ids": [ids], "embeddings": [..] (tokens, hidden)}, ..]}
 """
 import contextlib
 import json
@@ -64,7 +67,14 @@ def main():
                               max_tokens=case["max_tokens"], temperature=0.0)
         for (token, _), _ in zip(steps, range(case["max_tokens"])):
             ids.append(int(token))
-        answers.append({"prompt": inputs["input_ids"][0].tolist(), "ids": ids})
+        answer = {"prompt": inputs["input_ids"][0].tolist(), "ids": ids}
+        if case.get("embeddings"):
+            merged = model.get_input_embeddings(inputs["input_ids"], pixels,
+                                                mask=inputs["attention_mask"]).inputs_embeds
+            hidden = model.config.text_config.hidden_size
+            scaled = merged * mx.array(hidden**0.5, mx.bfloat16).astype(merged.dtype)
+            answer["embeddings"] = scaled[0].astype(mx.float32).reshape(-1).tolist()
+        answers.append(answer)
         mx.clear_cache()
     json.dump({"cases": answers}, sys.stdout)
 

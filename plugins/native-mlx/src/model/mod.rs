@@ -1410,7 +1410,7 @@ impl Model {
     /// The embeddings of `ids` `(1, n)`, with image soft tokens in place
     /// of some (see [`Packed::soft_tokens`]), then scaled, for Gemma: as
     /// mlx-vlm's Gemma 3 scales its merged embeddings, soft tokens too.
-    fn embedded_with(&self, ids: &Array, soft_tokens: &[(i32, Array)]) -> Result<Array> {
+    pub(crate) fn embedded_with(&self, ids: &Array, soft_tokens: &[(i32, Array)]) -> Result<Array> {
         let mut h = self.embed.forward(ids)?;
         if !soft_tokens.is_empty() {
             let n = h.dim(1);

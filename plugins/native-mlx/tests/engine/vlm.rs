@@ -94,6 +94,9 @@ struct Fixture {
     /// mlx-vlm's prompt ids and greedy ids of each of [`CASES`].
     prompts: Vec<Vec<u32>>,
     answers: Vec<Vec<u32>>,
+    /// The input embeddings its text model reads, for the cases of more
+    /// than one image.
+    embeddings: Vec<Option<Vec<f32>>>,
 }
 
 /// The folder (three text layers, sliding windows of 32: the last tokens
@@ -162,7 +165,7 @@ fn fixture() -> &'static Fixture {
                     })
                     .collect();
                 json!({"messages": [{"role": "user", "content": content}], "images": files,
-                    "max_tokens": MAX_TOKENS})
+                    "max_tokens": MAX_TOKENS, "embeddings": files.len() > 1})
             })
             .collect();
         let answer = python_reference(
@@ -176,6 +179,10 @@ fn fixture() -> &'static Fixture {
         Fixture {
             prompts: cases.iter().map(|c| ids(c, "prompt")).collect(),
             answers: cases.iter().map(|c| ids(c, "ids")).collect(),
+            embeddings: cases
+                .iter()
+                .map(|c| serde_json::from_value(c["embeddings"].clone()).ok())
+                .collect(),
             _dir: dir,
             model,
             images,
@@ -256,6 +263,30 @@ fn prompts_with_images_are_mlx_vlms() {
         let ids = session.prompt_tokens(&prompt).unwrap();
         assert_eq!(ids, fixture().prompts[i], "{name}");
     }
+}
+
+#[test]
+fn input_embeddings_with_images_are_mlx_vlms() {
+    // The soft tokens in place, divided by sqrt(hidden) and scaled back
+    // with the text by the bfloat16 scale: to float32 rounding (the tower
+    // computes its patches as a product, mlx-vlm as a convolution).
+    let mut session = session();
+    let name = "two images";
+    let want = fixture().embeddings[case(name)].as_ref().unwrap();
+    let prompt = Prompt::Chat {
+        messages: messages(name),
+        options: ChatOptions::default(),
+    };
+    let got = session.prompt_embeddings(&prompt).unwrap();
+    assert_eq!(got.len(), want.len());
+    let diff = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    let largest = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    eprintln!("{name}: input embeddings differ by {diff:e} (largest {largest})");
+    assert!(diff <= 1e-4 * largest.max(1.0), "differ by {diff}");
 }
 
 #[test]
