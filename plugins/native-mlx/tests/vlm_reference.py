@@ -1,17 +1,20 @@
 """Reference prompts and greedy answers for the engine's vision-language tests, from mlx-vlm.
 
 Reads one JSON request from stdin:
-    {"model": DIR,
+    {"model": DIR, "convert": [{"mlx_path": DIR, "bits": B, "vision": BOOL}, ..],
      "images": [{"path": FILE, "width": W, "height": H, "from": [R, G, B], "to": [R, G, B],
                  "vertical": BOOL, "seed": S}, ..],
      "cases": [{"messages": [..], "images": [FILE, ..], "max_tokens": N,
-                "embeddings": BOOL}, ..]}
+                "embeddings": BOOL, "model": DIR}, ..]}
 writes each image as an RGB PNG (RGB: mlx-vlm's loader drops an alpha
 channel where transformers' processor composites it on white): a colour
 gradient from "from" to "to", down or across, with seeded noise. Gradients,
 not noise alone: the tiny model's answer then depends on which image it
 sees and on the order of an image's soft tokens (the means of two noise
-images are all but the same). Then for each case it renders the messages
+images are all but the same). Each "convert" entry writes DIR quantized as
+vision_reference.py's does (mlx_vlm.convert's default keeps the tower and
+projector dense; "vision" quantizes the tower's linear layers too). Then for
+each case, on its "model" (by default the first), it renders the messages
 with the model's chat template (transformers' apply_chat_template, content
 parts as given: {"type": "image"} where an image goes), prepares the inputs
 as mlx-vlm's generate does (mlx_vlm.utils.prepare_inputs: Gemma3Processor
@@ -25,6 +28,7 @@ embedding scale, as Gemma3Model applies it). Writes
 import contextlib
 import json
 import sys
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -32,6 +36,8 @@ from PIL import Image
 
 from mlx_vlm.generate import generate_step
 from mlx_vlm.utils import load, prepare_inputs
+
+from vision_reference import convert
 
 
 def write_image(spec):
@@ -45,16 +51,23 @@ def write_image(spec):
 
 def main():
     request = json.load(sys.stdin)
+    loaded = {}
     with contextlib.redirect_stdout(sys.stderr):
         for spec in request["images"]:
             write_image(spec)
-        model, processor = load(request["model"])
-    tokenizer = processor.tokenizer
-    # The soft tokens are divided by sqrt(hidden_size) of the top level:
-    # the fixture states the text model's (see the native-mlx README).
-    assert model.config.hidden_size == model.config.text_config.hidden_size
+        for spec in request.get("convert", []):
+            convert(Path(request["model"]), spec)
     answers = []
     for case in request["cases"]:
+        path = case.get("model", request["model"])
+        if path not in loaded:
+            with contextlib.redirect_stdout(sys.stderr):
+                loaded[path] = load(path)
+        model, processor = loaded[path]
+        tokenizer = processor.tokenizer
+        # The soft tokens are divided by sqrt(hidden_size) of the top level:
+        # the fixture states the text model's (see the native-mlx README).
+        assert model.config.hidden_size == model.config.text_config.hidden_size
         prompt = tokenizer.apply_chat_template(case["messages"], tokenize=False,
                                                add_generation_prompt=True)
         images = case["images"] or None

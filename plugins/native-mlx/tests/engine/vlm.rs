@@ -87,6 +87,17 @@ const CASES: [(&str, &[Part]); 5] = [
     ),
 ];
 
+/// Quantized copies, as mlx-vlm's converter writes them: (folder, bits,
+/// whether the tower's linear layers are quantized too; its default keeps
+/// the tower and projector dense).
+const QUANTIZED: [(&str, u32, bool); 2] = [
+    ("gemma3-vlm-q4", 4, false),
+    ("gemma3-vlm-q8-tower", 8, true),
+];
+
+/// The cases asked of each quantized copy.
+const QUANTIZED_CASES: [&str; 2] = ["one image", "two images"];
+
 struct Fixture {
     _dir: tempfile::TempDir,
     model: PathBuf,
@@ -97,6 +108,8 @@ struct Fixture {
     /// The input embeddings its text model reads, for the cases of more
     /// than one image.
     embeddings: Vec<Option<Vec<f32>>>,
+    /// mlx-vlm's greedy ids of [`QUANTIZED_CASES`] on each of [`QUANTIZED`].
+    quantized: Vec<Vec<Vec<u32>>>,
 }
 
 /// The folder (three text layers, sliding windows of 32: the last tokens
@@ -147,7 +160,7 @@ fn fixture() -> &'static Fixture {
                     "from": from, "to": to, "vertical": vertical, "seed": 100 + i})
             })
             .collect();
-        let cases: Vec<Value> = CASES
+        let mut cases: Vec<Value> = CASES
             .iter()
             .map(|(_, parts)| {
                 let content: Vec<Value> = parts
@@ -168,15 +181,33 @@ fn fixture() -> &'static Fixture {
                     "max_tokens": MAX_TOKENS, "embeddings": files.len() > 1})
             })
             .collect();
+        let convert: Vec<Value> = QUANTIZED
+            .iter()
+            .map(|(name, bits, tower)| {
+                json!({"mlx_path": dir.path().join(name), "bits": bits, "vision": tower})
+            })
+            .collect();
+        for (name, ..) in QUANTIZED {
+            for case in QUANTIZED_CASES {
+                let mut on = cases[CASES.iter().position(|c| c.0 == case).unwrap()].clone();
+                on["model"] = json!(dir.path().join(name));
+                on["embeddings"] = json!(false);
+                cases.push(on);
+            }
+        }
         let answer = python_reference(
             "vlm_reference.py",
-            &json!({"model": model, "images": specs, "cases": cases}),
+            &json!({"model": model, "images": specs, "cases": cases, "convert": convert}),
         );
         let ids = |case: &Value, key: &str| -> Vec<u32> {
             serde_json::from_value(case[key].clone()).unwrap()
         };
-        let cases = answer["cases"].as_array().unwrap();
+        let (cases, quantized) = answer["cases"].as_array().unwrap().split_at(CASES.len());
         Fixture {
+            quantized: quantized
+                .chunks(QUANTIZED_CASES.len())
+                .map(|per_model| per_model.iter().map(|c| ids(c, "ids")).collect())
+                .collect(),
             prompts: cases.iter().map(|c| ids(c, "prompt")).collect(),
             answers: cases.iter().map(|c| ids(c, "ids")).collect(),
             embeddings: cases
@@ -295,6 +326,23 @@ fn greedy_answers_with_images_are_mlx_vlms() {
     for (name, _) in CASES {
         let done = try_run(&b, &request(messages(name))).unwrap();
         check(name, &done, "alone");
+    }
+}
+
+#[test]
+fn quantized_folders_with_images_answer_as_mlx_vlm() {
+    // 4-bit text model with the dense tower mlx-vlm's converter keeps, and
+    // 8-bit with the tower quantized as well.
+    let root = fixture().model.parent().unwrap();
+    for (m, (name, ..)) in QUANTIZED.iter().enumerate() {
+        let b = Batcher::start(
+            Session::load(&root.join(name)).unwrap(),
+            BatchOptions::default(),
+        );
+        for (c, case) in QUANTIZED_CASES.iter().enumerate() {
+            let done = try_run(&b, &request(messages(case))).unwrap();
+            assert_eq!(done.token_ids, fixture().quantized[m][c], "{name}, {case}");
+        }
     }
 }
 
