@@ -39,6 +39,7 @@ use crate::constraint::{Constraint, Grammars, Unpack};
 use crate::disk::DiskTier;
 use crate::draft::Drafter;
 use crate::error::{Error, Result};
+use crate::images::{prepare_pixels, ImageDigest};
 use crate::indexing::IndexOnStream;
 use crate::model::{window, Chunks, Decode, Group, Packed, WindowRead};
 use crate::pool::{KvPool, Pages};
@@ -179,6 +180,8 @@ enum Event {
 
 struct Job {
     request: GenerateRequest,
+    /// Its images' pixels by digest, prepared by the caller's thread.
+    pixels: Vec<(ImageDigest, Vec<f32>)>,
     events: mpsc::Sender<Event>,
     cancel: Arc<AtomicBool>,
     received: Instant,
@@ -187,6 +190,8 @@ struct Job {
 /// A session served by its own thread, many requests at a time.
 pub struct Batcher {
     jobs: Option<mpsc::Sender<Job>>,
+    /// The side of the images the model's vision tower reads, if it has one.
+    image_size: Option<u32>,
     stats: Arc<Mutex<StepStats>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -205,6 +210,7 @@ impl Batcher {
         drafter: Option<Drafter>,
     ) -> Self {
         let (jobs, inbox) = mpsc::channel();
+        let image_size = session.vision.as_ref().ok().map(|v| v.image_size());
         let stats = Arc::new(Mutex::new(StepStats::default()));
         let engine_stats = stats.clone();
         let thread = std::thread::Builder::new()
@@ -218,6 +224,7 @@ impl Batcher {
             .expect("the OS starts a thread");
         Self {
             jobs: Some(jobs),
+            image_size,
             stats,
             thread: Some(thread),
         }
@@ -241,10 +248,15 @@ impl Batcher {
         request: GenerateRequest,
         mut on_token: impl FnMut(TokenEvent<'_>) -> ControlFlow<()>,
     ) -> Result<Completion> {
+        let pixels = match self.image_size {
+            Some(size) => prepare_pixels(&request.prompt, size)?,
+            None => Vec::new(),
+        };
         let (events, inbox) = mpsc::channel();
         let cancel = Arc::new(AtomicBool::new(false));
         let job = Job {
             request,
+            pixels,
             events,
             cancel: cancel.clone(),
             received: Instant::now(),
@@ -531,7 +543,7 @@ impl Engine {
             if job.cancel.load(Ordering::Relaxed) {
                 continue;
             }
-            match self.start(&job.request) {
+            match self.start(&job.request, &job.pixels) {
                 Ok(started) => {
                     let Started {
                         prompt,
@@ -633,7 +645,11 @@ impl Engine {
 
     /// Checks a request, puts its cached prefix in the pool and computes
     /// the soft tokens of the images past it.
-    fn start(&mut self, request: &GenerateRequest) -> Result<Started> {
+    fn start(
+        &mut self,
+        request: &GenerateRequest,
+        pixels: &[(ImageDigest, Vec<f32>)],
+    ) -> Result<Started> {
         if request.max_tokens == 0 {
             return Err(Error::InvalidRequest(
                 "max_tokens must be at least 1".into(),
@@ -687,7 +703,11 @@ impl Engine {
                 .vision
                 .as_mut()
                 .expect("images expanded by the vision");
-            match vision.soft_tokens(image, index) {
+            let prepared = pixels
+                .iter()
+                .find(|(digest, _)| *digest == image.digest)
+                .map(|(_, p)| p.as_slice());
+            match vision.soft_tokens(image, index, prepared) {
                 Ok(rows) => images.push((image.start, rows)),
                 Err(e) => {
                     self.pool.release(pages);

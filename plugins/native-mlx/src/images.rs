@@ -33,6 +33,7 @@ use crate::chat::ImageData;
 use crate::error::{Error, Result};
 use crate::model::vision::VisionEncoder;
 use crate::model::LoadOptions;
+use crate::pixels::preprocess_image;
 use crate::tokenizer::{read_json, Tokenizer};
 
 /// mlx-vlm's `image_token_index` where `config.json` names none.
@@ -268,22 +269,31 @@ impl Vision {
         Ok(PromptInput { tokens, images })
     }
 
+    /// The side of the square images the tower reads.
+    pub(crate) fn image_size(&self) -> u32 {
+        self.encoder.config().image_size as u32
+    }
+
     /// The soft-token embeddings `(tokens, text hidden)` of `image` (the
     /// `index`th of its request, for errors), divided by `sqrt(hidden)`,
-    /// evaluated: from the cache, or computed and kept.
-    pub(crate) fn soft_tokens(&mut self, image: &PromptImage, index: usize) -> Result<Array> {
+    /// evaluated: from the cache, or computed (from `pixels` where the
+    /// caller prepared them, see [`prepare_pixels`]) and kept.
+    pub(crate) fn soft_tokens(
+        &mut self,
+        image: &PromptImage,
+        index: usize,
+        pixels: Option<&[f32]>,
+    ) -> Result<Array> {
         if let Some(features) = self.cache.get(&image.digest) {
             return Ok(features);
         }
-        let features = self
-            .encoder
-            .image_features(&image.image.bytes)
-            .map_err(|e| match e {
-                Error::Image(what) => {
-                    Error::Image(format!("image {} of the request: {what}", index + 1))
-                }
-                other => other,
-            })?;
+        let features = match pixels {
+            Some(pixels) => self.encoder.features_of_image(pixels),
+            None => self
+                .encoder
+                .image_features(&image.image.bytes)
+                .map_err(|e| in_request(e, index)),
+        }?;
         // mlx-vlm's `image_features / (hidden_size**0.5)`: a Python float,
         // taken in the features' type.
         let divisor = Array::from_f32(self.divisor).as_dtype(features.dtype())?;
@@ -292,6 +302,37 @@ impl Vision {
         self.cache.put(image.digest, soft.clone());
         Ok(soft)
     }
+}
+
+/// An image error, saying which image of its request it is about.
+fn in_request(e: Error, index: usize) -> Error {
+    match e {
+        Error::Image(what) => Error::Image(format!("image {} of the request: {what}", index + 1)),
+        other => other,
+    }
+}
+
+/// The pixel values of each distinct image of `prompt` for a tower of
+/// `size` (decoded and resized as `preprocess_image` does), by digest: the
+/// CPU's work on an image, done by the caller's thread before the request
+/// reaches the engine's, so that the others' steps do not wait for it. An
+/// image that does not decode is its request's error.
+pub(crate) fn prepare_pixels(
+    prompt: &crate::Prompt,
+    size: u32,
+) -> Result<Vec<(ImageDigest, Vec<f32>)>> {
+    let crate::Prompt::Chat { messages, .. } = prompt else {
+        return Ok(Vec::new());
+    };
+    let mut prepared: Vec<(ImageDigest, Vec<f32>)> = Vec::new();
+    for (index, image) in messages.iter().flat_map(|m| m.images()).enumerate() {
+        let digest = digest(&image.bytes);
+        if prepared.iter().all(|(d, _)| *d != digest) {
+            let pixels = preprocess_image(&image.bytes, size).map_err(|e| in_request(e, index))?;
+            prepared.push((digest, pixels));
+        }
+    }
+    Ok(prepared)
 }
 
 /// What the soft tokens are divided by: `sqrt` of the top level's

@@ -283,7 +283,7 @@ impl Session {
             let mut soft_tokens = Vec::new();
             for (index, image) in input.images.iter().enumerate() {
                 let vision = self.vision.as_mut().expect("images expanded by the vision");
-                soft_tokens.push((image.start as i32, vision.soft_tokens(image, index)?));
+                soft_tokens.push((image.start as i32, vision.soft_tokens(image, index, None)?));
             }
             let h = self
                 .model
