@@ -537,13 +537,15 @@ impl Engine {
     /// Starts waiting jobs while there is room.
     fn admit(&mut self) {
         while self.active.len() < self.options.max_sequences.max(1) {
-            let Some(job) = self.waiting.pop_front() else {
+            let Some(mut job) = self.waiting.pop_front() else {
                 return;
             };
             if job.cancel.load(Ordering::Relaxed) {
                 continue;
             }
-            match self.start(&job.request, &job.pixels) {
+            // The pixels are done with once the tower has run.
+            let pixels = std::mem::take(&mut job.pixels);
+            match self.start(&job.request, &pixels) {
                 Ok(started) => {
                     let Started {
                         prompt,
