@@ -25,6 +25,59 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
+# gemma3 --vision: the special tokens of Gemma 3's processor and chat
+# template, after the others (so the other ids stay as they are), and a
+# padding token of its own (mlx-vlm zeroes the embedding of the padding id
+# in prompts with images; Gemma 3's is never in a prompt).
+GEMMA3_VISION_TOKENS = ["<pad>", "<start_of_image>", "<end_of_image>", "<image_soft_token>",
+                        "<start_of_turn>", "<end_of_turn>"]
+
+# Gemma 3's own chat template (google/gemma-3-4b-it): content given as a
+# string, or as parts of which an image becomes <start_of_image>, which the
+# processor expands into the image's soft tokens.
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n"
+    "    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    "    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    "        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n"
+    "                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n"
+    "                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- else -%}\n"
+    "        {{ raise_exception(\"Invalid content type\") }}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\n'}}\n"
+    "{%- endif -%}\n"
+)
+
 CORPUS = """\
 The quick brown fox jumps over the lazy dog. A small model does not need to be
 clever; it needs to load, to run, and to stop when it is told. Hello, world!
@@ -49,14 +102,14 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(vocab_size):
+def train_tokenizer(vocab_size, specials=()):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=SPECIAL_TOKENS + list(specials),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -336,7 +389,7 @@ def main():
     os.makedirs(a.out_dir, exist_ok=True)
     out = lambda name: os.path.join(a.out_dir, name)
 
-    tok = train_tokenizer(a.vocab)
+    tok = train_tokenizer(a.vocab, GEMMA3_VISION_TOKENS if a.vision else ())
     tok.save(out("tokenizer.json"))
     eos_id, bos_id = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
 
@@ -398,9 +451,19 @@ def main():
         # mlx-vlm does; the special tokens of Gemma 3's processor.
         config["mm_tokens_per_image"] = a.mm_tokens
         config["text_config"]["mm_tokens_per_image"] = a.mm_tokens
-        config["image_token_index"] = a.vocab - 1
-        config["boi_token_index"] = a.vocab - 2
-        config["eoi_token_index"] = a.vocab - 3
+        config["image_token_index"] = tok.token_to_id("<image_soft_token>")
+        config["boi_token_index"] = tok.token_to_id("<start_of_image>")
+        config["eoi_token_index"] = tok.token_to_id("<end_of_image>")
+        config["pad_token_id"] = tok.token_to_id("<pad>")
+        # mlx-vlm divides the soft tokens by the square root of the top
+        # level's hidden_size (2048 where there is none, as in Google's
+        # folders) before its text model multiplies every embedding by the
+        # square root of the text model's: the same width here, so that it
+        # computes what transformers does (see the native-mlx README).
+        config["hidden_size"] = a.hidden
+        # The processor's soft tokens per image (it assumes 256 without).
+        with open(out("processor_config.json"), "w") as f:
+            json.dump({"image_seq_length": a.mm_tokens, "processor_class": "Gemma3Processor"}, f, indent=2)
         with open(out("preprocessor_config.json"), "w") as f:
             json.dump({
                 "image_processor_type": "Gemma3ImageProcessor",
@@ -452,7 +515,13 @@ def main():
             "add_bos_token": False,
             "model_max_length": 2048,
             "chat_template": CHAT_TEMPLATE,
-        }, f, indent=2)
+        } | ({
+            # Gemma 3's: its template and the tokens its processor names.
+            "chat_template": GEMMA3_CHAT_TEMPLATE,
+            "pad_token": "<pad>",
+            "extra_special_tokens": {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                                     "image_token": "<image_soft_token>"},
+        } if a.vision else {}), f, indent=2)
 
     rng = np.random.default_rng(a.seed)
     weights = make_weights(a, head_dim, rng)

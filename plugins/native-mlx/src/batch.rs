@@ -39,6 +39,7 @@ use crate::constraint::{Constraint, Grammars, Unpack};
 use crate::disk::DiskTier;
 use crate::draft::Drafter;
 use crate::error::{Error, Result};
+use crate::images::{prepare_pixels, ImageDigest};
 use crate::indexing::IndexOnStream;
 use crate::model::{window, Chunks, Decode, Group, Packed, WindowRead};
 use crate::pool::{KvPool, Pages};
@@ -179,6 +180,8 @@ enum Event {
 
 struct Job {
     request: GenerateRequest,
+    /// Its images' pixels by digest, prepared by the caller's thread.
+    pixels: Vec<(ImageDigest, Vec<f32>)>,
     events: mpsc::Sender<Event>,
     cancel: Arc<AtomicBool>,
     received: Instant,
@@ -187,6 +190,8 @@ struct Job {
 /// A session served by its own thread, many requests at a time.
 pub struct Batcher {
     jobs: Option<mpsc::Sender<Job>>,
+    /// The side of the images the model's vision tower reads, if it has one.
+    image_size: Option<u32>,
     stats: Arc<Mutex<StepStats>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -205,6 +210,7 @@ impl Batcher {
         drafter: Option<Drafter>,
     ) -> Self {
         let (jobs, inbox) = mpsc::channel();
+        let image_size = session.vision.as_ref().ok().map(|v| v.image_size());
         let stats = Arc::new(Mutex::new(StepStats::default()));
         let engine_stats = stats.clone();
         let thread = std::thread::Builder::new()
@@ -218,6 +224,7 @@ impl Batcher {
             .expect("the OS starts a thread");
         Self {
             jobs: Some(jobs),
+            image_size,
             stats,
             thread: Some(thread),
         }
@@ -241,10 +248,15 @@ impl Batcher {
         request: GenerateRequest,
         mut on_token: impl FnMut(TokenEvent<'_>) -> ControlFlow<()>,
     ) -> Result<Completion> {
+        let pixels = match self.image_size {
+            Some(size) => prepare_pixels(&request.prompt, size)?,
+            None => Vec::new(),
+        };
         let (events, inbox) = mpsc::channel();
         let cancel = Arc::new(AtomicBool::new(false));
         let job = Job {
             request,
+            pixels,
             events,
             cancel: cancel.clone(),
             received: Instant::now(),
@@ -302,8 +314,14 @@ impl Drop for Batcher {
 struct Seq {
     job: Job,
     prompt: Vec<u32>,
+    /// What the prefix cache keys the prompt's blocks by, where it has
+    /// images (see `PromptInput::cache_keys`); else the prompt itself.
+    keys: Option<Vec<u32>>,
     /// Hashes of the prompt's whole blocks (all but its last token).
     hashes: Vec<u64>,
+    /// The soft tokens of its images not prefilled yet: `(start, rows)`,
+    /// rows `(len, hidden)` for prompt positions `start..start + len`.
+    images: Vec<(usize, Array)>,
     /// Its keys and values in the pool.
     pages: Pages,
     /// Instead, while it decodes alone: its keys and values in a cache of
@@ -341,6 +359,11 @@ struct Seq {
 }
 
 impl Seq {
+    /// What the prefix cache keys its blocks by.
+    fn cache_keys(&self) -> &[u32] {
+        self.keys.as_deref().unwrap_or(&self.prompt)
+    }
+
     /// The prompt is in the cache but its last token, which the first
     /// decoding step feeds.
     fn prefilled(&self) -> bool {
@@ -514,17 +537,31 @@ impl Engine {
     /// Starts waiting jobs while there is room.
     fn admit(&mut self) {
         while self.active.len() < self.options.max_sequences.max(1) {
-            let Some(job) = self.waiting.pop_front() else {
+            let Some(mut job) = self.waiting.pop_front() else {
                 return;
             };
             if job.cancel.load(Ordering::Relaxed) {
                 continue;
             }
-            match self.start(&job.request) {
-                Ok(parts) => {
-                    let (prompt, hashes, pages, filled, sampler, constraint) = parts;
-                    let (prompt, hashes, skipped, positions) =
-                        self.spec_prefill(prompt, hashes, filled);
+            // The pixels are done with once the tower has run.
+            let pixels = std::mem::take(&mut job.pixels);
+            match self.start(&job.request, &pixels) {
+                Ok(started) => {
+                    let Started {
+                        prompt,
+                        keys,
+                        hashes,
+                        images,
+                        pages,
+                        filled,
+                        sampler,
+                        constraint,
+                    } = started;
+                    // An image's soft tokens are no ids a drafter can score.
+                    let (prompt, hashes, skipped, positions) = match keys {
+                        None => self.spec_prefill(prompt, hashes, filled),
+                        Some(_) => (prompt, hashes, 0, None),
+                    };
                     let stops = StopMatcher::new(&job.request.stop);
                     let mut spec = job.request.speculation.clone();
                     // Without a drafter that fits, a draft model proposes nothing.
@@ -533,7 +570,9 @@ impl Engine {
                     self.active.push(Seq {
                         job,
                         prompt,
+                        keys,
                         hashes,
+                        images,
                         pages,
                         alone: None,
                         filled,
@@ -606,27 +645,33 @@ impl Engine {
         (tokens, hashes, skipped, Some(positions))
     }
 
-    /// Checks a request and puts its cached prefix in the pool.
-    #[allow(clippy::type_complexity)]
+    /// Checks a request, puts its cached prefix in the pool and computes
+    /// the soft tokens of the images past it.
     fn start(
         &mut self,
         request: &GenerateRequest,
-    ) -> Result<(
-        Vec<u32>,
-        Vec<u64>,
-        Pages,
-        usize,
-        Sampler,
-        Option<Constraint>,
-    )> {
+        pixels: &[(ImageDigest, Vec<f32>)],
+    ) -> Result<Started> {
         if request.max_tokens == 0 {
             return Err(Error::InvalidRequest(
                 "max_tokens must be at least 1".into(),
             ));
         }
-        let prompt = self.session.prompt_tokens(&request.prompt)?;
+        let input = self.session.prompt_input(&request.prompt)?;
+        let keys = input.cache_keys();
+        let prompt = input.tokens;
         if prompt.is_empty() {
             return Err(Error::InvalidRequest("the prompt has no tokens".into()));
+        }
+        // The first decoding step feeds the last token by its id.
+        if input
+            .images
+            .last()
+            .is_some_and(|i| i.start + i.len >= prompt.len())
+        {
+            return Err(Error::InvalidRequest(
+                "the prompt ends with an image; the template should close it".into(),
+            ));
         }
         let sampler = Sampler::new(request.sampling.clone())?;
         let constraint = match &request.grammar {
@@ -635,7 +680,8 @@ impl Engine {
         };
         // The last prompt token is fed by the first decoding step, so only
         // blocks before it are cached or restored.
-        let body = &prompt[..prompt.len() - 1];
+        let all_keys = keys.as_deref().unwrap_or(&prompt);
+        let body = &all_keys[..prompt.len() - 1];
         let hashes = block_hashes(body);
         let mut pages = Pages::default();
         let filled = match self.prefix.restore(body, &hashes)? {
@@ -648,7 +694,39 @@ impl Engine {
             }
             None => 0,
         };
-        Ok((prompt, hashes, pages, filled, sampler, constraint))
+        // Images wholly in the cached prefix need no tower.
+        let mut images = Vec::new();
+        for (index, image) in input.images.iter().enumerate() {
+            if image.start + image.len <= filled {
+                continue;
+            }
+            let vision = self
+                .session
+                .vision
+                .as_mut()
+                .expect("images expanded by the vision");
+            let prepared = pixels
+                .iter()
+                .find(|(digest, _)| *digest == image.digest)
+                .map(|(_, p)| p.as_slice());
+            match vision.soft_tokens(image, index, prepared) {
+                Ok(rows) => images.push((image.start, rows)),
+                Err(e) => {
+                    self.pool.release(pages);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Started {
+            prompt,
+            keys,
+            hashes,
+            images,
+            pages,
+            filled,
+            sampler,
+            constraint,
+        })
     }
 
     /// One step: build and queue the next forward pass, then read the
@@ -938,10 +1016,22 @@ impl Engine {
             parts.push(self.decoding_input(&decoding, &firsts)?);
         }
         let mut prompt_tokens = 0;
+        let mut soft_tokens = Vec::new();
+        // Decoding rows come first in the step's input.
+        let mut offset = decoding.len();
         for &(at, end) in &prefilling {
             let seq = &self.active[at];
-            parts.push(ids(&seq.prompt[seq.filled..end])?);
-            prompt_tokens += end - seq.filled;
+            let start = seq.filled;
+            parts.push(ids(&seq.prompt[start..end])?);
+            for (image, rows) in &seq.images {
+                let (from, to) = (start.max(*image), end.min(image + rows.dim(0) as usize));
+                if from < to {
+                    let own = rows.at(((from - image) as i32..(to - image) as i32, ..))?;
+                    soft_tokens.push(((offset + from - start) as i32, own));
+                }
+            }
+            offset += end - start;
+            prompt_tokens += end - start;
         }
         let input = if parts.len() == 1 {
             parts.pop().expect("one part")
@@ -954,6 +1044,7 @@ impl Engine {
             rows: Array::from_slice(&rows, &[n]),
             decode,
             chunks,
+            soft_tokens,
         };
         let logits = self.session.model.packed_logits(&input, &mut step)?;
         drop(step);
@@ -982,6 +1073,9 @@ impl Engine {
             let seq = &mut self.active[at];
             let start = seq.filled;
             seq.filled = end;
+            // Prefilled images' soft tokens are done with.
+            seq.images
+                .retain(|(image, rows)| image + rows.dim(0) as usize > end);
             // A whole block computed as one chunk goes to the prefix cache.
             let index = (end / BLOCK).wrapping_sub(1);
             if let (true, Some(&hash)) = (
@@ -991,7 +1085,8 @@ impl Engine {
                 if self.prefix.enabled() && !self.prefix.contains(hash) {
                     let rows: Vec<i32> = (start..end).map(|p| seq.pages.row(p as i32)).collect();
                     let layers = self.pool.copy_rows(&rows)?;
-                    to_eval.extend(self.prefix.insert(hash, index, &seq.prompt, layers)?);
+                    let keys = seq.cache_keys();
+                    to_eval.extend(self.prefix.insert(hash, index, keys, layers)?);
                 }
             }
         }
@@ -1370,6 +1465,19 @@ impl Engine {
             let _ = seq.job.events.send(Event::Done(result));
         }
     }
+}
+
+/// A request checked and started: what `Engine::start` gives `admit`.
+struct Started {
+    prompt: Vec<u32>,
+    keys: Option<Vec<u32>>,
+    hashes: Vec<u64>,
+    images: Vec<(usize, Array)>,
+    pages: Pages,
+    /// Prompt positions restored from the prefix cache.
+    filled: usize,
+    sampler: Sampler,
+    constraint: Option<Constraint>,
 }
 
 /// Where a decoding sequence's next input token is.

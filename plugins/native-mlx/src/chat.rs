@@ -8,6 +8,7 @@
 //! same way, so the prompt text — and therefore the prompt tokens — match.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use minijinja::value::Kwargs;
 use minijinja::{Environment, ErrorKind, Value};
@@ -22,8 +23,8 @@ use crate::tokenizer::{read_json, special_token};
 pub struct ChatMessage {
     /// `system`, `user`, `assistant`, `tool`…
     pub role: String,
-    /// The text.
-    pub content: String,
+    /// The text, or text and images.
+    pub content: Content,
     /// Whatever else the template may read (`tool_calls`, `name`…).
     #[serde(flatten)]
     pub extra: Map<String, Json>,
@@ -32,12 +33,90 @@ pub struct ChatMessage {
 impl ChatMessage {
     /// A message with just a role and text.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self::with_parts(role, Content::Text(content.into()))
+    }
+
+    /// A message of text and images, in the order the template places them.
+    pub fn with_parts(role: impl Into<String>, content: Content) -> Self {
         Self {
             role: role.into(),
-            content: content.into(),
+            content,
             extra: Map::new(),
         }
     }
+
+    /// The images of the message, in order.
+    pub fn images(&self) -> impl Iterator<Item = &ImageData> {
+        let parts = match &self.content {
+            Content::Parts(parts) => parts.as_slice(),
+            Content::Text(_) => &[],
+        };
+        parts.iter().filter_map(|part| match part {
+            ContentPart::Image(image) => Some(image),
+            ContentPart::Text { .. } => None,
+        })
+    }
+}
+
+/// What a message says: a string, or a list of parts, as transformers
+/// passes either to the template (`message['content'] is string`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Text alone.
+    Text(String),
+    /// Text and images, in order.
+    Parts(Vec<ContentPart>),
+}
+
+impl From<&str> for Content {
+    fn from(text: &str) -> Self {
+        Content::Text(text.to_owned())
+    }
+}
+
+impl From<String> for Content {
+    fn from(text: String) -> Self {
+        Content::Text(text)
+    }
+}
+
+/// One part of a message's content. The template sees `{"type": "text",
+/// "text": …}` and `{"type": "image"}` (transformers' shapes, which Gemma
+/// 3's template reads); an image's bytes stay out of the template.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    /// Text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// An image.
+    Image(ImageData),
+}
+
+impl ContentPart {
+    /// A text part.
+    pub fn text(text: impl Into<String>) -> Self {
+        ContentPart::Text { text: text.into() }
+    }
+
+    /// An image part of a PNG or JPEG file's bytes.
+    pub fn image(bytes: impl Into<Arc<[u8]>>) -> Self {
+        ContentPart::Image(ImageData {
+            bytes: bytes.into(),
+        })
+    }
+}
+
+/// An image's encoded bytes (PNG or JPEG), shared, never shown to the
+/// template (a part deserialized from JSON has none).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ImageData {
+    /// The file's bytes.
+    #[serde(skip)]
+    pub bytes: Arc<[u8]>,
 }
 
 /// Rendering options beyond the messages.
@@ -397,6 +476,36 @@ mod tests {
         options.extra.insert("enable_thinking".into(), json!(false));
         // Booleans print as Python's, like Jinja2's.
         assert_eq!(t.render(&[], &options).unwrap(), "True False 1");
+    }
+
+    #[test]
+    fn image_parts_reach_the_template_without_their_bytes() {
+        let t = template(
+            "{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}{% if p.type == 'image' %}[img{{ p | length }}]{% else %}{{ p.text }}{% endif %}{% endfor %}{% endif %}|{% endfor %}",
+        );
+        let parts = Content::Parts(vec![
+            ContentPart::text("Look: "),
+            ContentPart::image(vec![1u8, 2, 3]),
+            ContentPart::text(" and "),
+            ContentPart::image(vec![4u8]),
+        ]);
+        let messages = [
+            ChatMessage::new("system", "S"),
+            ChatMessage::with_parts("user", parts),
+        ];
+        let text = t.render(&messages, &ChatOptions::default()).unwrap();
+        // The image part is `{"type": "image"}` alone.
+        assert_eq!(text, "S|Look: [img1] and [img1]|");
+        let images: Vec<&[u8]> = messages[1].images().map(|i| &i.bytes[..]).collect();
+        assert_eq!(images, [&[1u8, 2, 3][..], &[4u8][..]]);
+        // Messages as JSON, text or parts.
+        let parsed: Vec<ChatMessage> = serde_json::from_value(json!([
+            {"role": "user", "content": "hi"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image"}]}
+        ]))
+        .unwrap();
+        assert_eq!(parsed[0].content, Content::Text("hi".into()));
+        assert_eq!(parsed[1].images().count(), 1);
     }
 
     #[test]

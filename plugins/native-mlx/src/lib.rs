@@ -37,6 +37,7 @@ mod draft;
 mod embed;
 mod error;
 mod ffi;
+mod images;
 mod indexing;
 mod model;
 mod pixels;
@@ -53,7 +54,7 @@ mod tokenizer;
 mod turn;
 
 pub use batch::{BatchOptions, Batcher, StepStats};
-pub use chat::{ChatMessage, ChatOptions, ChatTemplate};
+pub use chat::{ChatMessage, ChatOptions, ChatTemplate, Content, ContentPart, ImageData};
 pub use config::{
     ExpertActivation, Family, ModelConfig, MoeConfig, QuantMode, QuantParams, Quantization,
     RopeScaling, Routing, SlidingWindow, SUPPORTED_MODEL_TYPES,

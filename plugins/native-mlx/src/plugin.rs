@@ -19,16 +19,16 @@ use hangar_sdk::{export_plugin, Engine, Plugin};
 use serde_json::Value;
 
 use crate::{
-    model_kind, Answer, BatchOptions, Batcher, ChatMessage, ChatOptions, DeviceKind, DraftLoad,
-    Drafter, Embedder, FinishReason, GenerateRequest, LoadOptions, ModelKind, Prompt,
-    SamplingParams, Session, SpecPrefill, Speculation, Tokenizer, MAX_K,
+    model_kind, Answer, BatchOptions, Batcher, ChatMessage, ChatOptions, Content, ContentPart,
+    DeviceKind, DraftLoad, Drafter, Embedder, FinishReason, GenerateRequest, LoadOptions,
+    ModelKind, Prompt, SamplingParams, Session, SpecPrefill, Speculation, Tokenizer, MAX_K,
 };
 
 struct NativeMlx;
 
 impl Plugin for NativeMlx {
     fn describe() -> Description {
-        hangar_sdk::describe!("native-mlx", formats: ["mlx"], aliases: {"safetensors" => "mlx"}, capabilities: ["tool_calls", "structured_output", "embeddings", "rerank", "speculative"])
+        hangar_sdk::describe!("native-mlx", formats: ["mlx"], aliases: {"safetensors" => "mlx"}, capabilities: ["tool_calls", "structured_output", "embeddings", "rerank", "speculative", "vision"])
             .with_concurrent_generates(BatchOptions::default().max_sequences as u32)
     }
 
@@ -67,6 +67,8 @@ impl Plugin for NativeMlx {
         let session = Session::load(Path::new(&request.model_path))
             .map_err(|e| format!("model '{}': {e}", request.model_id))?;
         let mut notes = Vec::new();
+        // A vision tower that does not load leaves the model serving text.
+        notes.extend(session.vision_problem());
         let drafter = match draft {
             None => None,
             Some(DraftSource::Layers(layers)) => Some(
@@ -434,7 +436,7 @@ impl Engine for Loaded {
             .generate(generate, |event| {
                 emit(event.text, event.token.unwrap_or(u32::MAX))
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(engine_error)?;
         let finish_reason = match done.finish_reason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
@@ -467,29 +469,45 @@ impl Engine for Loaded {
 }
 
 /// An OpenAI chat message as the chat template sees it: text parts of a
-/// multi-part content are joined.
+/// multi-part content are joined, unless it has images (`image_url` parts
+/// of `data:` URLs, as the host sends them to an engine with the `vision`
+/// capability): then the template gets the parts, as transformers passes
+/// them (`{"type": "text", "text": …}`, `{"type": "image"}`).
 fn message(value: &Value) -> Result<ChatMessage, String> {
     let role = value
         .get("role")
         .and_then(Value::as_str)
         .ok_or("every message needs a 'role'")?;
     let content = match value.get("content") {
-        None | Some(Value::Null) => String::new(),
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .map(|p| match p.get("type").and_then(Value::as_str) {
-                Some("text") => Ok(p.get("text").and_then(Value::as_str).unwrap_or_default()),
-                other => Err(format!(
-                    "native-mlx takes text messages only, not '{}' parts",
-                    other.unwrap_or("untyped")
-                )),
-            })
-            .collect::<Result<Vec<_>, _>>()?
-            .join(""),
+        None | Some(Value::Null) => Content::Text(String::new()),
+        Some(Value::String(s)) => Content::Text(s.clone()),
+        Some(Value::Array(parts)) => {
+            let parts = parts
+                .iter()
+                .map(|p| match p.get("type").and_then(Value::as_str) {
+                    Some("text") => Ok(ContentPart::text(
+                        p.get("text").and_then(Value::as_str).unwrap_or_default(),
+                    )),
+                    Some("image_url") => image_part(p),
+                    other => Err(format!(
+                        "native-mlx takes text and image_url parts, not '{}' parts",
+                        other.unwrap_or("untyped")
+                    )),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if parts.iter().any(|p| matches!(p, ContentPart::Image(_))) {
+                Content::Parts(parts)
+            } else {
+                let texts = parts.iter().map(|p| match p {
+                    ContentPart::Text { text } => text.as_str(),
+                    ContentPart::Image(_) => "",
+                });
+                Content::Text(texts.collect())
+            }
+        }
         Some(other) => return Err(format!("message content must be text, not {other}")),
     };
-    let mut m = ChatMessage::new(role, content);
+    let mut m = ChatMessage::with_parts(role, content);
     if let Value::Object(fields) = value {
         m.extra = fields
             .iter()
@@ -500,10 +518,72 @@ fn message(value: &Value) -> Result<ChatMessage, String> {
     Ok(m)
 }
 
+/// An OpenAI `image_url` part's image: the bytes of its `data:` URL
+/// (`data:image/png;base64,…`; the host takes no other).
+fn image_part(part: &Value) -> Result<ContentPart, String> {
+    use base64::Engine as _;
+    let url = part
+        .get("image_url")
+        .and_then(|i| i.get("url"))
+        .and_then(Value::as_str)
+        .ok_or(
+            "invalid request: an image_url part needs 'image_url.url', a data: URL of the image",
+        )?;
+    let data = url
+        .strip_prefix("data:")
+        .and_then(|rest| rest.split_once(";base64,"))
+        .map(|(_, data)| data)
+        .ok_or("invalid request: native-mlx takes images as data: URLs (data:image/png;base64,...) only")?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .map_err(|e| format!("invalid request: an image_url's data is not valid base64: {e}"))?;
+    Ok(ContentPart::image(bytes))
+}
+
+/// The words of an engine error for the host: a request the model cannot
+/// serve (a bad image, images to a model without vision) is the client's
+/// (the host answers 400 for `invalid request: …`).
+fn engine_error(e: crate::Error) -> String {
+    match e {
+        crate::Error::Image(_) => format!("invalid request: {e}"),
+        e => e.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn image_url_parts_become_images_and_text_parts_stay_text() {
+        let m = message(&json!({"role": "user", "content": [
+            {"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}))
+        .unwrap();
+        assert_eq!(m.content, Content::Text("Hi there".into()));
+        let m = message(&json!({"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AQID"}},
+            {"type": "text", "text": "What is it?"}]}))
+        .unwrap();
+        assert_eq!(
+            m.content,
+            Content::Parts(vec![
+                ContentPart::image(vec![1u8, 2, 3]),
+                ContentPart::text("What is it?")
+            ])
+        );
+        let bad = |url: &str| {
+            message(&json!({"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": url}}]}))
+            .unwrap_err()
+        };
+        assert!(
+            bad("https://x/y.png").contains("data: URLs"),
+            "{}",
+            bad("https://x")
+        );
+        assert!(bad("data:image/png;base64,%%").starts_with("invalid request: "));
+    }
 
     /// The speculation settings as a model's settings give them, or the
     /// refusal's words.

@@ -8,10 +8,11 @@ use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::{with_stream, Array, Dtype};
 
 use crate::cache::KvCache;
-use crate::chat::{ChatMessage, ChatOptions, ChatTemplate};
+use crate::chat::{ChatMessage, ChatOptions, ChatTemplate, ImageData};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::ffi::SendStream;
+use crate::images::{NoVision, PromptInput, Vision};
 use crate::indexing::IndexOnStream;
 use crate::model::{LoadOptions, Model};
 use crate::sampling::{Sampler, SamplingParams};
@@ -194,6 +195,9 @@ pub struct Session {
     pub(crate) model: Model,
     pub(crate) tokenizer: Tokenizer,
     chat_template: Option<ChatTemplate>,
+    /// The vision tower and how prompts place images, or why the model
+    /// reads none.
+    pub(crate) vision: std::result::Result<Vision, NoVision>,
     cache: Vec<KvCache>,
     /// The tokens whose keys and values `cache` holds, in order.
     cached: Vec<u32>,
@@ -212,9 +216,12 @@ impl Session {
         let tokenizer = Tokenizer::load(dir, &config.eos_token_ids)?;
         let chat_template = ChatTemplate::load(dir)?;
         let stream = SendStream::new(false)?;
-        let model = {
+        let (model, vision) = {
             let _turn = mlx_turn();
-            with_stream(&stream.0, || Model::load(dir, config, options))?
+            with_stream(&stream.0, || -> Result<_> {
+                let model = Model::load(dir, config, options)?;
+                Ok((model, Vision::load(dir, &tokenizer, options)))
+            })?
         };
         let cache = model.new_cache();
         Ok(Self {
@@ -223,6 +230,7 @@ impl Session {
             model,
             tokenizer,
             chat_template,
+            vision,
             cache,
             cached: Vec::new(),
         })
@@ -244,11 +252,58 @@ impl Session {
         self.cached.clear();
     }
 
-    /// The token ids a prompt stands for.
+    /// Whether the model reads images (Gemma 3 with its vision tower):
+    /// `Err` says why not.
+    pub fn reads_images(&self) -> std::result::Result<(), String> {
+        self.vision
+            .as_ref()
+            .map(|_| ())
+            .map_err(|no| no.reason.clone())
+    }
+
+    /// Why the model reads no images although its folder has a vision
+    /// tower (it did not load), for the operator; `None` otherwise.
+    pub fn vision_problem(&self) -> Option<String> {
+        match &self.vision {
+            Err(no) if no.broken => Some(format!("images are refused: {}", no.reason)),
+            _ => None,
+        }
+    }
+
+    /// The input embeddings of `prompt` as the first layer reads them
+    /// `(tokens, hidden)`, in float32: image soft tokens in place of their
+    /// ids' embeddings, Gemma's scale applied. What the tests compare with
+    /// mlx-vlm's merged embeddings.
+    #[doc(hidden)]
+    pub fn prompt_embeddings(&mut self, prompt: &Prompt) -> Result<Vec<f32>> {
+        let input = self.prompt_input(prompt)?;
+        let stream = self.stream.clone();
+        let _turn = mlx_turn();
+        with_stream(&stream.0, || {
+            let mut soft_tokens = Vec::new();
+            for (index, image) in input.images.iter().enumerate() {
+                let vision = self.vision.as_mut().expect("images expanded by the vision");
+                soft_tokens.push((image.start as i32, vision.soft_tokens(image, index, None)?));
+            }
+            let h = self
+                .model
+                .embedded_with(&ids(&input.tokens)?, &soft_tokens)?
+                .as_dtype(Dtype::Float32)?;
+            h.eval()?;
+            Ok(h.as_slice::<f32>().to_vec())
+        })
+    }
+
+    /// The token ids a prompt stands for (an image's soft tokens included).
     pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        Ok(self.prompt_input(prompt)?.tokens)
+    }
+
+    /// The token ids a prompt stands for, and where its images are.
+    pub(crate) fn prompt_input(&self, prompt: &Prompt) -> Result<PromptInput> {
         match prompt {
-            Prompt::Text(text) => self.tokenizer.encode(text, true),
-            Prompt::Tokens(ids) => Ok(ids.clone()),
+            Prompt::Text(text) => Ok(PromptInput::text(self.tokenizer.encode(text, true)?)),
+            Prompt::Tokens(ids) => Ok(PromptInput::text(ids.clone())),
             Prompt::Chat { messages, options } => {
                 let template =
                     self.chat_template
@@ -256,10 +311,31 @@ impl Session {
                         .ok_or_else(|| Error::NoChatTemplate {
                             dir: self.dir.clone(),
                         })?;
+                let images: Vec<ImageData> = messages
+                    .iter()
+                    .flat_map(ChatMessage::images)
+                    .cloned()
+                    .collect();
+                let vision = match &self.vision {
+                    _ if images.is_empty() => None,
+                    Ok(vision) => Some(vision),
+                    Err(no) => {
+                        return Err(Error::InvalidRequest(format!(
+                            "the request has {} image(s), but model {} lacks the vision \
+                             capability in native-mlx: {}; send text only",
+                            images.len(),
+                            self.dir.display(),
+                            no.reason
+                        )))
+                    }
+                };
                 // As transformers' apply_chat_template: the template writes
                 // the special tokens itself.
-                self.tokenizer
-                    .encode(&template.render(messages, options)?, false)
+                let text = template.render(messages, options)?;
+                match vision {
+                    Some(vision) => vision.expand(&text, images, &self.tokenizer),
+                    None => Ok(PromptInput::text(self.tokenizer.encode(&text, false)?)),
+                }
             }
         }
     }
@@ -300,7 +376,13 @@ impl Session {
                 "a grammar is served by the Batcher, not a lone Session".into(),
             ));
         }
-        let prompt = self.prompt_tokens(&request.prompt)?;
+        let input = self.prompt_input(&request.prompt)?;
+        if !input.images.is_empty() {
+            return Err(Error::InvalidRequest(
+                "images are served by the Batcher, not a lone Session".into(),
+            ));
+        }
+        let prompt = input.tokens;
         if prompt.is_empty() {
             return Err(Error::InvalidRequest("the prompt has no tokens".into()));
         }

@@ -219,6 +219,11 @@ pub(crate) struct Packed<'a> {
     pub(crate) rows: Array,
     pub(crate) decode: Option<Decode>,
     pub(crate) chunks: Vec<Chunks>,
+    /// Image soft tokens in place of their ids' embeddings: each `(at,
+    /// rows)` puts `rows` (`(len, hidden)`, already divided by
+    /// `sqrt(hidden)`, see `images`) at positions `at..at + len` of the
+    /// step's input, in order and apart.
+    pub(crate) soft_tokens: Vec<(i32, Array)>,
 }
 
 /// The decoding rows of a packed step.
@@ -1399,7 +1404,30 @@ impl Model {
 
     /// The embeddings of `ids` (scaled, for Gemma).
     fn embedded(&self, ids: &Array) -> Result<Array> {
-        let h = self.embed.forward(ids)?;
+        self.embedded_with(ids, &[])
+    }
+
+    /// The embeddings of `ids` `(1, n)`, with image soft tokens in place
+    /// of some (see [`Packed::soft_tokens`]), then scaled, for Gemma: as
+    /// mlx-vlm's Gemma 3 scales its merged embeddings, soft tokens too.
+    pub(crate) fn embedded_with(&self, ids: &Array, soft_tokens: &[(i32, Array)]) -> Result<Array> {
+        let mut h = self.embed.forward(ids)?;
+        if !soft_tokens.is_empty() {
+            let n = h.dim(1);
+            let mut parts = Vec::with_capacity(2 * soft_tokens.len() + 1);
+            let mut at = 0;
+            for (start, rows) in soft_tokens {
+                if *start > at {
+                    parts.push(h.at((.., at..*start, ..))?);
+                }
+                parts.push(rows.as_dtype(h.dtype())?.expand_dims(0)?);
+                at = start + rows.dim(0);
+            }
+            if at < n {
+                parts.push(h.at((.., at..n, ..))?);
+            }
+            h = concatenate(&parts, 1)?;
+        }
         match &self.embed_scale {
             Some(scale) => gemma::scale_embedding(&h, scale),
             None => Ok(h),
@@ -1435,7 +1463,7 @@ impl Model {
     /// none: the step only prefills). Lazy.
     pub(crate) fn packed_logits(&self, ids: &Array, step: &mut Packed) -> Result<Option<Array>> {
         let decoding = step.decode.as_ref().map(|d| d.positions.dim(0));
-        let mut h = self.embedded(ids)?;
+        let mut h = self.embedded_with(ids, &step.soft_tokens)?;
         let layers = self.blocks.len();
         for (layer, block) in self.blocks.iter().enumerate() {
             h = block.forward_packed(&h, step, layer, layers, self.rope_of(block))?;

@@ -303,9 +303,22 @@ impl VisionEncoder {
     /// The soft-token embeddings `(mm_tokens_per_image, text hidden)` of one
     /// PNG or JPEG image, evaluated, in the tower's weight type.
     pub fn image_features(&self, bytes: &[u8]) -> Result<Array> {
+        let pixels = preprocess_image(bytes, self.config.image_size as u32)?;
+        self.features_of_image(&pixels)
+    }
+
+    /// The soft-token embeddings, as [`VisionEncoder::image_features`]
+    /// gives them, of one image's pixels as [`crate::preprocess_image`]
+    /// makes them for this tower's `image_size`.
+    pub fn features_of_image(&self, pixels: &[f32]) -> Result<Array> {
         let size = self.config.image_size;
-        let pixels = preprocess_image(bytes, size as u32)?;
-        let pixels = Array::from_slice(&pixels, &[1, size, size, 3]);
+        if pixels.len() != (size * size * 3) as usize {
+            return Err(Error::InvalidRequest(format!(
+                "{} pixel values; the vision tower reads {size}x{size} RGB images",
+                pixels.len()
+            )));
+        }
+        let pixels = Array::from_slice(pixels, &[1, size, size, 3]);
         let features = self.features_of_pixels(&pixels)?;
         let tokens = features.dim(1);
         let features = features.reshape(&[tokens, features.dim(2)])?;

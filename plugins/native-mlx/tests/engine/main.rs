@@ -13,3 +13,4 @@ mod session;
 mod specprefill;
 mod speculate;
 mod vision;
+mod vlm;
