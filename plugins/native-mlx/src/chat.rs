@@ -102,7 +102,7 @@ impl ContentPart {
         ContentPart::Text { text: text.into() }
     }
 
-    /// An image part of a PNG or JPEG file's bytes.
+    /// An image part of a PNG, JPEG, GIF, WebP or BMP file's bytes.
     pub fn image(bytes: impl Into<Arc<[u8]>>) -> Self {
         ContentPart::Image(ImageData {
             bytes: bytes.into(),
@@ -110,7 +110,7 @@ impl ContentPart {
     }
 }
 
-/// An image's encoded bytes (PNG or JPEG), shared, never shown to the
+/// An image's encoded bytes (PNG, JPEG, GIF, WebP or BMP), shared, never shown to the
 /// template (a part deserialized from JSON has none).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ImageData {

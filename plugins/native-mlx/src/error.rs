@@ -81,9 +81,9 @@ pub enum Error {
     /// The request itself is malformed (empty prompt, bad sampling values…).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
-    /// An image of a request cannot be decoded (not PNG or JPEG, truncated,
-    /// corrupt) or has no pixels.
-    #[error("image: {0}; send a PNG or JPEG image")]
+    /// An image of a request cannot be decoded (not PNG, JPEG, GIF, WebP or
+    /// BMP, truncated, corrupt) or has no pixels.
+    #[error("image: {0}; send a PNG, JPEG, GIF, WebP or BMP image")]
     Image(String),
     /// The engine thread that serves batched requests is gone (it failed
     /// on an earlier step, or the engine is being unloaded).

@@ -3,7 +3,8 @@
 //! The processor's steps, each matched to its integer arithmetic where it
 //! has some, so that 8-bit PNGs give the very same pixel values:
 //!
-//! 1. decode (PNG or JPEG, through the `image` crate);
+//! 1. decode (PNG, JPEG, GIF (its first frame), WebP or BMP, through the
+//!    `image` crate);
 //! 2. `convert_to_rgb`: an image with alpha is composited onto opaque white
 //!    with Pillow's `alpha_composite` (fixed point, 7 fraction bits); gray
 //!    is replicated into three channels;
@@ -63,12 +64,12 @@ struct Rgb {
     data: Vec<u8>,
 }
 
-/// Decodes PNG or JPEG bytes to RGB as the processor's `convert_to_rgb`
-/// does: alpha composited onto white, gray replicated.
+/// Decodes PNG, JPEG, GIF, WebP or BMP bytes to RGB as the processor's
+/// `convert_to_rgb` does: alpha composited onto white, gray replicated.
 fn decode_rgb(bytes: &[u8]) -> Result<Rgb> {
     let image = image::load_from_memory(bytes).map_err(|e| {
         Error::Image(format!(
-            "cannot decode the image ({} bytes) as PNG or JPEG: {e}",
+            "cannot decode the image ({} bytes) as PNG, JPEG, GIF, WebP or BMP: {e}",
             bytes.len()
         ))
     })?;
@@ -264,6 +265,38 @@ mod tests {
             .map(|&w| f64::from(w) / one)
             .collect();
         assert!((w[0] - 1.0 / 7.0).abs() < 1e-6, "{w:?}");
+    }
+
+    #[test]
+    fn every_type_the_host_takes_gives_the_pngs_pixels() {
+        // Four colours, so that GIF's palette holds them exactly; WebP
+        // lossless (the encoder the crate has).
+        let picture = image::RgbImage::from_fn(9, 7, |x, y| {
+            image::Rgb(match (x + y) % 4 {
+                0 => [250, 10, 10],
+                1 => [10, 250, 10],
+                2 => [10, 10, 250],
+                _ => [128, 128, 128],
+            })
+        });
+        let encoded = |format: image::ImageFormat| {
+            let mut bytes = std::io::Cursor::new(Vec::new());
+            DynamicImage::ImageRgb8(picture.clone())
+                .write_to(&mut bytes, format)
+                .unwrap();
+            bytes.into_inner()
+        };
+        let png = preprocess_image(&encoded(image::ImageFormat::Png), 4).unwrap();
+        for format in [
+            image::ImageFormat::Gif,
+            image::ImageFormat::WebP,
+            image::ImageFormat::Bmp,
+        ] {
+            let got = preprocess_image(&encoded(format), 4).unwrap();
+            assert_eq!(got, png, "{format:?}");
+        }
+        let error = preprocess_image(b"GIF89a", 4).unwrap_err().to_string();
+        assert!(error.contains("as PNG, JPEG, GIF, WebP or BMP"), "{error}");
     }
 
     #[test]

@@ -301,7 +301,7 @@ impl VisionEncoder {
     }
 
     /// The soft-token embeddings `(mm_tokens_per_image, text hidden)` of one
-    /// PNG or JPEG image, evaluated, in the tower's weight type.
+    /// PNG, JPEG, GIF, WebP or BMP image, evaluated, in the tower's weight type.
     pub fn image_features(&self, bytes: &[u8]) -> Result<Array> {
         let pixels = preprocess_image(bytes, self.config.image_size as u32)?;
         self.features_of_image(&pixels)

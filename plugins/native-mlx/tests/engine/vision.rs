@@ -218,7 +218,10 @@ fn a_corrupt_image_is_a_clear_error() {
         match encoder.image_features(bytes) {
             Err(e @ Error::Image(_)) => {
                 let message = e.to_string();
-                assert!(message.contains("PNG or JPEG"), "{what}: {message}");
+                assert!(
+                    message.contains("PNG, JPEG, GIF, WebP or BMP"),
+                    "{what}: {message}"
+                );
             }
             Err(e) => panic!("{what}: not an image error: {e}"),
             Ok(_) => panic!("{what}: decoded"),

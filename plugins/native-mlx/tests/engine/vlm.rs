@@ -418,7 +418,8 @@ fn an_image_that_does_not_decode_is_a_clear_error() {
             Err(e @ Error::Image(_)) => {
                 let message = e.to_string();
                 assert!(
-                    message.contains("image 2 of the request") && message.contains("PNG or JPEG"),
+                    message.contains("image 2 of the request")
+                        && message.contains("PNG, JPEG, GIF, WebP or BMP"),
                     "{what}: {message}"
                 );
             }
