@@ -20,11 +20,13 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
+import zlib
 from pathlib import Path
 
 import pytest
@@ -248,6 +250,19 @@ def http(
 
 # --------------------------------------------------------------------------
 # session setup
+
+
+def png(width: int = 8, height: int = 8, blue: int = 128) -> bytes:
+    """A small RGB gradient (red across, green down, `blue` throughout) as
+    a PNG file, with no imaging library."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(
+        b"\0" + b"".join(bytes((x * 32 % 256, y * 32 % 256, blue)) for x in range(width)) for y in range(height)
+    )
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
 
 
 def _python() -> str:

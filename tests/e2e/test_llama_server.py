@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import base64
 import os
-import struct
 import threading
-import zlib
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import ollama
@@ -25,7 +23,7 @@ import pytest
 
 from anthropic_checks import client as anthropic_client
 from anthropic_checks import exercise
-from conftest import REPO, Server, _run, http
+from conftest import REPO, Server, _run, http, png
 
 MODEL = "tiny-gguf"
 TOOLS_MODEL = "tiny-gguf-tools"
@@ -153,18 +151,6 @@ def test_tools_follow_what_the_gguf_template_renders(llama):
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[WEATHER], max_tokens=4)
     assert e.value.body["param"] == "tools" and "chat template" in e.value.body["message"], e.value.body
-
-
-def png(width: int = 8, height: int = 8) -> bytes:
-    """A small RGB gradient as a PNG file (no imaging library needed)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    rows = b"".join(
-        b"\0" + b"".join(bytes((x * 32 % 256, y * 32 % 256, 128)) for x in range(width)) for y in range(height)
-    )
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
 
 
 IMAGE = png()

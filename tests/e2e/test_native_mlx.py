@@ -7,6 +7,7 @@ up like any engine crash.
 """
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import time
@@ -15,7 +16,7 @@ import openai
 import pytest
 
 from anthropic_checks import exercise
-from conftest import Server, http, pid_is_gone, proc_start_time, wait_until
+from conftest import REPO, Server, http, pid_is_gone, proc_start_time, wait_until
 
 LLAMA, QWEN = "tiny-llama", "tiny-qwen"
 MESSAGES = [{"role": "user", "content": "Hello there, how are you today?"}]
@@ -146,5 +147,92 @@ def test_a_long_prompt_is_served_from_the_prefix_cache_and_from_disk_after_a_res
     try:
         _, from_disk = cached(srv)
         assert from_disk == warm
+    finally:
+        assert not srv.stop()
+
+
+VLM = "tiny-gemma3-vision"
+
+
+def test_a_gemma3_vision_model_answers_about_images_from_every_client(env, tmp_path):
+    """A Gemma 3 folder with a vision tower (random weights) is listed as a
+    vision model and served by native-mlx: an image, inline or named by a
+    file URL, reaches the model as its soft tokens; the OpenAI, Anthropic
+    and Ollama clients' images give the same greedy answer; the prefix
+    cache serves a repeated image and not another one."""
+    import anthropic
+    import ollama
+
+    from conftest import _run, png
+
+    models = tmp_path / "models"
+    models.mkdir()
+    _run([env["python"], str(REPO / "scripts" / "make_tiny_model.py"), str(models / VLM),
+          "--arch", "gemma3", "--vision", "--layers", "3", "--hidden", "128", "--heads", "8",
+          "--window", "32", "--image-size", "64", "--patch-size", "4", "--mm-tokens", "64"],
+         "make_tiny_model.py --arch gemma3 --vision")
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    image, other = png(16, 16, blue=40), png(16, 16, blue=220)
+    (pictures / "image.png").write_bytes(image)
+    config = tmp_path / "config.toml"
+    config.write_text(f'[images]\nlocal_dirs = ["{pictures}"]\n')
+    args = list(env["base_args"])
+    args[args.index("--model-dir") + 1] = str(models)
+    args[args.index("--config") + 1] = str(config)
+    args[args.index("--state-dir") + 1] = str(tmp_path / "state")
+    # Long enough that whole 128-token blocks precede the image.
+    question = "Look at the picture and describe it. " * 30
+    data_url = lambda b: "data:image/png;base64," + base64.b64encode(b).decode()  # noqa: E731
+
+    srv = Server("hangar (native-mlx, vision)", args, env["proc_env"])
+    try:
+        row = next(m["model"] for m in api(srv, "/api/models")[1]["models"] if m["model"]["id"] == VLM)
+        assert row.get("vision") is True and row["model_type"] == "gemma3", row
+        assert api(srv, f"/api/resolve?model={VLM}")[1]["resolution"]["chosen"] == "native-mlx"
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+        def ask(url, text=question, **kw):
+            content = [{"type": "text", "text": text}]
+            if url:
+                content.append({"type": "image_url", "image_url": {"url": url}})
+            return c.chat.completions.create(model=VLM, max_tokens=8, temperature=0,
+                                             messages=[{"role": "user", "content": content}], **kw)
+
+        def cached(r):
+            details = r.usage.prompt_tokens_details
+            return details.cached_tokens if details else 0
+
+        blind = ask(None)
+        seen = ask(data_url(image))
+        # 64 soft tokens and the image's markers around them.
+        assert seen.usage.prompt_tokens >= blind.usage.prompt_tokens + 64, (seen.usage, blind.usage)
+        again = ask(data_url(image))
+        assert again.choices[0].message.content == seen.choices[0].message.content
+        # The repeat reads the image's blocks from the cache; another image
+        # shares only the text before it.
+        assert cached(again) > cached(blind) and cached(again) >= 128, (again.usage, blind.usage)
+        different = ask(data_url(other))
+        assert 0 < cached(different) < cached(again), (different.usage, again.usage)
+        # Named by a file URL: the host reads it, the engine sees the bytes.
+        by_file = ask(f"file://{pictures / 'image.png'}")
+        assert by_file.choices[0].message.content == seen.choices[0].message.content
+        streamed = "".join(
+            ch.choices[0].delta.content or "" for ch in ask(data_url(image), stream=True) if ch.choices)
+        assert streamed == seen.choices[0].message.content
+        m = anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0).messages.create(
+            model=VLM, max_tokens=8, extra_body={"temperature": 0}, messages=[{"role": "user", "content": [
+                {"type": "text", "text": question},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": base64.b64encode(image).decode()}}]}])
+        assert m.content[0].text == seen.choices[0].message.content, m
+        o = ollama.Client(host=srv.url + "/ollama").chat(
+            model=VLM, messages=[{"role": "user", "content": question, "images": [image]}],
+            options={"num_predict": 8, "temperature": 0}, stream=False)
+        assert o.message.content == seen.choices[0].message.content, o
+        # Bytes that are no image are the client's 400, naming the part.
+        with pytest.raises(openai.BadRequestError) as e:
+            ask("data:image/png;base64," + base64.b64encode(b"\x89PNG not really").decode())
+        assert "image" in e.value.body["message"], e.value.body
     finally:
         assert not srv.stop()
