@@ -39,6 +39,7 @@ mod error;
 mod ffi;
 mod indexing;
 mod model;
+mod mtp;
 mod pixels;
 mod plugin;
 mod pool;

@@ -28,7 +28,7 @@ struct NativeMlx;
 
 impl Plugin for NativeMlx {
     fn describe() -> Description {
-        hangar_sdk::describe!("native-mlx", formats: ["mlx"], aliases: {"safetensors" => "mlx"}, capabilities: ["tool_calls", "structured_output", "embeddings", "rerank", "speculative"])
+        hangar_sdk::describe!("native-mlx", formats: ["mlx"], aliases: {"safetensors" => "mlx"}, capabilities: ["tool_calls", "structured_output", "embeddings", "rerank", "speculative", "speculative_mtp"])
             .with_concurrent_generates(BatchOptions::default().max_sequences as u32)
     }
 
@@ -67,6 +67,10 @@ impl Plugin for NativeMlx {
         let session = Session::load(Path::new(&request.model_path))
             .map_err(|e| format!("model '{}': {e}", request.model_id))?;
         let mut notes = Vec::new();
+        let scores = spec_prefill.is_some();
+        if let Some(note) = resolve_mtp(&request.settings, &mut speculate, &mut draft, scores, &session) {
+            notes.push(note);
+        }
         let drafter = match draft {
             None => None,
             Some(DraftSource::Layers(layers)) => Some(
@@ -164,8 +168,10 @@ enum DraftSource {
 }
 
 /// How the model's requests speculate, from the settings `draft_kind`
-/// (`off`, `prompt_lookup`, `draft_model` or `draft_layers`; a request's
-/// prediction proposes either way), `draft_model` (a draft model's folder,
+/// (`off`, `prompt_lookup`, `draft_model`, `draft_layers`, `mtp` (the
+/// model's own multi-token-prediction layers) or `auto` (those where the
+/// checkpoint has them, else the drafter named); a request's prediction
+/// proposes either way), `draft_model` (a draft model's folder,
 /// which makes `draft_model` the default kind), `draft_layers` (the
 /// model's own first layers as its drafter, the default kind when set)
 /// and `draft_tokens` (the most proposed per pass; unset, adapted to the
@@ -209,14 +215,14 @@ fn speculate_settings(
         Some(Value::String(kind))
             if matches!(
                 kind.as_str(),
-                "off" | "prompt_lookup" | "draft_model" | "draft_layers"
+                "off" | "prompt_lookup" | "draft_model" | "draft_layers" | "mtp" | "auto"
             ) =>
         {
             kind.as_str()
         }
         Some(other) => {
             return Err(format!(
-            "setting 'draft_kind' of native-mlx must be \"off\", \"prompt_lookup\", \"draft_model\" or \"draft_layers\", got {other}"
+            "setting 'draft_kind' of native-mlx must be \"off\", \"prompt_lookup\", \"draft_model\", \"draft_layers\", \"mtp\" or \"auto\", got {other}"
         ))
         }
     };
@@ -227,6 +233,11 @@ fn speculate_settings(
         "draft_layers" => Some(DraftSource::Layers(layers.ok_or(
             "setting 'draft_kind' of native-mlx is \"draft_layers\" but no 'draft_layers' says how many of the model's layers draft",
         )?)),
+        // The drafter named, if any, for a model without MTP layers (see
+        // `resolve_mtp`).
+        "auto" => folder
+            .map(DraftSource::Folder)
+            .or(layers.map(DraftSource::Layers)),
         // An explicit other kind leaves the drafter unloaded.
         _ => None,
     };
@@ -246,10 +257,59 @@ fn speculate_settings(
             prompt_lookup: kind == "prompt_lookup",
             prediction: None,
             draft_model: source.is_some(),
+            // Decided once the model is loaded (`resolve_mtp`).
+            mtp: matches!(kind, "mtp" | "auto"),
             k,
             accept_all: false,
         },
         source,
+    ))
+}
+
+/// The MTP layer's part in `speculate`, once the model is loaded: with
+/// `draft_kind = "auto"`, the model's MTP layers propose where its
+/// checkpoint has them (the named drafter then proposes nothing, and is
+/// loaded only where it scores for SpecPrefill, `scores`), else the
+/// drafter named, else nothing; with `"mtp"`, a model without them
+/// decodes plainly, and the returned note says why.
+fn resolve_mtp(
+    settings: &std::collections::BTreeMap<String, Value>,
+    speculate: &mut Speculation,
+    draft: &mut Option<DraftSource>,
+    scores: bool,
+    session: &Session,
+) -> Option<String> {
+    if !speculate.mtp {
+        return None;
+    }
+    let model = session.model();
+    let auto = settings.get("draft_kind").and_then(Value::as_str) == Some("auto");
+    if model.mtp_layers() > 0 {
+        if auto {
+            speculate.draft_model = false;
+            if !scores {
+                *draft = None;
+            }
+        }
+        return None;
+    }
+    speculate.mtp = false;
+    if auto {
+        return None;
+    }
+    let declared = model.config().mtp_layers;
+    let why = if declared > 0 {
+        format!(
+            "its config declares {declared} (num_nextn_predict_layers) but its weights have none (model.mtp_layers.0.*): mlx_lm.convert drops them; convert keeping them, or use another draft_kind"
+        )
+    } else {
+        format!(
+            "its family ({:?}) has none; MTP layers come with MiMo checkpoints (model_type mimo)",
+            model.config().family
+        )
+    };
+    Some(format!(
+        "draft_kind \"mtp\" is not used, so requests decode without speculation: the model has no multi-token-prediction layers: {why}"
     ))
 }
 
@@ -527,6 +587,16 @@ mod tests {
             check(json!({"draft_model": "/m/draft", "draft_kind": "prompt_lookup"})).unwrap();
         assert!(spec.prompt_lookup && !spec.draft_model);
         assert_eq!(source, None);
+        // The model's MTP layers: explicitly, or `auto` with the named
+        // drafter in reserve (`resolve_mtp` decides with the model).
+        let (spec, source) = check(json!({"draft_kind": "mtp"})).unwrap();
+        assert!(spec.mtp && !spec.draft_model && spec.is_on());
+        assert_eq!(source, None);
+        let (spec, source) = check(json!({"draft_kind": "auto", "draft_layers": 2})).unwrap();
+        assert!(spec.mtp && spec.draft_model);
+        assert_eq!(source, Some(DraftSource::Layers(2)));
+        let (spec, _) = check(json!({"draft_model": "/m/draft"})).unwrap();
+        assert!(!spec.mtp);
         for (settings, words) in [
             (
                 json!({"draft_model": "/a", "draft_layers": 2}),
@@ -549,7 +619,7 @@ mod tests {
                 "'draft_model' of native-mlx must be the path",
             ),
             (
-                json!({"draft_kind": "mtp"}),
+                json!({"draft_kind": "medusa"}),
                 "'draft_kind' of native-mlx must be",
             ),
             (json!({"draft_tokens": 9}), "from 1 to 8, got 9"),
