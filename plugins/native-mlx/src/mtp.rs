@@ -162,17 +162,17 @@ impl Model {
     /// The MTP layer's `k` greedy guesses of the tokens after `context`
     /// (at least two tokens), as a sequence that decoded `context` would
     /// get them from the proposer: the model's hidden states of every
-    /// position but the last fed to the layer, then the layer applied
-    /// recursively. Empty for a model without MTP layers. For checking
+    /// position but the last (computed over the whole context) fed to the
+    /// layer, then the layer applied recursively. Empty for a model without MTP layers. For checking
     /// the proposer against a reference.
     pub fn mtp_guesses(&self, context: &[u32], k: usize) -> Result<Vec<u32>> {
         if self.mtp_layers() == 0 || context.len() < 2 {
             return Ok(Vec::new());
         }
-        let body = &context[..context.len() - 1];
-        let hidden = self.hidden(&ids(body)?, &mut self.new_cache())?;
+        let n = context.len() as i32;
+        let hidden = self.hidden(&ids(context)?, &mut self.new_cache())?;
         let mut state = MtpState::default();
-        state.push(0, hidden);
+        state.push(0, hidden.at((.., ..n - 1, ..))?);
         state.propose(self, context, k)
     }
 }

@@ -297,19 +297,9 @@ fn resolve_mtp(
     if auto {
         return None;
     }
-    let declared = model.config().mtp_layers;
-    let why = if declared > 0 {
-        format!(
-            "its config declares {declared} (num_nextn_predict_layers) but its weights have none (model.mtp_layers.0.*): mlx_lm.convert drops them; convert keeping them, or use another draft_kind"
-        )
-    } else {
-        format!(
-            "its family ({:?}) has none; MTP layers come with MiMo checkpoints (model_type mimo)",
-            model.config().family
-        )
-    };
+    let why = model.why_no_mtp().unwrap_or_default();
     Some(format!(
-        "draft_kind \"mtp\" is not used, so requests decode without speculation: the model has no multi-token-prediction layers: {why}"
+        "draft_kind \"mtp\" is not used, so requests decode without speculation: {why}"
     ))
 }
 

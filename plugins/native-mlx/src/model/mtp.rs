@@ -108,6 +108,24 @@ impl Model {
         self.mtp.len()
     }
 
+    /// Why the model cannot propose with MTP layers, where it cannot.
+    pub fn why_no_mtp(&self) -> Option<String> {
+        if !self.mtp.is_empty() {
+            return None;
+        }
+        let declared = self.config.mtp_layers;
+        Some(if declared > 0 {
+            format!(
+                "the model has no multi-token-prediction layers: its config declares {declared} (num_nextn_predict_layers) but its weights have none (model.mtp_layers.0.*); mlx_lm.convert drops them, so convert keeping them or choose another draft_kind"
+            )
+        } else {
+            format!(
+                "the model has no multi-token-prediction layers: its family ({:?}) has none; MTP layers come with MiMo checkpoints (model_type mimo)",
+                self.config.family
+            )
+        })
+    }
+
     /// The first MTP layer over `hidden` (`(1, n, width)`) and the tokens
     /// after each of its rows, `next` (`(1, n)`), appending to `cache`.
     /// Returns the layer's output `(1, n, width)`, which
