@@ -973,7 +973,11 @@ impl Engine {
         // The hidden states of sequences that propose with the MTP layer:
         // the decoding rows first, then each prompt chunk, as in `input`.
         let mut to_eval: Vec<Array> = Vec::new();
-        if self.active.iter().any(|seq| seq.proposer.as_ref().is_some_and(|p| p.spec.mtp)) {
+        if self
+            .active
+            .iter()
+            .any(|seq| seq.proposer.as_ref().is_some_and(|p| p.spec.mtp))
+        {
             let mut row = 0;
             for &(_, at, _) in &decoding {
                 let position = self.active[at].pages.len() as usize - 1;
@@ -1169,7 +1173,11 @@ impl Engine {
         } = &mut self.active[at];
         // A prompt prefilled in part has no hidden states of what it left
         // out; such a sequence does not speculate.
-        let Some(mtp) = proposer.as_mut().and_then(Proposer::mtp).filter(|_| *skipped == 0) else {
+        let Some(mtp) = proposer
+            .as_mut()
+            .and_then(Proposer::mtp)
+            .filter(|_| *skipped == 0)
+        else {
             return Ok(Vec::new());
         };
         mtp.push(position, hidden);

@@ -960,10 +960,16 @@ mod tests {
     fn mimo_is_qwen2_with_its_mtp_layers_and_rope_default() {
         let mimo = LLAMA.replace("\"llama\"", "\"mimo\"");
         let c = parse(&mimo).unwrap();
-        assert_eq!((c.family, c.qkv_bias, c.head_dim), (Family::Qwen2, true, 16));
+        assert_eq!(
+            (c.family, c.qkv_bias, c.head_dim),
+            (Family::Qwen2, true, 16)
+        );
         // mlx-lm's `mimo` defaults: RoPE base 10 000, two MTP layers.
         assert_eq!((c.rope_theta, c.mtp_layers), (10_000.0, 2));
-        let one = mimo.replace("\"vocab_size\"", "\"num_nextn_predict_layers\": 1, \"vocab_size\"");
+        let one = mimo.replace(
+            "\"vocab_size\"",
+            "\"num_nextn_predict_layers\": 1, \"vocab_size\"",
+        );
         assert_eq!(parse(&one).unwrap().mtp_layers, 1);
     }
 

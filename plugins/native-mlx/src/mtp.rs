@@ -94,7 +94,9 @@ impl MtpState {
             } else {
                 hidden.at((.., ..known as i32, ..))?
             };
-            let contiguous = runs.last().is_some_and(|(s, h)| s + h.dim(1) as usize == start);
+            let contiguous = runs
+                .last()
+                .is_some_and(|(s, h)| s + h.dim(1) as usize == start);
             if contiguous {
                 let (s, h) = runs.pop().expect("a run");
                 runs.push((s, concatenate(&[h, rows], 1)?));
@@ -143,7 +145,8 @@ impl MtpState {
         let mut chosen: Vec<Array> = Vec::with_capacity(k);
         for step in 0..k.max(1) {
             let logits = model.mtp_logits(&out)?;
-            let token = argmax_axis(&logits.at((.., -1, ..))?, -1, None)?.as_dtype(Dtype::Uint32)?;
+            let token =
+                argmax_axis(&logits.at((.., -1, ..))?, -1, None)?.as_dtype(Dtype::Uint32)?;
             if step + 1 < k {
                 out = model.mtp_forward(&out, &token.reshape(&[1, 1])?, cache)?;
             }

@@ -68,7 +68,13 @@ impl Plugin for NativeMlx {
             .map_err(|e| format!("model '{}': {e}", request.model_id))?;
         let mut notes = Vec::new();
         let scores = spec_prefill.is_some();
-        if let Some(note) = resolve_mtp(&request.settings, &mut speculate, &mut draft, scores, &session) {
+        if let Some(note) = resolve_mtp(
+            &request.settings,
+            &mut speculate,
+            &mut draft,
+            scores,
+            &session,
+        ) {
             notes.push(note);
         }
         let drafter = match draft {

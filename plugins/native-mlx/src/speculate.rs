@@ -381,7 +381,9 @@ mod tests {
         let proposal = p.propose(&[1, 2, 10, 11, 20], 3, 8, None, None).unwrap();
         assert!(proposal.tokens.is_empty());
         // Back on it at 13: the prediction goes on after it.
-        let proposal = p.propose(&[1, 2, 10, 11, 20, 13], 4, 2, None, None).unwrap();
+        let proposal = p
+            .propose(&[1, 2, 10, 11, 20, 13], 4, 2, None, None)
+            .unwrap();
         assert_eq!(proposal.tokens, vec![14, 15]);
         p.record(&proposal, 1);
         assert_eq!(p.usage.accepted_prediction, 1);

@@ -1110,7 +1110,6 @@ impl Block {
     }
 }
 
-
 impl Block {
     fn arrays(&self) -> Vec<&Array> {
         let a = &self.attention;
@@ -1336,7 +1335,11 @@ impl Model {
         // them (mlx-lm's converter drops them).
         let mut mtp = Vec::new();
         while config.mtp_layers > 0
-            && w.contains(&name(&format!("model.mtp_layers.{}.input_proj.weight", mtp.len()))) {
+            && w.contains(&name(&format!(
+                "model.mtp_layers.{}.input_proj.weight",
+                mtp.len()
+            )))
+        {
             let p = name(&format!("model.mtp_layers.{}", mtp.len()));
             mtp.push(mtp::MtpLayer::take(&mut w, &p, &config, l, fuse, on_cpu)?);
         }

@@ -76,7 +76,8 @@ fn mtp(k: usize) -> Speculation {
 }
 
 fn run(b: &Batcher, r: &GenerateRequest) -> Completion {
-    b.generate(r.clone(), |_| ControlFlow::Continue(())).unwrap()
+    b.generate(r.clone(), |_| ControlFlow::Continue(()))
+        .unwrap()
 }
 
 fn batcher(model: &std::path::Path) -> Batcher {
@@ -148,14 +149,22 @@ fn mtp_greedy_ids_are_plain_decodings() {
     // Longer than a prefix-cache block, so that a second run restores one.
     let long = prompt(300);
     for model in [fixtures().model("mimo"), quantized.clone()] {
-        let plain = run(&batcher(&model), &request(long.clone(), Speculation::default(), 40));
+        let plain = run(
+            &batcher(&model),
+            &request(long.clone(), Speculation::default(), 40),
+        );
         assert_eq!(plain.speculation.verifications, 0);
         for k in [1, 2, 3, 4, 0] {
             // A fresh engine: the prompt is computed, not restored.
             let b = batcher(&model);
             let cold = run(&b, &request(long.clone(), mtp(k), 40));
             assert_eq!(cold.usage.cached_prompt_tokens, 0);
-            assert_eq!(cold.token_ids, plain.token_ids, "{}, k = {k}, cold", model.display());
+            assert_eq!(
+                cold.token_ids,
+                plain.token_ids,
+                "{}, k = {k}, cold",
+                model.display()
+            );
             let usage = cold.speculation;
             assert!(usage.verifications > 0 && usage.proposed > 0, "{usage:?}");
             assert!(usage.accepted <= usage.proposed, "{usage:?}");
@@ -170,7 +179,12 @@ fn mtp_greedy_ids_are_plain_decodings() {
             }
             let warm = run(&b, &request(long.clone(), mtp(k), 40));
             assert!(warm.usage.cached_prompt_tokens > 0, "{:?}", warm.usage);
-            assert_eq!(warm.token_ids, plain.token_ids, "{}, k = {k}, cached", model.display());
+            assert_eq!(
+                warm.token_ids,
+                plain.token_ids,
+                "{}, k = {k}, cached",
+                model.display()
+            );
             assert!(warm.speculation.proposed > 0, "{:?}", warm.speculation);
         }
         // max_tokens is kept exactly.
@@ -234,7 +248,10 @@ fn a_layer_that_predicts_as_the_model_has_its_proposals_kept() {
 #[test]
 fn a_model_without_mtp_layers_decodes_plainly_and_says_why() {
     for (model, words) in [
-        ("mimo-q4", "declares 1 (num_nextn_predict_layers) but its weights have none"),
+        (
+            "mimo-q4",
+            "declares 1 (num_nextn_predict_layers) but its weights have none",
+        ),
         ("qwen2", "its family (Qwen2) has none"),
     ] {
         let session = Session::load(&fixtures().model(model)).unwrap();
