@@ -645,6 +645,21 @@ mod tests {
         assert_eq!(listed, engine);
     }
 
+    /// The manifest parses and validates as the host reads it, and
+    /// declares the capabilities the artifact's description names
+    /// (`speculative_mtp` among them, which `draft_kind`'s `mtp` and
+    /// `auto` need).
+    #[test]
+    fn the_manifest_validates_and_declares_the_described_capabilities() {
+        let manifest =
+            hangar_sdk::api::manifest::Manifest::parse(include_str!("../plugin.toml")).unwrap();
+        let declared: Vec<&String> = manifest.capabilities.keys().collect();
+        let mut described = NativeMlx::describe().capabilities;
+        described.sort();
+        assert_eq!(declared, described.iter().collect::<Vec<_>>());
+        assert!(described.iter().any(|c| c == "speculative_mtp"));
+    }
+
     #[test]
     fn spec_prefill_settings_are_checked_and_find_their_scorer() {
         let of = |v: Value| spec_prefill_settings(&serde_json::from_value(v).unwrap());
