@@ -12,7 +12,10 @@ norms, tied embeddings) and gemma3 (the same text model inside a
 vision-language folder: `text_config`, weights under `language_model.`, and
 a few vision tensors the text path ignores; with --vision a whole tiny SigLIP
 vision tower and multi-modal projector instead, as mlx-vlm's `gemma3` loads
-them).
+them); mimo (Xiaomi MiMo: qwen2 plus --mtp-layers multi-token-prediction
+layers under model.mtp_layers.{i}, as MiMo-7B's checkpoints store them; with
+--mtp-from-main a one-layer model whose MTP layer is derived from it, see
+derive_mtp_from_main).
 Run it with the venv from scripts/python-env.sh:
     $(scripts/python-env.sh) scripts/make_tiny_model.py /tmp/tiny --arch qwen3
 """
@@ -149,7 +152,7 @@ def make_weights(a, head_dim, rng):
         w[p + "self_attn.k_proj.weight"] = rand(kv_out, h)
         w[p + "self_attn.v_proj.weight"] = rand(kv_out, h)
         w[p + "self_attn.o_proj.weight"] = rand(h, q_out)
-        if a.arch in ("qwen2", "gpt_oss"):
+        if a.arch in ("qwen2", "gpt_oss", "mimo"):
             w[p + "self_attn.q_proj.bias"] = rand(q_out)
             w[p + "self_attn.k_proj.bias"] = rand(kv_out)
             w[p + "self_attn.v_proj.bias"] = rand(kv_out)
@@ -190,7 +193,63 @@ def make_weights(a, head_dim, rng):
         w[p + "post_attention_layernorm.weight"] = ones(h)
     w["model.norm.weight"] = ones(h)
     w["lm_head.weight"] = rand(a.vocab, h)
+    if a.arch == "mimo":
+        # MTP norm weights away from 1, so that a norm applied to the
+        # wrong input (or left out) changes the numbers.
+        norm = lambda n: rng.normal(1.0, 0.1, size=n).astype(np.float32)
+        # The final norm too: the MTP layer reads the hidden state before
+        # it, and with weights of one after it would read nearly the same.
+        w["model.norm.weight"] = norm(h)
+        for i in range(a.mtp_layers):
+            p = f"model.mtp_layers.{i}."
+            for n in ("token_layernorm", "hidden_layernorm", "input_layernorm",
+                      "post_attention_layernorm", "final_layernorm"):
+                w[p + n + ".weight"] = norm(h)
+            w[p + "input_proj.weight"] = rand(h, 2 * h)
+            w[p + "self_attn.q_proj.weight"] = rand(q_out, h)
+            w[p + "self_attn.q_proj.bias"] = rand(q_out)
+            w[p + "self_attn.k_proj.weight"] = rand(kv_out, h)
+            w[p + "self_attn.k_proj.bias"] = rand(kv_out)
+            w[p + "self_attn.v_proj.weight"] = rand(kv_out, h)
+            w[p + "self_attn.v_proj.bias"] = rand(kv_out)
+            w[p + "self_attn.o_proj.weight"] = rand(h, q_out)
+            w[p + "mlp.gate_proj.weight"] = rand(inter, h)
+            w[p + "mlp.up_proj.weight"] = rand(inter, h)
+            w[p + "mlp.down_proj.weight"] = rand(h, inter)
+        if a.mtp_from_main:
+            derive_mtp_from_main(w, a)
     return w
+
+
+def derive_mtp_from_main(w, a):
+    """An MTP layer that predicts as the (one-layer) model does, one token later.
+
+    The layer at position p reads the model's hidden state there and the
+    embedding of token p + 1, and guesses token p + 2. Here `input_proj`
+    passes the (normed) embedding through and ignores the hidden state; the
+    embedding rows have unit RMS, so `token_layernorm` (ones) leaves them as
+    they are up to its epsilon; the block is a copy of the model's only
+    layer and `final_layernorm` of its final norm. The layer then computes
+    the model over the tokens from the second on (the first, at position 0,
+    is zeroed as vLLM does): its guesses are the model's next tokens but for
+    what the first token and the epsilon change. Greedy acceptance is high
+    by construction, not by training.
+    """
+    if a.layers != 1:
+        raise SystemExit("--mtp-from-main needs --layers 1")
+    h = a.hidden
+    e = w["model.embed_tokens.weight"]
+    w["model.embed_tokens.weight"] = e / np.sqrt(np.mean(e * e, axis=1, keepdims=True))
+    for i in range(a.mtp_layers):
+        p = f"model.mtp_layers.{i}."
+        for name in list(w):
+            if name.startswith("model.layers.0."):
+                w[p + name[len("model.layers.0."):]] = w[name].copy()
+        w[p + "input_proj.weight"] = np.concatenate(
+            [np.zeros((h, h), np.float32), np.eye(h, dtype=np.float32)], axis=1)
+        for n in ("token_layernorm", "hidden_layernorm"):
+            w[p + n + ".weight"] = np.ones(h, np.float32)
+        w[p + "final_layernorm.weight"] = w["model.norm.weight"].copy()
 
 
 def openai_mxfp4_experts(w, layers):
@@ -352,7 +411,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
     ap.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text", "gemma3",
-                                       "qwen3_moe", "gpt_oss"],
+                                       "qwen3_moe", "gpt_oss", "mimo"],
                     default="llama")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
@@ -364,6 +423,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--window", type=int, default=8, help="gemma3, gpt_oss: the sliding window")
     ap.add_argument("--experts", type=int, default=8, help="mixture-of-experts architectures")
+    ap.add_argument("--mtp-layers", type=int, default=1, help="mimo: MTP layers (num_nextn_predict_layers)")
+    ap.add_argument("--mtp-from-main", action="store_true",
+                    help="mimo with --layers 1: MTP layers derived from the model (see derive_mtp_from_main)")
     ap.add_argument("--experts-per-tok", type=int, default=2)
     ap.add_argument("--moe-intermediate", type=int, default=128)
     ap.add_argument("--openai-mxfp4", action="store_true",
@@ -381,6 +443,8 @@ def main():
     a = ap.parse_args()
     if a.vision and a.arch != "gemma3":
         ap.error("--vision is for --arch gemma3")
+    if a.mtp_from_main and a.arch != "mimo":
+        ap.error("--mtp-from-main is for --arch mimo")
     if a.arch in ("gemma3_text", "gemma3") and a.layers < 2:
         ap.error("gemma3 needs 2 layers at least (mlx-lm reads the second's cache)")
     if a.hidden % a.heads or a.heads % a.kv_heads:
@@ -397,7 +461,8 @@ def main():
                  "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM",
                  "phi3": "Phi3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                  "gemma3": "Gemma3ForConditionalGeneration",
-                 "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}[a.arch]
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
+                 "mimo": "MiMoForCausalLM"}[a.arch]
     config = {
         "model_type": a.arch,
         "architectures": [arch_name],
@@ -417,8 +482,10 @@ def main():
         "eos_token_id": eos_id,
         "torch_dtype": a.dtype,
     }
-    if a.arch == "qwen2":
+    if a.arch in ("qwen2", "mimo"):
         config["attention_bias"] = True  # qwen2 always has q/k/v biases
+    if a.arch == "mimo":
+        config["num_nextn_predict_layers"] = a.mtp_layers
     if a.arch == "phi3":
         # Phi-4-mini's partial rotary embeddings and Phi-3-128k's LongRoPE
         # (a 4x longer context than the original: its scale is not 1).

@@ -4,7 +4,7 @@
 //! through a channel. Between decoding steps the thread admits new
 //! requests and drops finished ones; each step runs every decoding
 //! sequence's next token and chunks of waiting prompts, within a token
-//! budget, as one packed forward pass (see `Model::packed_logits`): the
+//! budget, as one packed forward pass (see `Model::packed_forward`): the
 //! projections and the MLP see all tokens at once. Every sequence's keys
 //! and values live in the shared paged pool (`KvPool`), from its first
 //! prompt chunk on: one write per layer stores every new position of a
@@ -564,8 +564,10 @@ impl Engine {
                     };
                     let stops = StopMatcher::new(&job.request.stop);
                     let mut spec = job.request.speculation.clone();
-                    // Without a drafter that fits, a draft model proposes nothing.
+                    // Without a drafter that fits, a draft model proposes
+                    // nothing; nor does a model without an MTP layer.
                     spec.draft_model &= self.drafter.is_some();
+                    spec.mtp &= self.session.model.mtp_layers() > 0;
                     let proposer = spec.is_on().then(|| Proposer::new(spec));
                     self.active.push(Seq {
                         job,
@@ -833,7 +835,13 @@ impl Engine {
             .as_mut()
             .expect("a speculating sequence proposes");
         let proposing = Instant::now();
-        let proposal = proposer.propose(&context, answer, room, self.drafter.as_ref())?;
+        let proposal = proposer.propose(
+            &context,
+            answer,
+            room,
+            self.drafter.as_ref(),
+            Some(&self.session.model),
+        )?;
         let proposed = proposing.elapsed();
         let mut input = Vec::with_capacity(proposal.tokens.len() + 1);
         input.push(last);
@@ -841,7 +849,7 @@ impl Engine {
         let cache = seq.alone.as_mut().expect("a cache of its own");
         let before = cache.first().map_or(0, KvCache::offset);
         let building = Instant::now();
-        let logits = self.session.model.logits(&ids(&input)?, cache)?;
+        let (hidden, logits) = self.session.model.hidden_and_logits(&ids(&input)?, cache)?;
         // Log-probabilities as `Session::step` computes them, row by row.
         let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
         let (built, waited);
@@ -877,6 +885,11 @@ impl Engine {
             layer.truncate(keep);
         }
         proposer.record(&proposal, kept);
+        if let Some(mtp) = proposer.mtp() {
+            // The model's hidden states of the input and the kept
+            // proposals: the MTP layer reads them next time.
+            mtp.push(before as usize, hidden.at((.., ..kept as i32 + 1, ..))?);
+        }
         let produced: Vec<u32> = proposal.tokens[..kept]
             .iter()
             .copied()
@@ -1046,10 +1059,32 @@ impl Engine {
             chunks,
             soft_tokens,
         };
-        let logits = self.session.model.packed_logits(&input, &mut step)?;
+        let (logits, hidden) = self.session.model.packed_forward(&input, &mut step)?;
         drop(step);
-
+        // The hidden states of sequences that propose with the MTP layer:
+        // the decoding rows first, then each prompt chunk, as in `input`.
         let mut to_eval: Vec<Array> = Vec::new();
+        if self
+            .active
+            .iter()
+            .any(|seq| seq.proposer.as_ref().is_some_and(|p| p.spec.mtp))
+        {
+            let mut row = 0;
+            for &(_, at, _) in &decoding {
+                let position = self.active[at].pages.len() as usize - 1;
+                let rows = hidden.at((.., row..row + 1, ..))?;
+                to_eval.extend(self.mtp_hidden(at, position, rows)?);
+                row += 1;
+            }
+            for &(at, end) in &prefilling {
+                let filled = self.active[at].filled;
+                let len = (end - filled) as i32;
+                let rows = hidden.at((.., row..row + len, ..))?;
+                to_eval.extend(self.mtp_hidden(at, filled, rows)?);
+                row += len;
+            }
+        }
+
         let mut queued = None;
         if let Some(logits) = logits {
             let decoding: Vec<usize> = decoding.iter().map(|&(_, at, _)| at).collect();
@@ -1200,9 +1235,12 @@ impl Engine {
         self.go_alone()?;
         let seq = &mut self.active[0];
         let cache = seq.alone.as_mut().expect("a cache of its own");
-        let logits = self.session.model.logits(&input, cache)?;
+        let position = cache.first().map_or(0, KvCache::offset) as usize;
+        let (hidden, logits) = self.session.model.hidden_and_logits(&input, cache)?;
+        let mut to_eval = self.mtp_hidden(0, position, hidden)?;
         if self.constrained(&[0]) {
-            async_eval([&logits])?;
+            to_eval.push(logits.clone());
+            async_eval(&to_eval)?;
             self.deferred = Some(Deferred {
                 logits,
                 decoding: vec![0],
@@ -1211,8 +1249,41 @@ impl Engine {
             return Ok(None);
         }
         let step = self.sample(&logits, &[0], 0)?;
-        async_eval([&step.tokens])?;
+        to_eval.push(step.tokens.clone());
+        async_eval(&to_eval)?;
         Ok(Some(step))
+    }
+
+    /// Hands the model's hidden states `hidden` (`(1, n, width)`) of
+    /// positions `position..` of sequence `at` to its MTP layer, if it
+    /// proposes with one, and feeds the layer what it can take; returns
+    /// the arrays to evaluate with the step (lazy).
+    fn mtp_hidden(&mut self, at: usize, position: usize, hidden: Array) -> Result<Vec<Array>> {
+        let Seq {
+            proposer,
+            prompt,
+            token_ids,
+            skipped,
+            ..
+        } = &mut self.active[at];
+        // A prompt prefilled in part has no hidden states of what it left
+        // out; such a sequence does not speculate.
+        let Some(mtp) = proposer
+            .as_mut()
+            .and_then(Proposer::mtp)
+            .filter(|_| *skipped == 0)
+        else {
+            return Ok(Vec::new());
+        };
+        mtp.push(position, hidden);
+        let split = prompt.len();
+        mtp.catch_up(&self.session.model, split + token_ids.len(), |p| {
+            if p < split {
+                prompt[p]
+            } else {
+                token_ids[p - split]
+            }
+        })
     }
 
     /// Moves the keys and values of the lone sequence out of the pool, into

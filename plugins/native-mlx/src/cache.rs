@@ -20,6 +20,10 @@ pub(crate) struct KvCache {
     keys: Option<Array>,
     values: Option<Array>,
     offset: i32,
+    /// The position of its first entry: 0, but for an MTP layer's cache
+    /// that begins where this request's hidden states of the model begin
+    /// (after a cached prefix). RoPE rotates by the position.
+    start: i32,
     /// Where the last prompt's prefill ended: sliding-window layers order a
     /// decoding query's window from it (see `model::window`).
     prefilled: i32,
@@ -45,9 +49,28 @@ impl KvCache {
             keys: Some(keys),
             values: Some(values),
             offset,
+            start: 0,
             prefilled: offset,
             importance: None,
         }
+    }
+
+    /// An empty cache whose first entry will be at position `start`.
+    pub(crate) fn starting_at(start: i32) -> Self {
+        Self {
+            start,
+            ..Self::default()
+        }
+    }
+
+    /// The position of its first entry.
+    pub(crate) fn start(&self) -> i32 {
+        self.start
+    }
+
+    /// The position the next entry takes.
+    pub(crate) fn position(&self) -> i32 {
+        self.start + self.offset
     }
 
     /// Records that a prompt's prefill ended at position `len`.

@@ -26,6 +26,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gemma3",
     "qwen3_moe",
     "gpt_oss",
+    "mimo",
 ];
 
 /// The model families this engine implements; they differ only in a few details.
@@ -35,7 +36,9 @@ pub enum Family {
     Llama,
     /// Mistral (dense), computed as Llama.
     Mistral,
-    /// Qwen2 and Qwen2.5: biases on the q/k/v projections.
+    /// Qwen2 and Qwen2.5: biases on the q/k/v projections. Also Xiaomi's
+    /// MiMo (`mimo`): Qwen2's network plus multi-token-prediction layers
+    /// (see [`ModelConfig::mtp_layers`]).
     Qwen2,
     /// Qwen3 (dense): RMS norms on queries and keys, explicit `head_dim`.
     Qwen3,
@@ -59,7 +62,7 @@ impl Family {
         match model_type {
             "llama" => Some(Self::Llama),
             "mistral" => Some(Self::Mistral),
-            "qwen2" => Some(Self::Qwen2),
+            "qwen2" | "mimo" => Some(Self::Qwen2),
             "qwen3" => Some(Self::Qwen3),
             "phi3" => Some(Self::Phi3),
             "gemma3_text" | "gemma3" => Some(Self::Gemma3),
@@ -293,6 +296,11 @@ pub struct ModelConfig {
     /// What the checkpoint's tensor names start with: `language_model.` for
     /// the text model of a `gemma3` (vision-language) folder.
     pub weights_prefix: String,
+    /// The multi-token-prediction layers the config declares
+    /// (`num_nextn_predict_layers` of a `mimo` model; 0 for other
+    /// families). The checkpoint may still lack them: mlx-lm's converter
+    /// drops them, and [`crate::Model::mtp_layers`] counts those loaded.
+    pub mtp_layers: usize,
 }
 
 /// The subset of `config.json` that is read, as written.
@@ -337,6 +345,7 @@ struct RawConfig {
     mlp_only_layers: Option<Vec<usize>>,
     norm_topk_prob: Option<bool>,
     num_local_experts: Option<i32>,
+    num_nextn_predict_layers: Option<usize>,
 }
 
 /// mlx-lm's `gemma3_text.ModelArgs` defaults, for the fields a config leaves out.
@@ -508,6 +517,8 @@ impl ModelConfig {
             })
             .or(match family {
                 Family::Llama | Family::Mistral | Family::Phi3 => Some(10_000.0),
+                // mlx-lm's `mimo` defaults to 10 000, its `qwen2` to 10^6.
+                Family::Qwen2 if model_type == "mimo" => Some(10_000.0),
                 Family::Qwen2 | Family::Gemma3 => Some(1_000_000.0),
                 Family::Qwen3 | Family::Qwen3Moe => None,
                 Family::GptOss => Some(150_000.0),
@@ -679,6 +690,11 @@ impl ModelConfig {
             sliding_window,
             final_logit_softcapping: raw.final_logit_softcapping,
             weights_prefix: weights_prefix.into(),
+            // mlx-lm's `mimo` default (MiMo-7B's configs say 1).
+            mtp_layers: match model_type.as_str() {
+                "mimo" => raw.num_nextn_predict_layers.unwrap_or(2),
+                _ => 0,
+            },
         })
     }
 }
@@ -913,7 +929,7 @@ mod tests {
             err.to_string(),
             "model type 'gpt2' in m/config.json is not supported by native-mlx; \
              supported model types: llama, mistral, qwen2, qwen3, phi3, gemma3_text, gemma3, \
-             qwen3_moe, gpt_oss"
+             qwen3_moe, gpt_oss, mimo"
         );
     }
 
@@ -937,6 +953,24 @@ mod tests {
         let c = parse(&json).unwrap();
         assert_eq!((c.qkv_bias, c.o_bias, c.head_dim), (true, false, 16));
         assert_eq!(c.rope_theta, 1_000_000.0);
+        assert_eq!(c.mtp_layers, 0);
+    }
+
+    #[test]
+    fn mimo_is_qwen2_with_its_mtp_layers_and_rope_default() {
+        let mimo = LLAMA.replace("\"llama\"", "\"mimo\"");
+        let c = parse(&mimo).unwrap();
+        assert_eq!(
+            (c.family, c.qkv_bias, c.head_dim),
+            (Family::Qwen2, true, 16)
+        );
+        // mlx-lm's `mimo` defaults: RoPE base 10 000, two MTP layers.
+        assert_eq!((c.rope_theta, c.mtp_layers), (10_000.0, 2));
+        let one = mimo.replace(
+            "\"vocab_size\"",
+            "\"num_nextn_predict_layers\": 1, \"vocab_size\"",
+        );
+        assert_eq!(parse(&one).unwrap().mtp_layers, 1);
     }
 
     #[test]

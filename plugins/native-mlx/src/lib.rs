@@ -40,6 +40,7 @@ mod ffi;
 mod images;
 mod indexing;
 mod model;
+mod mtp;
 mod pixels;
 mod plugin;
 mod pool;

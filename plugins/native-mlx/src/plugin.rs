@@ -28,7 +28,7 @@ struct NativeMlx;
 
 impl Plugin for NativeMlx {
     fn describe() -> Description {
-        hangar_sdk::describe!("native-mlx", formats: ["mlx"], aliases: {"safetensors" => "mlx"}, capabilities: ["tool_calls", "structured_output", "embeddings", "rerank", "speculative", "vision"])
+        hangar_sdk::describe!("native-mlx", formats: ["mlx"], aliases: {"safetensors" => "mlx"}, capabilities: ["tool_calls", "structured_output", "embeddings", "rerank", "speculative", "speculative_mtp", "vision"])
             .with_concurrent_generates(BatchOptions::default().max_sequences as u32)
     }
 
@@ -69,6 +69,16 @@ impl Plugin for NativeMlx {
         let mut notes = Vec::new();
         // A vision tower that does not load leaves the model serving text.
         notes.extend(session.vision_problem());
+        let scores = spec_prefill.is_some();
+        if let Some(note) = resolve_mtp(
+            &request.settings,
+            &mut speculate,
+            &mut draft,
+            scores,
+            &session,
+        ) {
+            notes.push(note);
+        }
         let drafter = match draft {
             None => None,
             Some(DraftSource::Layers(layers)) => Some(
@@ -166,8 +176,10 @@ enum DraftSource {
 }
 
 /// How the model's requests speculate, from the settings `draft_kind`
-/// (`off`, `prompt_lookup`, `draft_model` or `draft_layers`; a request's
-/// prediction proposes either way), `draft_model` (a draft model's folder,
+/// (`off`, `prompt_lookup`, `draft_model`, `draft_layers`, `mtp` (the
+/// model's own multi-token-prediction layers) or `auto` (those where the
+/// checkpoint has them, else the drafter named); a request's prediction
+/// proposes either way), `draft_model` (a draft model's folder,
 /// which makes `draft_model` the default kind), `draft_layers` (the
 /// model's own first layers as its drafter, the default kind when set)
 /// and `draft_tokens` (the most proposed per pass; unset, adapted to the
@@ -211,14 +223,14 @@ fn speculate_settings(
         Some(Value::String(kind))
             if matches!(
                 kind.as_str(),
-                "off" | "prompt_lookup" | "draft_model" | "draft_layers"
+                "off" | "prompt_lookup" | "draft_model" | "draft_layers" | "mtp" | "auto"
             ) =>
         {
             kind.as_str()
         }
         Some(other) => {
             return Err(format!(
-            "setting 'draft_kind' of native-mlx must be \"off\", \"prompt_lookup\", \"draft_model\" or \"draft_layers\", got {other}"
+            "setting 'draft_kind' of native-mlx must be \"off\", \"prompt_lookup\", \"draft_model\", \"draft_layers\", \"mtp\" or \"auto\", got {other}"
         ))
         }
     };
@@ -229,6 +241,11 @@ fn speculate_settings(
         "draft_layers" => Some(DraftSource::Layers(layers.ok_or(
             "setting 'draft_kind' of native-mlx is \"draft_layers\" but no 'draft_layers' says how many of the model's layers draft",
         )?)),
+        // The drafter named, if any, for a model without MTP layers (see
+        // `resolve_mtp`).
+        "auto" => folder
+            .map(DraftSource::Folder)
+            .or(layers.map(DraftSource::Layers)),
         // An explicit other kind leaves the drafter unloaded.
         _ => None,
     };
@@ -248,10 +265,49 @@ fn speculate_settings(
             prompt_lookup: kind == "prompt_lookup",
             prediction: None,
             draft_model: source.is_some(),
+            // Decided once the model is loaded (`resolve_mtp`).
+            mtp: matches!(kind, "mtp" | "auto"),
             k,
             accept_all: false,
         },
         source,
+    ))
+}
+
+/// The MTP layer's part in `speculate`, once the model is loaded: with
+/// `draft_kind = "auto"`, the model's MTP layers propose where its
+/// checkpoint has them (the named drafter then proposes nothing, and is
+/// loaded only where it scores for SpecPrefill, `scores`), else the
+/// drafter named, else nothing; with `"mtp"`, a model without them
+/// decodes plainly, and the returned note says why.
+fn resolve_mtp(
+    settings: &std::collections::BTreeMap<String, Value>,
+    speculate: &mut Speculation,
+    draft: &mut Option<DraftSource>,
+    scores: bool,
+    session: &Session,
+) -> Option<String> {
+    if !speculate.mtp {
+        return None;
+    }
+    let model = session.model();
+    let auto = settings.get("draft_kind").and_then(Value::as_str) == Some("auto");
+    if model.mtp_layers() > 0 {
+        if auto {
+            speculate.draft_model = false;
+            if !scores {
+                *draft = None;
+            }
+        }
+        return None;
+    }
+    speculate.mtp = false;
+    if auto {
+        return None;
+    }
+    let why = model.why_no_mtp().unwrap_or_default();
+    Some(format!(
+        "draft_kind \"mtp\" is not used, so requests decode without speculation: {why}"
     ))
 }
 
@@ -607,6 +663,16 @@ mod tests {
             check(json!({"draft_model": "/m/draft", "draft_kind": "prompt_lookup"})).unwrap();
         assert!(spec.prompt_lookup && !spec.draft_model);
         assert_eq!(source, None);
+        // The model's MTP layers: explicitly, or `auto` with the named
+        // drafter in reserve (`resolve_mtp` decides with the model).
+        let (spec, source) = check(json!({"draft_kind": "mtp"})).unwrap();
+        assert!(spec.mtp && !spec.draft_model && spec.is_on());
+        assert_eq!(source, None);
+        let (spec, source) = check(json!({"draft_kind": "auto", "draft_layers": 2})).unwrap();
+        assert!(spec.mtp && spec.draft_model);
+        assert_eq!(source, Some(DraftSource::Layers(2)));
+        let (spec, _) = check(json!({"draft_model": "/m/draft"})).unwrap();
+        assert!(!spec.mtp);
         for (settings, words) in [
             (
                 json!({"draft_model": "/a", "draft_layers": 2}),
@@ -629,7 +695,7 @@ mod tests {
                 "'draft_model' of native-mlx must be the path",
             ),
             (
-                json!({"draft_kind": "mtp"}),
+                json!({"draft_kind": "medusa"}),
                 "'draft_kind' of native-mlx must be",
             ),
             (json!({"draft_tokens": 9}), "from 1 to 8, got 9"),
@@ -657,6 +723,21 @@ mod tests {
         let mut engine: Vec<&str> = crate::SUPPORTED_MODEL_TYPES.to_vec();
         engine.extend(["bert", "roberta", "xlm-roberta"]);
         assert_eq!(listed, engine);
+    }
+
+    /// The manifest parses and validates as the host reads it, and
+    /// declares the capabilities the artifact's description names
+    /// (`speculative_mtp` among them, which `draft_kind`'s `mtp` and
+    /// `auto` need).
+    #[test]
+    fn the_manifest_validates_and_declares_the_described_capabilities() {
+        let manifest =
+            hangar_sdk::api::manifest::Manifest::parse(include_str!("../plugin.toml")).unwrap();
+        let declared: Vec<&String> = manifest.capabilities.keys().collect();
+        let mut described = NativeMlx::describe().capabilities;
+        described.sort();
+        assert_eq!(declared, described.iter().collect::<Vec<_>>());
+        assert!(described.iter().any(|c| c == "speculative_mtp"));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The keys and values of every decoding sequence of the batching engine,
 //! in one paged pool per layer, so that a decoding step writes the new
 //! positions of all sequences with one op and reads each group of
-//! sequences with one gather (see `Model::packed_logits`).
+//! sequences with one gather (see `Model::packed_forward`).
 //!
 //! Per-sequence caches cost ops per sequence: on a GPU a decoding step is
 //! bound by the number of kernels, and at 64 streams the per-sequence cache

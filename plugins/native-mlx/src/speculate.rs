@@ -17,8 +17,10 @@
 //! earlier occurrence of the last few tokens, in the prompt or the answer
 //! so far), a predicted output (OpenAI's `prediction`: text the answer is
 //! expected to resemble, followed where the answer so far matches it),
-//! both without extra weights, and a draft model (`draft`: a small model of
-//! the same tokenizer, decoding greedily a few tokens ahead).
+//! both without extra weights, a draft model (`draft`: a small model of
+//! the same tokenizer, decoding greedily a few tokens ahead), and the
+//! model's own multi-token-prediction layer where its checkpoint has one
+//! (`mtp`: MiMo's, applied recursively).
 //!
 //! Speculation pays where the step is memory-bound: a sequence decoding
 //! alone. The batcher speculates only then; with company, the batch
@@ -26,6 +28,8 @@
 
 use crate::draft::{DraftState, Drafter};
 use crate::error::Result;
+use crate::model::Model;
+use crate::mtp::MtpState;
 
 /// How a request proposes tokens to verify. The default proposes nothing.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -37,6 +41,9 @@ pub struct Speculation {
     /// Propose with the engine's draft model (where it has one that fits;
     /// see [`crate::Drafter`]).
     pub draft_model: bool,
+    /// Propose with the model's own multi-token-prediction layer (where
+    /// its checkpoint has one; see [`crate::Model::mtp_layers`]).
+    pub mtp: bool,
     /// Most tokens proposed per verification; 0 chooses (and adapts to the
     /// acceptance rate) up to [`MAX_K`].
     pub k: usize,
@@ -52,6 +59,7 @@ impl Speculation {
     pub fn is_on(&self) -> bool {
         self.prompt_lookup
             || self.draft_model
+            || self.mtp
             || self.prediction.as_ref().is_some_and(|p| !p.is_empty())
     }
 }
@@ -91,6 +99,8 @@ pub(crate) struct Proposer {
     rate: f32,
     /// The draft model's cache of this sequence.
     draft: DraftState,
+    /// The MTP layer's state of this sequence, when it proposes.
+    mtp: Option<MtpState>,
     pub(crate) usage: SpecUsage,
 }
 
@@ -116,12 +126,19 @@ impl Proposal {
 impl Proposer {
     pub(crate) fn new(spec: Speculation) -> Self {
         Self {
+            mtp: spec.mtp.then(MtpState::default),
             spec,
             cursor: 0,
             rate: 0.5,
             draft: DraftState::default(),
             usage: SpecUsage::default(),
         }
+    }
+
+    /// The MTP layer's state, when it proposes: the engine hands it the
+    /// model's hidden states of the sequence.
+    pub(crate) fn mtp(&mut self) -> Option<&mut MtpState> {
+        self.mtp.as_mut()
     }
 
     /// How many tokens to propose now.
@@ -139,7 +156,8 @@ impl Proposer {
 
     /// Up to `limit` tokens to follow `context` (the prompt and the answer
     /// so far), from `answer_len` tokens of answer; `drafter` is the
-    /// engine's draft model, if it has one. A prediction that the answer
+    /// engine's draft model, if it has one, and `model` the model whose MTP
+    /// layer proposes (where `mtp` is on). A prediction that the answer
     /// follows comes first.
     pub(crate) fn propose(
         &mut self,
@@ -147,6 +165,7 @@ impl Proposer {
         answer_len: usize,
         limit: usize,
         drafter: Option<&Drafter>,
+        model: Option<&Model>,
     ) -> Result<Proposal> {
         let k = self.k().min(limit);
         if k == 0 {
@@ -160,6 +179,13 @@ impl Proposer {
                 follow(prediction, answer, self.cursor)
             };
             if let Some(at) = at.filter(|&at| at < prediction.len()) {
+                if let (Some(mtp), Some(model)) = (self.mtp.as_mut(), model) {
+                    // The layer keeps up with the sequence while the
+                    // prediction proposes, ready for when the answer
+                    // leaves it.
+                    let arrays = mtp.catch_up(model, context.len(), |p| context[p])?;
+                    mlx_rs::transforms::eval(&arrays)?;
+                }
                 let end = (at + k).min(prediction.len());
                 return Ok(Proposal {
                     tokens: prediction[at..end].to_vec(),
@@ -167,6 +193,12 @@ impl Proposer {
                     drafted_after: None,
                 });
             }
+        }
+        if let (Some(mtp), Some(model)) = (self.mtp.as_mut(), model) {
+            return Ok(Proposal {
+                tokens: mtp.propose(model, context, k)?,
+                ..Proposal::none()
+            });
         }
         if let Some(drafter) = drafter.filter(|_| self.spec.draft_model) {
             return Ok(Proposal {
@@ -341,15 +373,17 @@ mod tests {
         let prompt = [1, 2];
         // No answer yet: the prediction's head.
         assert_eq!(
-            p.propose(&prompt, 0, 8, None).unwrap().tokens,
+            p.propose(&prompt, 0, 8, None, None).unwrap().tokens,
             vec![10, 11, 12]
         );
         // The answer took 10 11 then went its own way (20): nothing
         // matches 20, and lookup is off.
-        let proposal = p.propose(&[1, 2, 10, 11, 20], 3, 8, None).unwrap();
+        let proposal = p.propose(&[1, 2, 10, 11, 20], 3, 8, None, None).unwrap();
         assert!(proposal.tokens.is_empty());
         // Back on it at 13: the prediction goes on after it.
-        let proposal = p.propose(&[1, 2, 10, 11, 20, 13], 4, 2, None).unwrap();
+        let proposal = p
+            .propose(&[1, 2, 10, 11, 20, 13], 4, 2, None, None)
+            .unwrap();
         assert_eq!(proposal.tokens, vec![14, 15]);
         p.record(&proposal, 1);
         assert_eq!(p.usage.accepted_prediction, 1);

@@ -104,7 +104,9 @@ struct Args {
     /// acceptance 1.0, the verification machinery's ceiling, even where
     /// near-ties make that answer differ from plain decoding's on a GPU),
     /// `draft` (the model of `--draft-model`, or the model's own first
-    /// `--draft-layers`, greedily ahead), `forced` (the plain answer with
+    /// `--draft-layers`, greedily ahead), `mtp` (the model's own
+    /// multi-token-prediction layer, applied recursively: a MiMo folder
+    /// that keeps `model.mtp_layers`), `forced` (the plain answer with
     /// every proposal taken unverified: acceptance 1.0 by construction);
     /// a
     /// table of the median decode tokens/s, its spread, the median ratio
@@ -353,6 +355,11 @@ fn speculation(args: &Args, dir: &Path, modes: &[String]) -> Result<()> {
     if modes.iter().any(|m| m == "draft") && drafter.is_none() {
         anyhow::bail!("--speculate draft needs --draft-model DIR or --draft-layers N");
     }
+    if modes.iter().any(|m| m == "mtp") {
+        if let Some(why) = session.model().why_no_mtp() {
+            anyhow::bail!("--speculate mtp: {why}");
+        }
+    }
     let batcher = Batcher::start_with_drafter(session, batch_options(args), drafter);
     let run = |spec: Speculation| -> Result<SpecRun> {
         let mut request = base.clone();
@@ -419,6 +426,11 @@ fn speculation(args: &Args, dir: &Path, modes: &[String]) -> Result<()> {
                 k,
                 ..Speculation::default()
             },
+            "mtp" => Speculation {
+                mtp: true,
+                k,
+                ..Speculation::default()
+            },
             // The plain answer, every proposal taken unverified: the
             // machinery's cost at acceptance 1.0 exactly (the ids then
             // are the proposals', and may differ on a GPU).
@@ -430,7 +442,7 @@ fn speculation(args: &Args, dir: &Path, modes: &[String]) -> Result<()> {
             },
             other => {
                 anyhow::bail!(
-                    "--speculate: unknown proposer '{other}' (off, lookup, oracle, draft, forced)"
+                    "--speculate: unknown proposer '{other}' (off, lookup, oracle, draft, mtp, forced)"
                 )
             }
         })

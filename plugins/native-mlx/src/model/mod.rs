@@ -10,6 +10,7 @@ pub(crate) mod encoder;
 mod gemma;
 mod layers;
 mod moe;
+mod mtp;
 pub(crate) mod vision;
 mod weights;
 pub(crate) mod window;
@@ -714,7 +715,7 @@ impl Attention {
     /// appending its keys and values to `cache`; the output before `o_proj`.
     fn attend_one(&self, projected: Projected, cache: &mut KvCache, rope: &Rope) -> Result<Array> {
         let offset = cache.offset();
-        let (queries, keys, values) = self.heads(projected, offset, rope)?;
+        let (queries, keys, values) = self.heads(projected, cache.position(), rope)?;
         let (keys, values) = cache.update_and_fetch(&keys, &values)?;
         if let Some(importance) = cache.importance.as_mut() {
             let scores = self.attention_of_last(&queries, &keys, importance.last)?;
@@ -1114,6 +1115,148 @@ impl Block {
     }
 }
 
+impl Block {
+    fn arrays(&self) -> Vec<&Array> {
+        let a = &self.attention;
+        let mut all = a.qkv.arrays();
+        all.extend(a.o_proj.arrays());
+        if let Some((q, k)) = &a.qk_norms {
+            all.extend([q, k]);
+        }
+        all.extend(&a.sinks);
+        all.extend(self.mlp.arrays());
+        all.extend([&self.input_norm, &self.post_attention_norm]);
+        if let Some((pre, post)) = &self.feedforward_norms {
+            all.extend([pre, post]);
+        }
+        all
+    }
+
+    /// Takes the weights of the block at `p` (layer `i` of the model
+    /// `config` describes), laid out by `l`.
+    fn take(
+        w: &mut Weights,
+        p: &str,
+        i: usize,
+        config: &ModelConfig,
+        l: &Layout,
+        fuse: bool,
+        on_cpu: bool,
+    ) -> Result<Self> {
+        let family = config.family;
+        let gemma = family == Family::Gemma3;
+        let q = config.quantization.as_ref();
+        // Gemma's norms weigh `1 + w`.
+        let norm_weight = |w: Array| -> Result<Array> {
+            if gemma {
+                gemma::norm_weight(&w)
+            } else {
+                Ok(w)
+            }
+        };
+        let (head_dim, heads, kv_heads) = (config.head_dim, config.num_heads, config.num_kv_heads);
+        let attn = |name: &str| format!("{p}.self_attn.{name}");
+        let mlp = |name: &str| format!("{p}.mlp.{name}");
+        let sinks = if config.attention_sinks {
+            Some(w.take(&attn("sinks"))?)
+        } else {
+            None
+        };
+        let qk_norms = if matches!(family, Family::Qwen3 | Family::Gemma3 | Family::Qwen3Moe) {
+            Some((
+                norm_weight(w.take(&attn("q_norm.weight"))?)?,
+                norm_weight(w.take(&attn("k_norm.weight"))?)?,
+            ))
+        } else {
+            None
+        };
+        let qkv = if family == Family::Phi3 {
+            let ends = vec![heads * head_dim, (heads + kv_heads) * head_dim];
+            Projections::take_fused(w, &attn("qkv_proj"), ends, q, l)?
+        } else {
+            Projections::take(
+                w,
+                &[attn("q_proj"), attn("k_proj"), attn("v_proj")],
+                config.qkv_bias,
+                q,
+                l,
+                fuse,
+            )?
+        };
+        let window = config
+            .sliding_window
+            .as_ref()
+            .filter(|sw| sw.layers[i])
+            .map(|sw| sw.size);
+        let attention = Attention {
+            qkv,
+            o_proj: Linear::take(w, &attn("o_proj"), config.o_bias, q, l)?,
+            qk_norms,
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            scale: config.attention_scale,
+            window,
+            eps: config.rms_norm_eps,
+            parallel: l.parallel.clone(),
+            sinks,
+        };
+        let mlp = match &config.moe {
+            Some(moe) if moe.sparse_layers[i] => FeedForward::Sparse(SparseMoe::take(
+                w,
+                &format!("{p}.mlp"),
+                family,
+                moe,
+                q,
+                l,
+                on_cpu,
+            )?),
+            _ => {
+                let gate_up = if family == Family::Phi3 {
+                    let ends = vec![config.intermediate_size];
+                    Projections::take_fused(w, &mlp("gate_up_proj"), ends, q, l)?
+                } else {
+                    Projections::take(
+                        w,
+                        &[mlp("gate_proj"), mlp("up_proj")],
+                        config.mlp_bias,
+                        q,
+                        l,
+                        fuse,
+                    )?
+                };
+                FeedForward::Dense(Mlp {
+                    gate_up,
+                    down_proj: Linear::take(w, &mlp("down_proj"), config.mlp_bias, q, l)?,
+                    activation: if gemma {
+                        Activation::GeluApprox
+                    } else {
+                        Activation::Silu
+                    },
+                })
+            }
+        };
+        let mut norm = |n: &str| norm_weight(w.take(&format!("{p}.{n}.weight"))?);
+        let input_norm = norm("input_layernorm")?;
+        let post_attention_norm = norm("post_attention_layernorm")?;
+        let feedforward_norms = if gemma {
+            Some((
+                norm("pre_feedforward_layernorm")?,
+                norm("post_feedforward_layernorm")?,
+            ))
+        } else {
+            None
+        };
+        Ok(Block {
+            attention,
+            mlp,
+            input_norm,
+            post_attention_norm,
+            feedforward_norms,
+            eps: config.rms_norm_eps,
+        })
+    }
+}
+
 /// How weights are laid out on the default device (see [`Layout`]), and
 /// whether that device is the CPU.
 fn layout_for(options: &LoadOptions) -> Result<(Layout, bool)> {
@@ -1151,6 +1294,8 @@ pub struct Model {
     rope: Rope,
     /// The RoPE of sliding-window layers, where the model has them.
     local_rope: Option<Rope>,
+    /// Multi-token-prediction layers (MiMo), where the checkpoint has them.
+    mtp: Vec<mtp::MtpLayer>,
 }
 
 impl Model {
@@ -1186,109 +1331,22 @@ impl Model {
             config.tie_word_embeddings,
             l,
         )?;
-        let (head_dim, heads, kv_heads) = (config.head_dim, config.num_heads, config.num_kv_heads);
         let mut blocks = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = name(&format!("model.layers.{i}"));
-            let attn = |name: &str| format!("{p}.self_attn.{name}");
-            let mlp = |name: &str| format!("{p}.mlp.{name}");
-            let sinks = if config.attention_sinks {
-                Some(w.take(&attn("sinks"))?)
-            } else {
-                None
-            };
-            let qk_norms = if matches!(family, Family::Qwen3 | Family::Gemma3 | Family::Qwen3Moe) {
-                Some((
-                    norm_weight(w.take(&attn("q_norm.weight"))?)?,
-                    norm_weight(w.take(&attn("k_norm.weight"))?)?,
-                ))
-            } else {
-                None
-            };
-            let qkv = if family == Family::Phi3 {
-                let ends = vec![heads * head_dim, (heads + kv_heads) * head_dim];
-                Projections::take_fused(&mut w, &attn("qkv_proj"), ends, q, l)?
-            } else {
-                Projections::take(
-                    &mut w,
-                    &[attn("q_proj"), attn("k_proj"), attn("v_proj")],
-                    config.qkv_bias,
-                    q,
-                    l,
-                    fuse,
-                )?
-            };
-            let window = config
-                .sliding_window
-                .as_ref()
-                .filter(|sw| sw.layers[i])
-                .map(|sw| sw.size);
-            let attention = Attention {
-                qkv,
-                o_proj: Linear::take(&mut w, &attn("o_proj"), config.o_bias, q, l)?,
-                qk_norms,
-                num_heads: heads,
-                num_kv_heads: kv_heads,
-                scale: config.attention_scale,
-                window,
-                eps: config.rms_norm_eps,
-                parallel: layout.parallel.clone(),
-                sinks,
-            };
-            let mlp = match &config.moe {
-                Some(moe) if moe.sparse_layers[i] => FeedForward::Sparse(SparseMoe::take(
-                    &mut w,
-                    &format!("{p}.mlp"),
-                    family,
-                    moe,
-                    q,
-                    l,
-                    on_cpu,
-                )?),
-                _ => {
-                    let gate_up = if family == Family::Phi3 {
-                        let ends = vec![config.intermediate_size];
-                        Projections::take_fused(&mut w, &mlp("gate_up_proj"), ends, q, l)?
-                    } else {
-                        Projections::take(
-                            &mut w,
-                            &[mlp("gate_proj"), mlp("up_proj")],
-                            config.mlp_bias,
-                            q,
-                            l,
-                            fuse,
-                        )?
-                    };
-                    FeedForward::Dense(Mlp {
-                        gate_up,
-                        down_proj: Linear::take(&mut w, &mlp("down_proj"), config.mlp_bias, q, l)?,
-                        activation: if gemma {
-                            Activation::GeluApprox
-                        } else {
-                            Activation::Silu
-                        },
-                    })
-                }
-            };
-            let mut norm = |n: &str| norm_weight(w.take(&format!("{p}.{n}.weight"))?);
-            let input_norm = norm("input_layernorm")?;
-            let post_attention_norm = norm("post_attention_layernorm")?;
-            let feedforward_norms = if gemma {
-                Some((
-                    norm("pre_feedforward_layernorm")?,
-                    norm("post_feedforward_layernorm")?,
-                ))
-            } else {
-                None
-            };
-            blocks.push(Block {
-                attention,
-                mlp,
-                input_norm,
-                post_attention_norm,
-                feedforward_norms,
-                eps: config.rms_norm_eps,
-            });
+            blocks.push(Block::take(&mut w, &p, i, &config, l, fuse, on_cpu)?);
+        }
+        // MiMo's multi-token-prediction layers, where the checkpoint has
+        // them (mlx-lm's converter drops them).
+        let mut mtp = Vec::new();
+        while config.mtp_layers > 0
+            && w.contains(&name(&format!(
+                "model.mtp_layers.{}.input_proj.weight",
+                mtp.len()
+            )))
+        {
+            let p = name(&format!("model.mtp_layers.{}", mtp.len()));
+            mtp.push(mtp::MtpLayer::take(&mut w, &p, &config, l, fuse, on_cpu)?);
         }
         let norm = norm_weight(w.take(&name("model.norm.weight"))?)?;
         let lm_head = if config.tie_word_embeddings {
@@ -1327,6 +1385,7 @@ impl Model {
             lm_head,
             rope,
             local_rope,
+            mtp,
         };
         eval(model.arrays())?;
         Ok(model)
@@ -1347,6 +1406,7 @@ impl Model {
         Model {
             config,
             blocks: self.blocks[..layers.min(self.blocks.len())].to_vec(),
+            mtp: Vec::new(),
             ..self.clone()
         }
     }
@@ -1456,12 +1516,30 @@ impl Model {
         self.head(&h)
     }
 
+    /// Like [`Model::logits`], with the hidden states before the final
+    /// norm `(1, len, hidden)`, which an MTP layer reads.
+    pub(crate) fn hidden_and_logits(
+        &self,
+        ids: &Array,
+        caches: &mut [KvCache],
+    ) -> Result<(Array, Array)> {
+        let h = self.hidden(ids, caches)?;
+        let logits = self.head(&h)?;
+        Ok((h, logits))
+    }
+
     /// One step of a packed batch: the new tokens of `step`'s decoding
     /// rows (one token each), then of its chunk groups, side by side in
     /// `ids` (`(1, n)`); their keys and values go to the pool. Returns the
     /// logits `(1, rows, vocab)` of the decoding rows (`None` when there are
-    /// none: the step only prefills). Lazy.
-    pub(crate) fn packed_logits(&self, ids: &Array, step: &mut Packed) -> Result<Option<Array>> {
+    /// none: the step only prefills), and the hidden states of every new
+    /// token before the final norm, `(1, n, hidden)`, in the order of
+    /// `ids` (what an MTP layer reads). Lazy.
+    pub(crate) fn packed_forward(
+        &self,
+        ids: &Array,
+        step: &mut Packed,
+    ) -> Result<(Option<Array>, Array)> {
         let decoding = step.decode.as_ref().map(|d| d.positions.dim(0));
         let mut h = self.embedded_with(ids, &step.soft_tokens)?;
         let layers = self.blocks.len();
@@ -1469,21 +1547,25 @@ impl Model {
             h = block.forward_packed(&h, step, layer, layers, self.rope_of(block))?;
         }
         let Some(rows) = decoding else {
-            return Ok(None);
+            return Ok((None, h));
         };
-        let h = if rows == h.dim(1) {
-            h
+        let decoded = if rows == h.dim(1) {
+            h.clone()
         } else {
             h.at((.., ..rows, ..))?
         };
-        self.head(&h).map(Some)
+        Ok((Some(self.head(&decoded)?), h))
     }
 
     /// The final norm and output projection.
     fn head(&self, h: &Array) -> Result<Array> {
-        let h = rms_norm(h, Some(&self.norm), self.config.rms_norm_eps)?;
-        let logits = match (&self.lm_head, self.embed.as_linear(&h)) {
-            (Some(head), _) => head.forward(&h)?,
+        self.output(&rms_norm(h, Some(&self.norm), self.config.rms_norm_eps)?)
+    }
+
+    /// The output projection of normed hidden states `h`.
+    fn output(&self, h: &Array) -> Result<Array> {
+        let logits = match (&self.lm_head, self.embed.as_linear(h)) {
+            (Some(head), _) => head.forward(h)?,
             (None, Some(tied)) => tied?,
             (None, None) => unreachable!("an untied model has an lm_head"),
         };
@@ -1496,22 +1578,14 @@ impl Model {
     fn arrays(&self) -> Vec<&Array> {
         let mut all = self.embed.arrays();
         for block in &self.blocks {
-            let a = &block.attention;
-            all.extend(a.qkv.arrays());
-            all.extend(a.o_proj.arrays());
-            if let Some((q, k)) = &a.qk_norms {
-                all.extend([q, k]);
-            }
-            all.extend(&a.sinks);
-            all.extend(block.mlp.arrays());
-            all.extend([&block.input_norm, &block.post_attention_norm]);
-            if let Some((pre, post)) = &block.feedforward_norms {
-                all.extend([pre, post]);
-            }
+            all.extend(block.arrays());
         }
         all.push(&self.norm);
         if let Some(head) = &self.lm_head {
             all.extend(head.arrays());
+        }
+        for layer in &self.mtp {
+            all.extend(layer.arrays());
         }
         all
     }

@@ -43,8 +43,10 @@ const fn greedy(model: &'static str) -> Case {
 /// a `gemma3` folder; Qwen3-MoE (Hugging Face's per-expert layout in
 /// float32, mlx-lm's stacked experts in 4- and 8-bit; MLX's CPU `gather_mm`
 /// multiplies float32 only); gpt-oss (sliding windows of 8 positions, shorter
-/// than the prompt; sinks, YaRN, biases) in float32, 4-bit and MXFP4; then
-/// two seeded sampling cases.
+/// than the prompt; sinks, YaRN, biases) in float32, 4-bit and MXFP4; MiMo
+/// (Qwen2 with an MTP layer, which neither mlx-lm's `mimo` nor the
+/// network reads) in float32 and 4-bit (mlx-lm's converter drops the MTP
+/// layer); then two seeded sampling cases.
 pub const CASES: &[Case] = &[
     greedy("llama"),
     greedy("llama-q4"),
@@ -73,6 +75,8 @@ pub const CASES: &[Case] = &[
     greedy("gpt_oss"),
     greedy("gpt_oss-q4"),
     greedy("gpt_oss-mxfp4"),
+    greedy("mimo"),
+    greedy("mimo-q4"),
     Case {
         model: "llama",
         temp: 0.8,
@@ -224,6 +228,7 @@ fn build() -> Fixtures {
         ("qwen3-f16", "qwen3", "float16"),
         ("qwen3_moe", "qwen3_moe", "float32"),
         ("gpt_oss", "gpt_oss", "float32"),
+        ("mimo", "mimo", "float32"),
     ];
     for (name, arch, dtype) in models {
         let status = Command::new(python())
@@ -281,6 +286,7 @@ fn build() -> Fixtures {
         ("qwen3_moe", 4),
         ("qwen3_moe", 8),
         ("gpt_oss", 4),
+        ("mimo", 4),
     ]
     .iter()
     .map(|(model, bits)| {

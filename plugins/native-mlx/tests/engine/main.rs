@@ -6,6 +6,7 @@ mod embed;
 mod fixtures;
 mod greedy;
 mod moe;
+mod mtp;
 mod parity;
 mod qmv;
 mod real;

@@ -265,7 +265,7 @@ fn an_unknown_model_type_is_refused_at_load() {
     assert!(
         err.to_string().ends_with(
             "is not supported by native-mlx; supported model types: llama, mistral, qwen2, qwen3, \
-             phi3, gemma3_text, gemma3, qwen3_moe, gpt_oss"
+             phi3, gemma3_text, gemma3, qwen3_moe, gpt_oss, mimo"
         ),
         "{err}"
     );
