@@ -39,7 +39,7 @@ program = "$(dirname "$PY")/llama-server"
 TOML
 
 PORT="${PORT:-8080}"
-hangar() { target/release/hangar --plugins-dir "$PLUGINS" --config target/demo/config.toml "$@"; }
+HANGAR=(target/release/hangar --plugins-dir "$PLUGINS" --config target/demo/config.toml)
 server=""
 builder=""
 stop() {
@@ -50,7 +50,10 @@ stop() {
 trap stop INT TERM
 
 serve() {
-  hangar serve --model-dir "$MODELS" --port "$PORT" --state-dir target/demo/state "$@" &
+  # The binary itself in the background (not through a shell function, whose
+  # subshell would be $!: TERM would end the subshell and leave the server
+  # holding the port).
+  "${HANGAR[@]}" serve --model-dir "$MODELS" --port "$PORT" --state-dir target/demo/state "$@" &
   server=$!
   for _ in $(seq 600); do
     curl -sf "localhost:$PORT/health" >/dev/null 2>&1 && return 0
@@ -62,7 +65,7 @@ serve() {
 }
 
 EXAMPLE='{"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Name three colors."}], "max_tokens": 48, "temperature": 0}'
-hangar resolve "$MODELS/smollm2-135m-instruct"
+"${HANGAR[@]}" resolve "$MODELS/smollm2-135m-instruct"
 serve "$@"
 step "hangar serve is up; asking the model"
 answer="$(curl -s "localhost:$PORT/v1/chat/completions" -H 'content-type: application/json' -d "$EXAMPLE")"
