@@ -63,8 +63,8 @@ record_run() { # shape, engine, streams, the timed run's line of a concurrent be
 for shape in "${SHAPES[@]}"; do
   base="${shape%-q4}"
   case "$base" in
-    qwen05) dims=(--hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 --vocab 151936) ;;
-    qwen7) dims=(--hidden 3584 --layers 28 --heads 28 --kv-heads 4 --intermediate 18944 --vocab 152064) ;;
+    qwen05) dims=(--tiled --hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 --vocab 151936) ;;
+    qwen7) dims=(--tiled --hidden 3584 --layers 28 --heads 28 --kv-heads 4 --intermediate 18944 --vocab 152064) ;;
     tiny) dims=() ;;
     *) echo "unknown shape '$shape' (qwen05, qwen7, tiny, each with -q4 or not)" >&2; exit 2 ;;
   esac
@@ -73,13 +73,19 @@ for shape in "${SHAPES[@]}"; do
   model="$BENCH_DIR/$base"
   if [[ ! -f "$model/config.json" ]]; then
     echo "gpu-bench: making $model" >&2
-    "$PY" "$REPO/scripts/make_tiny_model.py" "$model" --arch qwen2 --dtype "$dtype" "${dims[@]}" >/dev/null
+    # Written aside and then renamed: a folder cut short (a timeout) is
+    # never taken for a whole one.
+    rm -rf "$model.part"
+    "$PY" "$REPO/scripts/make_tiny_model.py" "$model.part" --arch qwen2 --dtype "$dtype" "${dims[@]}" >/dev/null
+    mv "$model.part" "$model"
   fi
   if [[ "$shape" != "$base" ]]; then
     quantized="$BENCH_DIR/$shape"
     if [[ ! -f "$quantized/config.json" ]]; then
       echo "gpu-bench: quantizing $model to $quantized" >&2
-      "$PY" -m mlx_lm convert --hf-path "$model" --mlx-path "$quantized" -q --q-bits 4 --q-group-size 64 >/dev/null
+      rm -rf "$quantized.part"
+      "$PY" -m mlx_lm convert --hf-path "$model" --mlx-path "$quantized.part" -q --q-bits 4 --q-group-size 64 >/dev/null
+      mv "$quantized.part" "$quantized"
     fi
     model="$quantized"
   fi

@@ -45,6 +45,7 @@ case "${1:-}" in
   stage)
     mkdir -p "$DIR"
     cp .dev/a/* "$DIR"/
+    xz -d -f "$DIR/native-mlx-bench.xz"
     chmod +x "$DIR/native-mlx-bench"
     if [[ -f "$DIR/ptx.tar.xz" ]]; then
       tar -C /tmp -xJf "$DIR/ptx.tar.xz"
@@ -59,6 +60,7 @@ case "${1:-}" in
   install)
     [[ -f "$DIR/cuda.part.aa" ]] || { echo "gpu-device: run 'stage' first, on this machine (it was given back?)" >&2; exit 2; }
     cp .dev/b/* "$DIR"/
+    xz -d -f "$DIR"/native-mlx-engine-tests.xz
     chmod +x "$DIR"/native-mlx-engine-tests
     cat "$DIR"/cuda.part.* >"$DIR/mlx_cuda_13-0.32.2-py3-none-manylinux_2_35_x86_64.whl"
     python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$DIR/site" \
@@ -76,6 +78,7 @@ ENV
     [[ -f /tmp/gpu-env.sh ]] || { echo "gpu-device: run 'install' first" >&2; exit 2; }
     rm -rf "$DIR/plugins"
     cp -r .dev/c/plugins "$DIR/plugins"
+    xz -d -f "$DIR"/plugins/native-mlx/*.so.xz
     xz -d -c .dev/c/hangar.xz >"$DIR/hangar"
     chmod +x "$DIR/hangar"
     python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$DIR/site" --upgrade \

@@ -19,7 +19,10 @@
 # The binary links the CUDA wheel's libmlx.so, whose CUDA libraries are not
 # here: the link allows them to be missing (--allow-shlib-undefined), and
 # on the device LD_LIBRARY_PATH finds them (scripts/gpu-device.sh).
-# Env: PART_BYTES (45M), CARGO_TARGET_DIR (default
+# The binaries travel xz-compressed (a quarter of their size), so that
+# .dev/b and .dev/c fit one call together: call 2 then installs MLX and the
+# serving bench's files at once.
+# Env: PART_BYTES (55M), CARGO_TARGET_DIR (default
 # plugins/native-mlx/target/cuda), SERVE=1 (also .dev/c).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -82,6 +85,7 @@ if [[ "${SERVE:-0}" == 1 ]]; then
   done
   cp plugins/native-mlx/plugin.toml "$target/release/libhangar_native_mlx.so" .dev/c/plugins/native-mlx/
   find .dev/c/plugins -name '*.so' -exec strip --strip-debug {} +
+  xz -T0 -f .dev/c/plugins/native-mlx/libhangar_native_mlx.so
   strip -o .dev/c/hangar target/release/hangar
   xz -T0 -f .dev/c/hangar
   wheels=()
@@ -95,14 +99,14 @@ if [[ "${SERVE:-0}" == 1 ]]; then
 fi
 
 rm -f .dev/a/* .dev/b/*
-split -b "${PART_BYTES:-45M}" "$cuda" .dev/a/cuda.part.
+split -b "${PART_BYTES:-55M}" "$cuda" .dev/a/cuda.part.
 for part in .dev/a/cuda.part.*; do
   [[ "$part" == .dev/a/cuda.part.aa ]] || mv "$part" .dev/b/
 done
-cp "$target/release/native-mlx-bench" .dev/a/
+xz -T0 -c "$target/release/native-mlx-bench" >.dev/a/native-mlx-bench.xz
 [[ -f .dev/ptx.tar.xz ]] && cp .dev/ptx.tar.xz .dev/a/
 cp "$WHL"/mlx-"$MLX"-*.whl "$WHL"/mlx_lm-"$MLX"-*.whl .dev/b/
-cp "$tests" .dev/b/native-mlx-engine-tests
+xz -T0 -c "$tests" >.dev/b/native-mlx-engine-tests.xz
 du -sh .dev/a .dev/b >&2
 cat >&2 <<'TEXT'
 gpu-prepare: ready. On the device:
@@ -112,6 +116,7 @@ gpu-prepare: ready. On the device:
   call 2 (carry .dev/b): scripts/gpu-device.sh install && . /tmp/gpu-env.sh && scripts/gpu-bench.sh /tmp/gpu/native-mlx-bench qwen05
   later calls, while warm:  . /tmp/gpu-env.sh && ...
   the engine's tests there:  scripts/gpu-device.sh tests [FILTER]
-  with SERVE=1, call 3 (carry .dev/c): scripts/gpu-device.sh serve && . /tmp/gpu-env.sh &&
+  with SERVE=1, call 2 may carry .dev/c beside .dev/b (both fit):
+    scripts/gpu-device.sh install && scripts/gpu-device.sh serve && . /tmp/gpu-env.sh &&
     scripts/serving-bench.sh qwen05 --streams 1,8,32,64
 TEXT

@@ -7,6 +7,8 @@
 # command has its own timeout, so a hung part still returns its log.
 #
 # Usage: scripts/gpu-session.sh PART...
+#   models     makes the folders the other parts use (qwen05, qwen7,
+#              qwen7-q4), so that no timed part waits for them
 #   kernels    native-mlx-bench --qmv-check with 1, 2, 4 and 8 output rows
 #              per warp (NATIVE_MLX_QMV_ROWS)
 #   q4         7B 4-bit (made from the 7B bf16 folder if missing): single
@@ -42,6 +44,11 @@ for part in "$@"; do
   log="$LOGS/$part.log"
   : >"$log"
   case "$part" in
+    models)
+      for shape in qwen05 qwen7 qwen7-q4; do
+        echo "## $shape: $(model "$shape")" >>"$log"
+      done
+      ;;
     kernels)
       for rows in 1 2 4 8; do
         echo "## NATIVE_MLX_QMV_ROWS=$rows" >>"$log"
@@ -77,7 +84,7 @@ for part in "$@"; do
       done
       ;;
     *)
-      echo "gpu-session: unknown part '$part' (kernels, q4, speculate, serve, engine)" >&2
+      echo "gpu-session: unknown part '$part' (models, kernels, q4, speculate, serve, engine)" >&2
       exit 2
       ;;
   esac

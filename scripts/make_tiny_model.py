@@ -130,6 +130,31 @@ def train_tokenizer(vocab_size, specials=()):
 MLP_ONLY_LAYERS = [1]
 
 
+class TiledRng:
+    """A stand-in for numpy's generator whose large draws repeat one block
+    of random values: drawing 7.6 billion normal values takes minutes, and a
+    benchmark's random weights need only be random-looking. The block's
+    length is prime, so no two rows of a matrix are the same."""
+
+    BLOCK = 16_777_259
+
+    def __init__(self, rng):
+        self.rng = rng
+        self.block = rng.standard_normal(self.BLOCK, dtype=np.float32)
+
+    def normal(self, loc, scale, size):
+        n = int(np.prod(size))
+        if n <= self.BLOCK:
+            return self.rng.normal(loc, scale, size=size)
+        out = np.resize(self.block, n).reshape(size)
+        out *= np.float32(scale)
+        out += np.float32(loc)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.rng, name)
+
+
 def make_weights(a, head_dim, rng):
     h, inter = a.hidden, a.intermediate
     q_out, kv_out = a.heads * head_dim, a.kv_heads * head_dim
@@ -421,6 +446,8 @@ def main():
     ap.add_argument("--vocab", type=int, default=512)
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tiled", action="store_true",
+                    help="benchmark sizes: each large tensor repeats one random block (minutes saved at 7B)")
     ap.add_argument("--window", type=int, default=8, help="gemma3, gpt_oss: the sliding window")
     ap.add_argument("--experts", type=int, default=8, help="mixture-of-experts architectures")
     ap.add_argument("--mtp-layers", type=int, default=1, help="mimo: MTP layers (num_nextn_predict_layers)")
@@ -591,7 +618,7 @@ def main():
         } if a.vision else {}), f, indent=2)
 
     rng = np.random.default_rng(a.seed)
-    weights = make_weights(a, head_dim, rng)
+    weights = make_weights(a, head_dim, TiledRng(rng) if a.tiled else rng)
     if a.openai_mxfp4:
         if a.arch != "gpt_oss" or a.dtype != "float32":
             ap.error("--openai-mxfp4 is for gpt_oss in float32")
