@@ -63,8 +63,8 @@ record_run() { # shape, engine, streams, the timed run's line of a concurrent be
 for shape in "${SHAPES[@]}"; do
   base="${shape%-q4}"
   case "$base" in
-    qwen05) dims=(--tiled --hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 --vocab 151936) ;;
-    qwen7) dims=(--tiled --hidden 3584 --layers 28 --heads 28 --kv-heads 4 --intermediate 18944 --vocab 152064) ;;
+    qwen05) dims=(--bench --hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 --vocab 151936) ;;
+    qwen7) dims=(--bench --hidden 3584 --layers 28 --heads 28 --kv-heads 4 --intermediate 18944 --vocab 152064) ;;
     tiny) dims=() ;;
     *) echo "unknown shape '$shape' (qwen05, qwen7, tiny, each with -q4 or not)" >&2; exit 2 ;;
   esac

@@ -105,7 +105,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(vocab_size, specials=()):
+def train_tokenizer(vocab_size, specials=(), plain_fill=False):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -117,9 +117,22 @@ def train_tokenizer(vocab_size, specials=()):
         show_progress=False,
     )
     tok.train_from_iterator([CORPUS] * 20, trainer=trainer)
-    # The corpus yields ~560 tokens; fill larger vocabularies with reserved specials.
+    # The corpus yields ~560 tokens; fill larger vocabularies with reserved
+    # specials, or (benchmark folders) with plain words: a random model
+    # mostly picks filler, and a special is left out of the text, so its
+    # answers would stream nothing to time.
     got = tok.get_vocab_size()
-    tok.add_special_tokens([f"<|reserved_{i}|>" for i in range(vocab_size - got)])
+    if plain_fill:
+        # Words of the BPE model's own vocabulary (no merge makes them, so
+        # no prompt encodes to them): as many added tokens take the Rust
+        # tokenizers crate 20 s to load (its Aho-Corasick automaton).
+        data = json.loads(tok.to_str())
+        vocab = data["model"]["vocab"]
+        for i in range(vocab_size - got):
+            vocab[f"\u0120w{i}"] = got + i
+        tok = Tokenizer.from_str(json.dumps(data))
+    else:
+        tok.add_special_tokens([f"<|reserved_{i}|>" for i in range(vocab_size - got)])
     if tok.get_vocab_size() != vocab_size:
         raise SystemExit(f"tokenizer has {tok.get_vocab_size()} tokens, wanted {vocab_size}")
     return tok
@@ -446,8 +459,9 @@ def main():
     ap.add_argument("--vocab", type=int, default=512)
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tiled", action="store_true",
-                    help="benchmark sizes: each large tensor repeats one random block (minutes saved at 7B)")
+    ap.add_argument("--bench", action="store_true",
+                    help="a benchmark folder: each large tensor repeats one random block (minutes saved at 7B), "
+                         "and the vocabulary past the trained tokens is plain words, so answers stream text")
     ap.add_argument("--window", type=int, default=8, help="gemma3, gpt_oss: the sliding window")
     ap.add_argument("--experts", type=int, default=8, help="mixture-of-experts architectures")
     ap.add_argument("--mtp-layers", type=int, default=1, help="mimo: MTP layers (num_nextn_predict_layers)")
@@ -480,7 +494,7 @@ def main():
     os.makedirs(a.out_dir, exist_ok=True)
     out = lambda name: os.path.join(a.out_dir, name)
 
-    tok = train_tokenizer(a.vocab, GEMMA3_VISION_TOKENS if a.vision else ())
+    tok = train_tokenizer(a.vocab, GEMMA3_VISION_TOKENS if a.vision else (), plain_fill=a.bench)
     tok.save(out("tokenizer.json"))
     eos_id, bos_id = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
 
@@ -618,7 +632,7 @@ def main():
         } if a.vision else {}), f, indent=2)
 
     rng = np.random.default_rng(a.seed)
-    weights = make_weights(a, head_dim, TiledRng(rng) if a.tiled else rng)
+    weights = make_weights(a, head_dim, TiledRng(rng) if a.bench else rng)
     if a.openai_mxfp4:
         if a.arch != "gpt_oss" or a.dtype != "float32":
             ap.error("--openai-mxfp4 is for gpt_oss in float32")

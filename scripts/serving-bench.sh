@@ -40,9 +40,9 @@ if [[ ! -f "$model/config.json" ]]; then
   case "$shape" in
     tiny) extra=(--arch llama) ;;
     smol) extra=(--arch llama --hidden 576 --layers 30 --heads 9 --kv-heads 3 --intermediate 1536 --vocab 49152) ;;
-    qwen05) extra=(--tiled --arch qwen2 --dtype bfloat16 --hidden 896 --layers 24 --heads 14 --kv-heads 2
+    qwen05) extra=(--bench --arch qwen2 --dtype bfloat16 --hidden 896 --layers 24 --heads 14 --kv-heads 2
       --intermediate 4864 --vocab 151936) ;;
-    qwen7) extra=(--tiled --arch qwen2 --dtype bfloat16 --hidden 3584 --layers 28 --heads 28 --kv-heads 4
+    qwen7) extra=(--bench --arch qwen2 --dtype bfloat16 --hidden 3584 --layers 28 --heads 28 --kv-heads 4
       --intermediate 18944 --vocab 152064) ;;
     *) echo "unknown shape '$shape' (smol, tiny, qwen05, qwen7)" >&2; exit 2 ;;
   esac

@@ -230,6 +230,8 @@ def summary(values):
 
 
 def fmt(values, unit_scale=1.0, digits=0):
+    if not values:
+        return "no run"
     m, lo, hi = summary([v * unit_scale for v in values])
     return f"{m:.{digits}f} ({lo:.{digits}f}–{hi:.{digits}f})"
 
@@ -338,14 +340,18 @@ def main():
           f"| {a} TTFT p99 ms | {b} TTFT p99 ms | failed, short answers ({a}; {b}) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for n in streams:
-        ra, rb = results[a][n], results[b][n]
-        ratio = [x["tok_s"] / y["tok_s"] for x, y in zip(ra, rb)]
+        # A run with failed requests gives no figure (its throughput and
+        # times measure the failure); the last column counts them.
+        ratio = [x["tok_s"] / y["tok_s"] for x, y in zip(results[a][n], results[b][n])
+                 if not x["errors"] and not y["errors"]]
+        ra = [x for x in results[a][n] if not x["errors"]]
+        rb = [x for x in results[b][n] if not x["errors"]]
         print(f"| {n} | {fmt([x['tok_s'] for x in ra])} | {fmt([x['tok_s'] for x in rb])} "
               f"| {fmt(ratio, digits=2)} "
               f"| {fmt([x['ttft_p50'] for x in ra], 1000)} | {fmt([x['ttft_p50'] for x in rb], 1000)} "
               f"| {fmt([x['ttft_p99'] for x in ra], 1000)} | {fmt([x['ttft_p99'] for x in rb], 1000)} "
-              f"| {sum(len(x['errors']) for x in ra)}, {sum(x['short'] for x in ra)}; "
-              f"{sum(len(x['errors']) for x in rb)}, {sum(x['short'] for x in rb)} |")
+              f"| {sum(len(x['errors']) for x in results[a][n])}, {sum(x['short'] for x in ra)}; "
+              f"{sum(len(x['errors']) for x in results[b][n])}, {sum(x['short'] for x in rb)} |")
     if not args.long_rounds:
         return
     print(f"\n### Time to first token of a long prompt, {args.long_rounds} rounds (median, min–max, ms)\n")

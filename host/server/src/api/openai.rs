@@ -15,7 +15,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::BytesMut;
@@ -333,7 +333,7 @@ async fn forward(
         }),
         // The engine's own error, passed on when it is in OpenAI's shape.
         Ok(value) if value.get("error").is_some_and(Value::is_object) => {
-            Ok((status, Json(value)).into_response())
+            Ok((relayed(status), Json(value)).into_response())
         }
         _ => {
             let text: String = String::from_utf8_lossy(&bytes).chars().take(500).collect();
@@ -342,10 +342,23 @@ async fn forward(
                 session.plugin
             ));
             if !status.is_success() {
-                e.status = status;
+                e.status = relayed(status);
             }
             Err(e)
         }
+    }
+}
+
+/// The status a client gets for an engine's error: the engine's own, but
+/// 502 for a 404. The host found the model and the route before it asked,
+/// so an engine that answers "not found" failed (mlx_lm.server answers
+/// 404 "generation thread died" for any error in generation); the client's
+/// request was not the cause, and a 404 would tell it the model is gone.
+fn relayed(status: StatusCode) -> StatusCode {
+    if status == StatusCode::NOT_FOUND {
+        StatusCode::BAD_GATEWAY
+    } else {
+        status
     }
 }
 

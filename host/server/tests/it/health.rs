@@ -57,8 +57,12 @@ fn signal(name: &str, pid: u64) {
 fn a_failed_readiness_status_fails_the_session_and_the_next_request_restarts_it() {
     let server = unruly();
     let pid = pid_of(&server.load());
-    let (status, _) = chat(&server, "POISON");
-    assert_ne!(status, 200);
+    // The engine's 404 "generation thread died" is the engine's failure,
+    // not the client's: a 502 that says what the engine answered.
+    let (status, body) = chat(&server, "POISON");
+    assert_eq!(status, 502, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("404") && message.contains("generation thread died"), "{message}");
     eventually("the failed state", Duration::from_secs(10), || {
         model_state(&server) == "failed"
     });
