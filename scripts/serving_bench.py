@@ -87,9 +87,10 @@ def text(rng, words):
 
 async def one(client, model, prompt, max_tokens):
     """Streams one chat completion: (time to first token s, completion tokens,
-    end time, None), or (.., .., end time, what failed) when the server
-    refused it or broke it off (as text: an exception of the openai client
-    does not survive the trip back from a client process)."""
+    end time, None, start time), or (.., .., end time, what failed, start
+    time) when the server refused it or broke it off (as text: an exception
+    of the openai client does not survive the trip back from a client
+    process)."""
     start = time.perf_counter()
     first = None
     tokens = 0
@@ -104,21 +105,22 @@ async def one(client, model, prompt, max_tokens):
                 tokens = chunk.usage.completion_tokens
     except Exception as e:  # noqa: BLE001 - every failure is reported, by name
         end = time.perf_counter()
-        return end - start, tokens, end, f"{type(e).__name__}: {str(e)[:300]}"
+        return end - start, tokens, end, f"{type(e).__name__}: {str(e)[:300]}", start
     end = time.perf_counter()
-    return (first if first is not None else end - start), tokens, end, None
+    return (first if first is not None else end - start), tokens, end, None, start
 
 
 async def streams_of(url, model, prompts, max_tokens, start_at):
     """One client process's share: its streams at once, from `start_at`
     (a time.time() shared by every process); (ttft, tokens, end) each,
-    `end` as time.time()."""
+    `end` and `start` as time.time()."""
     async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0,
                                   timeout=3600) as client:
         await asyncio.sleep(max(0.0, start_at - time.time()))
         offset = time.time() - time.perf_counter()
         results = await asyncio.gather(*(one(client, model, p, max_tokens) for p in prompts))
-        return [(first, tokens, end + offset, error) for first, tokens, end, error in results]
+        return [(first, tokens, end + offset, error, start + offset)
+                for first, tokens, end, error, start in results]
 
 
 def client_process(args):
@@ -143,7 +145,12 @@ async def concurrent(url, model, streams, prompts, max_tokens):
         parts = await asyncio.to_thread(
             pool.map, client_process, [(url, model, g, max_tokens, start_at) for g in groups])
     results = [r for part in parts for r in part]
-    wall = max(r[2] for r in results) - start_at
+    # From the first request sent to the last answer's end, as
+    # native-mlx-bench --concurrent counts (its clock starts at the first
+    # submission): a client process that starts late is not the server's
+    # time. How far apart the requests were sent is reported beside it.
+    first_sent = min(r[4] for r in results)
+    wall = max(r[2] for r in results) - first_sent
     ttfts = sorted(r[0] for r in results if r[3] is None) or [float("nan")]
     total = sum(r[1] for r in results)
     return {
@@ -153,6 +160,8 @@ async def concurrent(url, model, streams, prompts, max_tokens):
         # Answers shorter than asked (an end-of-sequence token) leave the
         # batch early: the aggregate counts only what was generated.
         "short": sum(1 for r in results if r[3] is None and r[1] < max_tokens),
+        "send_spread": max(r[4] for r in results) - first_sent,
+        "wall": wall,
         "errors": [r[3] for r in results if r[3] is not None],
     }
 
@@ -298,6 +307,8 @@ def main():
                     results[engine][n].append(res)
                     print(f"round {r} streams {n} {engine}: {res['tok_s']:.0f} tok/s, "
                           f"ttft p50 {res['ttft_p50']*1000:.0f} ms p99 {res['ttft_p99']*1000:.0f} ms, "
+                          f"{res['wall']:.2f} s from the first request sent ({res['send_spread']*1000:.0f} ms "
+                          f"between the first and the last), "
                           f"{res['short']} answers short of {args.max_tokens} tokens, "
                           f"{len(res['errors'])} failed" + (f" (first: {res['errors'][0]})" if res['errors'] else ""),
                           file=sys.stderr, flush=True)
