@@ -291,10 +291,17 @@ def main():
     order = list(servers)
     try:
         rng = random.Random(0)
-        # Warm-up: load the model, compile what compiles.
+        # Warm-up: load the model, then each stream count once (a few
+        # tokens), so that no round measures MLX compiling the kernels of a
+        # batch size it has not run yet (a GPU's first 32-stream round
+        # took twice as long); native-mlx-bench --concurrent likewise leaves
+        # its warm-up run out.
+        streams = [int(s) for s in args.streams.split(",")]
         for engine, srv in servers.items():
             asyncio.run(concurrent(srv.url, name, 2, [text(rng, 20)] * 2, 8))
-        streams = [int(s) for s in args.streams.split(",")]
+            for n in streams:
+                asyncio.run(concurrent(srv.url, name, n, [f"warm-up {i}: " + text(rng, args.prompt_words)
+                                                          for i in range(n)], 8))
         results = {e: {n: [] for n in streams} for e in servers}
         for r in range(args.rounds):
             for n in streams:
