@@ -187,7 +187,11 @@ def steps_between(before, after):
     return (f"{d['decode_steps']} decode-only at {per(d['decode_ms'], d['decode_steps']):.2f} ms "
             f"({per(d['decode_rows'], d['decode_steps']):.1f} rows) each, {d['mixed_steps']} with prompt "
             f"chunks at {per(d['mixed_ms'], d['mixed_steps']):.2f} ms ({per(d['mixed_rows'], d['mixed_steps']):.1f} "
-            f"rows, {per(d['mixed_prompt_tokens'], d['mixed_steps']):.0f} prompt tokens) each")
+            f"rows, {per(d['mixed_prompt_tokens'], d['mixed_steps']):.0f} prompt tokens) each"
+            + (f"; {d['requests']} requests, {per(d['first_token_ms'], d['requests']):.0f} ms from "
+               f"reaching the engine to their first token on average ("
+               f"{per(d['queue_ms'], d['requests']):.0f} ms before admission; starting them took "
+               f"{d['admit_ms']:.1f} ms of the engine thread in all)" if d.get("requests") else ""))
 
 
 def percentile(sorted_values, p):

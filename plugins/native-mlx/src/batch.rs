@@ -128,6 +128,15 @@ pub struct StepStats {
     pub spec_propose_time: Duration,
     pub spec_build_time: Duration,
     pub spec_wait_time: Duration,
+    /// Requests admitted; the engine thread's time starting them (the
+    /// prompt's template and tokens, the prefix cache, images), their time
+    /// from arrival to admission, and from arrival to their first token
+    /// (sums): through a server, what of a client's time to first token
+    /// the engine accounts for.
+    pub requests: u64,
+    pub admit_time: Duration,
+    pub queue_time: Duration,
+    pub first_token_time: Duration,
 }
 
 /// For benchmarks through a server (scripts/serving_bench.py): with
@@ -148,6 +157,8 @@ fn write_stats(stats: &Mutex<StepStats>) {
         "mixed_steps": s.mixed_steps, "mixed_rows": s.mixed_rows,
         "mixed_prompt_tokens": s.mixed_prompt_tokens, "mixed_ms": ms(s.mixed_time),
         "spec_steps": s.spec_steps, "spec_tokens": s.spec_tokens, "spec_ms": ms(s.spec_time),
+        "requests": s.requests, "admit_ms": ms(s.admit_time), "queue_ms": ms(s.queue_time),
+        "first_token_ms": ms(s.first_token_time),
     });
     // Written whole, then renamed: a reader never sees half of it.
     let partial = path.with_extension("partial");
@@ -545,8 +556,15 @@ impl Engine {
             }
             // The pixels are done with once the tower has run.
             let pixels = std::mem::take(&mut job.pixels);
+            let began = Instant::now();
             match self.start(&job.request, &pixels) {
                 Ok(started) => {
+                    {
+                        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+                        stats.requests += 1;
+                        stats.admit_time += began.elapsed();
+                        stats.queue_time += began - job.received;
+                    }
                     let Started {
                         prompt,
                         keys,
@@ -1479,7 +1497,10 @@ impl Engine {
             return Ok(());
         }
         if seq.first_token_at.is_none() {
-            seq.first_token_at = Some(Instant::now());
+            let now = Instant::now();
+            seq.first_token_at = Some(now);
+            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            stats.first_token_time += now - seq.job.received;
         }
         if !seq.job.request.ignore_eos && tokenizer.is_eos(id) {
             seq.finished = Some(FinishReason::Stop);

@@ -62,7 +62,10 @@ fn a_failed_readiness_status_fails_the_session_and_the_next_request_restarts_it(
     let (status, body) = chat(&server, "POISON");
     assert_eq!(status, 502, "{body}");
     let message = body["error"]["message"].as_str().unwrap();
-    assert!(message.contains("404") && message.contains("generation thread died"), "{message}");
+    assert!(
+        message.contains("404") && message.contains("generation thread died"),
+        "{message}"
+    );
     eventually("the failed state", Duration::from_secs(10), || {
         model_state(&server) == "failed"
     });
