@@ -22,6 +22,31 @@ use super::ApiError;
 /// The most redirects a fetch follows.
 const MAX_REDIRECTS: usize = 5;
 
+/// How the client's request names its images, for refusals: by default
+/// an OpenAI chat request's own paths (`messages[i].content[j].image_url.url`);
+/// a translated request (Anthropic Messages, Responses) lists each image
+/// part's path in the client's request, in the order the parts appear,
+/// with the field its errors name as `param`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ImageNames {
+    pub(crate) param: Option<&'static str>,
+    pub(crate) paths: Vec<String>,
+}
+
+impl ImageNames {
+    /// The `k`-th image part, at `messages[i].content[j]` of the chat
+    /// request: its path in the client's request, and the `param` field.
+    fn of(&self, k: usize, i: usize, j: usize) -> (String, &'static str) {
+        match (self.param, self.paths.get(k)) {
+            (Some(param), Some(path)) => (path.clone(), param),
+            _ => (
+                format!("messages[{i}].content[{j}].image_url.url"),
+                "messages",
+            ),
+        }
+    }
+}
+
 /// `[images]` at work: the folders read (resolved) and the fetching client.
 pub(crate) struct Images {
     config: ImagesConfig,
@@ -75,10 +100,16 @@ impl Images {
 
     /// Replaces every `file:` and `http(s)` image URL in `request`'s
     /// messages with a `data:` URL of the image's bytes. `data:` URLs stay.
-    pub(crate) async fn inline(&self, request: &mut Map<String, Value>) -> Result<(), ApiError> {
+    /// A refusal names each part as `names` says.
+    pub(crate) async fn inline(
+        &self,
+        request: &mut Map<String, Value>,
+        names: &ImageNames,
+    ) -> Result<(), ApiError> {
         let Some(Value::Array(messages)) = request.get_mut("messages") else {
             return Ok(());
         };
+        let mut k = 0;
         for (i, message) in messages.iter_mut().enumerate() {
             let Some(Value::Array(parts)) = message.get_mut("content") else {
                 continue;
@@ -87,6 +118,8 @@ impl Images {
                 if part.get("type").and_then(Value::as_str) != Some("image_url") {
                     continue;
                 }
+                let (path, param) = names.of(k, i, j);
+                k += 1;
                 let Some(Value::String(url)) = part.pointer_mut("/image_url/url") else {
                     continue;
                 };
@@ -94,17 +127,12 @@ impl Images {
                     continue;
                 }
                 let bytes = self.bytes(url).await.map_err(|why| {
-                    ApiError::bad_request(
-                        format!("'messages[{i}].content[{j}].image_url.url' ({url}) {why}"),
-                        Some("messages"),
-                    )
+                    ApiError::bad_request(format!("'{path}' ({url}) {why}"), Some(param))
                 })?;
                 let Some(kind) = image_type(&bytes) else {
                     return Err(ApiError::bad_request(
-                        format!(
-                            "'messages[{i}].content[{j}].image_url.url' ({url}) is not a PNG, JPEG, GIF, WebP or BMP image"
-                        ),
-                        Some("messages"),
+                        format!("'{path}' ({url}) is not a PNG, JPEG, GIF, WebP or BMP image"),
+                        Some(param),
                     ));
                 };
                 let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
@@ -292,7 +320,7 @@ mod tests {
                 {"type": "image_url", "image_url": {"url": url}},
             ]}]});
             let request = request.as_object_mut().unwrap();
-            lines.push(match images.inline(request).await {
+            lines.push(match images.inline(request, &ImageNames::default()).await {
                 Ok(()) => {
                     let url = request["messages"][0]["content"][1]["image_url"]["url"]
                         .as_str()

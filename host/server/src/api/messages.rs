@@ -42,6 +42,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 
+use super::images::ImageNames;
 use super::pieces::{self, Piece, Step, Translator};
 use super::{validate, ApiError, App};
 
@@ -87,6 +88,14 @@ pub(super) struct Ask {
     model: String,
     stream: bool,
     stops: Vec<String>,
+    /// Where the request's images are, as the client named them.
+    images: ImageNames,
+}
+
+impl super::pieces::NamesImages for Ask {
+    fn image_names(&self) -> ImageNames {
+        self.images.clone()
+    }
 }
 
 /// Validates an Anthropic request and translates it to an OpenAI chat
@@ -206,12 +215,35 @@ pub(super) fn translate(body: &[u8]) -> Result<(Map<String, Value>, Ask), ApiErr
     openai.extend(tool_choice(request.get("tool_choice"))?);
     openai.insert("stream".into(), json!(true));
     openai.insert("stream_options".into(), json!({ "include_usage": true }));
+    // A user turn's `image` blocks become the chat's image parts, in order.
+    let mut images = ImageNames {
+        param: Some("messages"),
+        paths: Vec::new(),
+    };
+    if let Some(Value::Array(turns)) = request.get("messages") {
+        for (i, turn) in turns.iter().enumerate() {
+            let Some(Value::Array(blocks)) = turn.get("content") else {
+                continue;
+            };
+            if turn.get("role").and_then(Value::as_str) != Some("user") {
+                continue;
+            }
+            for (j, block) in blocks.iter().enumerate() {
+                if block.get("type").and_then(Value::as_str) == Some("image") {
+                    images
+                        .paths
+                        .push(format!("messages[{i}].content[{j}].source.url"));
+                }
+            }
+        }
+    }
     Ok((
         openai,
         Ask {
             model,
             stream,
             stops,
+            images,
         },
     ))
 }

@@ -22,6 +22,7 @@ use bytes::BytesMut;
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 
+use super::images::ImageNames;
 use super::inprocess::Route;
 use super::sse::{self, ModelRewrite, SseFramer};
 use super::upstream::{self, Wait};
@@ -73,7 +74,7 @@ async fn counted(
             ApiError::bad_request(format!("the request body is not a JSON object: {e}"), None)
         })
     });
-    proxy(app, path, path, request).await
+    proxy(app, path, path, request, ImageNames::default()).await
 }
 
 /// Hook (metrics): forwards an OpenAI `request` to the engine's `path`
@@ -81,17 +82,19 @@ async fn counted(
 /// known, so that unknown ids add no series), route and status. Every
 /// route that reaches an engine comes through here (`/v1/messages` with its
 /// request translated), so that validation, admission, health waits and
-/// metrics are the same for all.
+/// metrics are the same for all. `images` names the request's image parts
+/// as the client sent them (a translated request's own paths).
 pub(super) async fn proxy(
     app: Arc<App>,
     route: &'static str,
     path: &'static str,
     request: Result<Map<String, Value>, ApiError>,
+    images: ImageNames,
 ) -> Result<Response, ApiError> {
     let mut model = String::from("-");
     let mut plan = None;
     let result = match request {
-        Ok(request) => forward(app.clone(), path, request, &mut model, &mut plan).await,
+        Ok(request) => forward(app.clone(), path, request, &images, &mut model, &mut plan).await,
         Err(e) => Err(e),
     };
     // Hook (tools and reasoning): the answer split the same for every engine.
@@ -164,6 +167,7 @@ async fn forward(
     app: Arc<App>,
     path: &'static str,
     mut request: Map<String, Value>,
+    images: &ImageNames,
     label: &mut String,
     plan: &mut Option<super::split::Plan>,
 ) -> Result<Response, ApiError> {
@@ -220,7 +224,7 @@ async fn forward(
     }
     gate_request(&app, &model, route, &mut request).await?;
     // Images named by URL become their bytes, before a slot is taken.
-    app.images.inline(&mut request).await?;
+    app.images.inline(&mut request, images).await?;
     let (session, in_flight) = app.scheduler.admit(&model).await?;
     if let Some(constraint) = &constraint {
         super::tools::enforce(&app, &model, &session.plugin, constraint, &mut request)?;

@@ -322,12 +322,18 @@ impl<E: Events> Stream<E> {
     }
 }
 
+/// What a translation keeps for its answer says how the client's request
+/// named its images, so that a refused image is named as sent.
+pub(super) trait NamesImages {
+    fn image_names(&self) -> super::images::ImageNames;
+}
+
 /// Sends a route's `translated` chat request through
 /// [`super::openai::proxy`] (which counts it under `route`) and makes the
 /// route's answer of the engine's with `answer`, given what the
 /// translation kept; a refusal, the translation's or the proxy's, is
 /// written by `refusal` in the route's error shape.
-pub(super) async fn through_proxy<A, F>(
+pub(super) async fn through_proxy<A: NamesImages, F>(
     app: Arc<App>,
     route: &'static str,
     translated: Result<(Map<String, Value>, A), ApiError>,
@@ -341,7 +347,8 @@ where
         Ok((request, ask)) => (Ok(request), Some(ask)),
         Err(e) => (Err(e), None),
     };
-    let proxied = super::openai::proxy(app, route, "/v1/chat/completions", request).await;
+    let names = ask.as_ref().map(A::image_names).unwrap_or_default();
+    let proxied = super::openai::proxy(app, route, "/v1/chat/completions", request, names).await;
     match (proxied, ask) {
         (Ok(response), Some(ask)) => {
             // The model the answer comes from, for a client that stalls.

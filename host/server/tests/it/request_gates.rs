@@ -271,4 +271,44 @@ fn images_need_a_vision_model_and_an_engine_with_vision() {
             && message.contains("names a file outside the folders this host reads images from"),
         "{message}"
     );
+    // Anthropic's and the Responses API's refusals name the part as the
+    // client sent it, counting the images before it.
+    let outside = url(&root.join("config.toml"));
+    let inside = url(&root.join("pictures/cat.png"));
+    let (status, answer) = host.post(
+        "/v1/messages",
+        json!({"model": "vlm", "max_tokens": 2, "system": "be brief", "messages": [
+            {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": inside}}]},
+            {"role": "assistant", "content": "a cat"},
+            {"role": "user", "content": [
+                {"type": "text", "text": "and this?"},
+                {"type": "image", "source": {"type": "url", "url": outside}},
+            ]},
+        ]}),
+    );
+    assert_eq!(status, 400, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("'messages[2].content[1].source.url' (file://")
+            && message.contains("names a file outside"),
+        "{message}"
+    );
+    let (status, answer) = host.post(
+        "/v1/responses",
+        json!({"model": "vlm", "max_output_tokens": 2, "instructions": "be brief", "input": [
+            {"role": "user", "content": [{"type": "input_image", "image_url": inside}]},
+            {"role": "user", "content": [
+                {"type": "input_text", "text": "and this?"},
+                {"type": "input_image", "image_url": outside},
+            ]},
+        ]}),
+    );
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["error"]["param"], "input", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("'input[1].content[1].image_url' (file://")
+            && message.contains("names a file outside"),
+        "{message}"
+    );
 }

@@ -209,7 +209,9 @@ async fn serve(app: Arc<App>, route: &'static str, ask: Result<Ask, ApiError>) -
         Ok(found) => found,
         // Counted like any refusal of the chat routes.
         Err(e) => {
-            let e = super::openai::proxy(app, route, "", Err(e)).await.err();
+            let e = super::openai::proxy(app, route, "", Err(e), Default::default())
+                .await
+                .err();
             return Refusal(e.unwrap_or_else(|| ApiError::internal("refused, then served")))
                 .into_response();
         }
@@ -220,7 +222,7 @@ async fn serve(app: Arc<App>, route: &'static str, ask: Result<Ask, ApiError>) -
     };
     // The name, not the id: a profile's settings apply in the proxy.
     openai.insert("model".into(), json!(name));
-    match super::openai::proxy(app.clone(), route, ask.path, Ok(openai)).await {
+    match super::openai::proxy(app.clone(), route, ask.path, Ok(openai), Default::default()).await {
         Ok(response) => {
             let of = response
                 .extensions()

@@ -34,6 +34,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 
+use super::images::ImageNames;
 use super::pieces::{self, StopReason, Translator};
 use super::{validate, ApiError, App, PathId};
 pub(crate) use store::Store;
@@ -145,6 +146,14 @@ pub(super) struct Ask {
     conversation: Vec<Value>,
     /// The fields of the response object that echo the request.
     echo: Map<String, Value>,
+    /// Where the conversation's images are, as the client named them.
+    images: ImageNames,
+}
+
+impl super::pieces::NamesImages for Ask {
+    fn image_names(&self) -> ImageNames {
+        self.images.clone()
+    }
 }
 
 impl Ask {
@@ -354,6 +363,10 @@ pub(super) fn translate(body: &[u8], store: &Store) -> Result<(Map<String, Value
     if let Some(instructions) = instructions {
         chat.push(json!({ "role": "system", "content": instructions }));
     }
+    let mut images = ImageNames {
+        param: Some("input"),
+        paths: Vec::new(),
+    };
     for (i, item) in conversation.iter().enumerate() {
         // Stored items were checked when they came; this request's are
         // named by their index in its `input`.
@@ -362,6 +375,18 @@ pub(super) fn translate(body: &[u8], store: &Store) -> Result<(Map<String, Value
             None => format!("the stored conversation's item {i}"),
         };
         turn(&name, item, &mut chat)?;
+        // A user message's `input_image` parts become the chat's image
+        // parts, in order.
+        if let (Some("user"), Some(Value::Array(parts))) = (
+            item.get("role").and_then(Value::as_str),
+            item.get("content"),
+        ) {
+            for (j, part) in parts.iter().enumerate() {
+                if part.get("type").and_then(Value::as_str) == Some("input_image") {
+                    images.paths.push(format!("{name}.content[{j}].image_url"));
+                }
+            }
+        }
     }
 
     let mut openai = Map::new();
@@ -436,6 +461,7 @@ pub(super) fn translate(body: &[u8], store: &Store) -> Result<(Map<String, Value
             store: keep,
             conversation,
             echo,
+            images,
         },
     ))
 }
