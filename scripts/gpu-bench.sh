@@ -18,6 +18,10 @@
 #   tiny    the test shape, float32: a dry run of the script on a CPU
 #   SHAPE-q4  (qwen05-q4, qwen7-q4, tiny-q4) that model quantized to 4 bits
 #           by mlx-lm's convert (group size 64), which both engines load
+#   moe30   Qwen3-30B-A3B dimensions (128 experts, 8 a token), 4-bit
+#   gptoss20  gpt-oss-20b dimensions (32 experts, 4 a token, sliding and
+#           full layers), 4-bit (affine, as mlx-lm's 4-bit conversions)
+#   gemma4b Gemma 3 4B's text model, bfloat16 (262k vocabulary)
 # Env: PYTHON (an interpreter with mlx for CUDA and mlx-lm; default python3),
 #   BENCH_DIR (models, default /tmp/hangar-gpu-bench), ROUNDS (3),
 #   STREAMS ("1 8 32 64"; empty: none), GEN (tokens per concurrent stream, 128),
@@ -63,10 +67,22 @@ record_run() { # shape, engine, streams, the timed run's line of a concurrent be
 for shape in "${SHAPES[@]}"; do
   base="${shape%-q4}"
   case "$base" in
-    qwen05) dims=(--bench --hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864 --vocab 151936) ;;
-    qwen7) dims=(--bench --hidden 3584 --layers 28 --heads 28 --kv-heads 4 --intermediate 18944 --vocab 152064) ;;
-    tiny) dims=() ;;
-    *) echo "unknown shape '$shape' (qwen05, qwen7, tiny, each with -q4 or not)" >&2; exit 2 ;;
+    qwen05) dims=(--arch qwen2 --bench --hidden 896 --layers 24 --heads 14 --kv-heads 2 --intermediate 4864
+      --vocab 151936) ;;
+    qwen7) dims=(--arch qwen2 --bench --hidden 3584 --layers 28 --heads 28 --kv-heads 4 --intermediate 18944
+      --vocab 152064) ;;
+    # Issue 35's families at their real sizes, written 4-bit by mlx-lm's own
+    # classes where the bfloat16 copy would not fit the device's disk.
+    moe30) dims=(--arch qwen3_moe --bench --bits 4 --hidden 2048 --layers 48 --heads 32 --kv-heads 4
+      --head-dim 128 --intermediate 6144 --moe-intermediate 768 --experts 128 --experts-per-tok 8
+      --vocab 151936) ;;
+    gptoss20) dims=(--arch gpt_oss --bench --bits 4 --hidden 2880 --layers 24 --heads 64 --kv-heads 8
+      --head-dim 64 --intermediate 2880 --experts 32 --experts-per-tok 4 --vocab 201088 --window 128) ;;
+    gemma4b) dims=(--arch gemma3_text --bench --hidden 2560 --layers 34 --heads 8 --kv-heads 4
+      --head-dim 256 --intermediate 10240 --vocab 262208 --window 1024) ;;
+    tiny) dims=(--arch qwen2) ;;
+    *) echo "unknown shape '$shape' (qwen05, qwen7, tiny, each with -q4 or not; moe30, gptoss20, gemma4b)" >&2
+      exit 2 ;;
   esac
   dtype=bfloat16
   [[ "$base" == tiny ]] && dtype=float32
@@ -76,7 +92,7 @@ for shape in "${SHAPES[@]}"; do
     # Written aside and then renamed: a folder cut short (a timeout) is
     # never taken for a whole one.
     rm -rf "$model.part"
-    "$PY" "$REPO/scripts/make_tiny_model.py" "$model.part" --arch qwen2 --dtype "$dtype" "${dims[@]}" >/dev/null
+    "$PY" "$REPO/scripts/make_tiny_model.py" "$model.part" --dtype "$dtype" "${dims[@]}" >/dev/null
     mv "$model.part" "$model"
   fi
   if [[ "$shape" != "$base" ]]; then

@@ -19,6 +19,9 @@
 #              engine's steps per round (needs `gpu-device.sh serve`)
 #   engine     native-mlx-bench --concurrent 32 and 64 at 7B, the
 #              engine-level figures `serve` is compared with
+#   families   issue 35's benchmarks against mlx-lm, one shape a call
+#              (FAMILY: moe30, gptoss20 or gemma4b; made first if missing):
+#              ids, single stream and STREAMS (default "1 64")
 # Env: BIN (the bench binary, default /tmp/gpu/native-mlx-bench), BENCH_DIR
 #   (models, default /tmp/hgb; the 7B folder takes a few minutes to write,
 #   so make it in a part of its own call: scripts/gpu-bench.sh makes it),
@@ -83,8 +86,13 @@ for part in "$@"; do
         done
       done
       ;;
+    families)
+      shape="${FAMILY:-moe30}"
+      model "$shape" >/dev/null
+      STREAMS="${STREAMS-1 64}" timeout 540 "$REPO/scripts/gpu-bench.sh" "$BIN" "$shape" >>"$log" 2>&1
+      ;;
     *)
-      echo "gpu-session: unknown part '$part' (models, kernels, q4, speculate, serve, engine)" >&2
+      echo "gpu-session: unknown part '$part' (models, kernels, q4, speculate, serve, engine, families)" >&2
       exit 2
       ;;
   esac

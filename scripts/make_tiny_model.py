@@ -168,6 +168,35 @@ class TiledRng:
         return getattr(self.rng, name)
 
 
+def mlx_lm_weights(out_dir, config, a):
+    """Random weights at `config`'s sizes through mlx-lm's own model class,
+    quantized to `a.bits` as `mlx_lm.convert` quantizes (its layout, its
+    predicate) and written by mlx-lm's `save_model`, with `config.json`
+    rewritten by `save_config`. MLX computes lazily: each tensor is drawn,
+    cast and quantized when its shard is written, so nothing near the
+    unquantized model's size is held."""
+    import mlx.core as mx
+    from mlx.utils import tree_map
+    from mlx_lm.utils import _get_classes, quantize_model, save_config, save_model
+
+    mx.random.seed(a.seed)
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    dtype = getattr(mx, a.dtype)
+
+    def draw(w):
+        if not mx.issubdtype(w.dtype, mx.floating):
+            return w
+        if w.ndim >= 2:  # matrices and stacked experts, as make_weights draws them
+            return (mx.random.normal(w.shape) * 0.02).astype(dtype)
+        return w.astype(dtype)
+
+    model.update(tree_map(draw, model.parameters()))
+    model, config = quantize_model(model, dict(config), a.group_size, a.bits)
+    save_model(out_dir, model)
+    save_config(config, os.path.join(out_dir, "config.json"))
+
+
 def make_weights(a, head_dim, rng):
     h, inter = a.hidden, a.intermediate
     q_out, kv_out = a.heads * head_dim, a.kv_heads * head_dim
@@ -459,6 +488,12 @@ def main():
     ap.add_argument("--vocab", type=int, default=512)
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--head-dim", type=int, help="the attention heads' width (default: hidden / heads)")
+    ap.add_argument("--bits", type=int, choices=[4, 8],
+                    help="with --bench: random weights made by mlx-lm's own model class and quantized as "
+                         "mlx_lm.convert does (affine, --group-size), never held or written unquantized: "
+                         "a 30B mixture of experts fits a GPU and a disk that its bfloat16 copy would not")
+    ap.add_argument("--group-size", type=int, default=64)
     ap.add_argument("--bench", action="store_true",
                     help="a benchmark folder: each large tensor repeats one random block (minutes saved at 7B), "
                          "and the vocabulary past the trained tokens is plain words, so answers stream text")
@@ -488,9 +523,11 @@ def main():
         ap.error("--mtp-from-main is for --arch mimo")
     if a.arch in ("gemma3_text", "gemma3") and a.layers < 2:
         ap.error("gemma3 needs 2 layers at least (mlx-lm reads the second's cache)")
-    if a.hidden % a.heads or a.heads % a.kv_heads:
-        ap.error("--hidden must be divisible by --heads, and --heads by --kv-heads")
-    head_dim = a.hidden // a.heads
+    if (a.head_dim is None and a.hidden % a.heads) or a.heads % a.kv_heads:
+        ap.error("--hidden must be divisible by --heads (or --head-dim given), and --heads by --kv-heads")
+    if a.bits and not a.bench:
+        ap.error("--bits is for --bench folders")
+    head_dim = a.head_dim or a.hidden // a.heads
     os.makedirs(a.out_dir, exist_ok=True)
     out = lambda name: os.path.join(a.out_dir, name)
 
@@ -588,7 +625,8 @@ def main():
             "num_experts_per_tok": a.experts_per_tok,
             "moe_intermediate_size": a.moe_intermediate,
             "decoder_sparse_step": 1,
-            "mlp_only_layers": MLP_ONLY_LAYERS,
+            # Qwen3-30B-A3B routes every layer; the tests keep one dense.
+            "mlp_only_layers": [] if a.bench else MLP_ONLY_LAYERS,
             "norm_topk_prob": True,
         })
     if a.arch == "gpt_oss":
@@ -631,6 +669,10 @@ def main():
                                      "image_token": "<image_soft_token>"},
         } if a.vision else {}), f, indent=2)
 
+    if a.bits:
+        mlx_lm_weights(a.out_dir, config, a)
+        print(a.out_dir)
+        return
     rng = np.random.default_rng(a.seed)
     weights = make_weights(a, head_dim, TiledRng(rng) if a.bench else rng)
     if a.openai_mxfp4:

@@ -22,6 +22,7 @@ comparison needs. "chats" are rendered by transformers' apply_chat_template.
 import json
 import sys
 import time
+from pathlib import Path
 
 import mlx.core as mx
 from jinja2.exceptions import TemplateError
@@ -30,31 +31,11 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 from transformers import AutoTokenizer
 
+# mlx-lm's quantized experts on the pinned MLX (bench/mlx_lm_compat.py).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import mlx_lm_compat  # noqa: E402,F401
+
 START = time.monotonic()
-
-
-def allow_gather_qmm_without_global_scale():
-    """Lets mlx-lm's quantized experts run on the pinned MLX.
-
-    mlx-lm 0.32.2's `QuantizedSwitchLinear` passes `global_scale=` to
-    `mx.gather_qmm` (`None` but for nvfp4 experts with a tensor scale),
-    which MLX 0.32.2's `gather_qmm` does not take: every quantized
-    mixture-of-experts model failed with a TypeError there. A `None` scale
-    means no scale, so it is dropped; any other is refused.
-    """
-    if "global_scale" in (mx.gather_qmm.__doc__ or ""):
-        return
-    gather_qmm = mx.gather_qmm
-
-    def without_global_scale(*args, global_scale=None, **kwargs):
-        if global_scale is not None:
-            raise ValueError("this MLX's gather_qmm takes no global_scale")
-        return gather_qmm(*args, **kwargs)
-
-    mx.gather_qmm = without_global_scale
-
-
-allow_gather_qmm_without_global_scale()
 
 
 def log(what):
