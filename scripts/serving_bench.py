@@ -157,6 +157,7 @@ async def concurrent(url, model, streams, prompts, max_tokens):
         "tok_s": total / wall,
         "ttft_p50": percentile(ttfts, 50),
         "ttft_p99": percentile(ttfts, 99),
+        "ttft_mean": statistics.fmean(ttfts),
         # Answers shorter than asked (an end-of-sequence token) leave the
         # batch early: the aggregate counts only what was generated.
         "short": sum(1 for r in results if r[3] is None and r[1] < max_tokens),
@@ -164,6 +165,24 @@ async def concurrent(url, model, streams, prompts, max_tokens):
         "wall": wall,
         "errors": [r[3] for r in results if r[3] is not None],
     }
+
+
+def host_first_tokens(url):
+    """The host's own count and sum of seconds from a streamed request's
+    arrival to its first token (`hangar_time_to_first_token_seconds` on
+    /metrics, every model), or None."""
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    total = {"sum": 0.0, "count": 0.0}
+    for line in text.splitlines():
+        for kind in total:
+            if line.startswith(f"hangar_time_to_first_token_seconds_{kind}{{"):
+                total[kind] += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def engine_steps(root, engine):
@@ -313,11 +332,20 @@ def main():
                     # Fresh prompts every round: no prefix is shared.
                     prompts = [f"{r}-{n}-{i}: " + text(rng, args.prompt_words) for i in range(n)]
                     before = engine_steps(root, engine)
+                    host_before = host_first_tokens(servers[engine].url)
                     res = asyncio.run(concurrent(servers[engine].url, name, n, prompts, args.max_tokens))
                     res["steps"] = steps_between(before, engine_steps(root, engine))
+                    # Where a client's time to first token goes: the
+                    # host's own measure of it, from each request's arrival.
+                    host_after = host_first_tokens(servers[engine].url)
+                    if host_before and host_after and host_after["count"] > host_before["count"]:
+                        res["host_ttft_mean"] = ((host_after["sum"] - host_before["sum"])
+                                                 / (host_after["count"] - host_before["count"]))
                     results[engine][n].append(res)
+                    host = (f" (mean {res['ttft_mean']*1000:.0f} ms; the host's own mean "
+                            f"{res['host_ttft_mean']*1000:.0f} ms)" if "host_ttft_mean" in res else "")
                     print(f"round {r} streams {n} {engine}: {res['tok_s']:.0f} tok/s, "
-                          f"ttft p50 {res['ttft_p50']*1000:.0f} ms p99 {res['ttft_p99']*1000:.0f} ms, "
+                          f"ttft p50 {res['ttft_p50']*1000:.0f} ms p99 {res['ttft_p99']*1000:.0f} ms{host}, "
                           f"{res['wall']:.2f} s from the first request sent ({res['send_spread']*1000:.0f} ms "
                           f"between the first and the last), "
                           f"{res['short']} answers short of {args.max_tokens} tokens, "
