@@ -293,6 +293,14 @@ fn is_function_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// Whether a call's `arguments` text is JSON (or empty: no arguments).
+pub(crate) fn json_arguments(text: &str) -> Result<(), serde_json::Error> {
+    if text.is_empty() {
+        return Ok(());
+    }
+    serde_json::from_str::<serde::de::IgnoredAny>(text).map(|_| ())
+}
+
 /// Checks the tool parts of one chat message: an assistant's `tool_calls`
 /// and a `tool` message's `tool_call_id`.
 pub(crate) fn check_message(i: usize, message: &Map<String, Value>) -> Result<(), ApiError> {
@@ -320,8 +328,16 @@ pub(crate) fn check_message(i: usize, message: &Map<String, Value>) -> Result<()
                         "'messages[{i}].tool_calls[{j}].function.name' must be a string"
                     ));
                 }
-                if !arguments.is_some_and(Value::is_string) {
-                    return bad(format!("'messages[{i}].tool_calls[{j}].function.arguments' must be a string of JSON, as the answer gave it"));
+                match arguments {
+                    Some(Value::String(text)) => {
+                        // Engines parse it to render the call (mlx_lm.server's
+                        // generation failed on any other text); an empty one
+                        // is a call without arguments.
+                        if let Err(e) = json_arguments(text) {
+                            return bad(format!("'messages[{i}].tool_calls[{j}].function.arguments' must be a string of JSON, as the answer gave it; it is not JSON ({e})"));
+                        }
+                    }
+                    _ => return bad(format!("'messages[{i}].tool_calls[{j}].function.arguments' must be a string of JSON, as the answer gave it")),
                 }
             }
         }

@@ -778,6 +778,18 @@ mod tests {
                 r#"400 Some("messages"): 'messages[0].tool_calls[0].function.arguments' must be a string of JSON, as the answer gave it"#
             ]],
         );
+        // Text that is not JSON failed mlx_lm.server's generation (found by
+        // schemathesis); an empty string is a call without arguments.
+        check_chat(
+            json!({"messages": [{"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{\"city\": "}}]}]}),
+            expect![[
+                r#"400 Some("messages"): 'messages[0].tool_calls[0].function.arguments' must be a string of JSON, as the answer gave it; it is not JSON (EOF while parsing a value at line 1 column 9)"#
+            ]],
+        );
+        check_chat(
+            json!({"messages": [{"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": ""}}]}]}),
+            expect!["ok"],
+        );
         check_chat(
             json!({"messages": [{"role": "tool", "content": "42"}]}),
             expect![[

@@ -537,8 +537,15 @@ fn turn(name: &str, item: &Value, chat: &mut Vec<Value>) -> Result<(), ApiError>
             chat.push(json!({ "role": role, "content": content }));
         }
         Some("function_call") => {
+            let arguments = field("arguments")?;
+            if let Err(e) = super::tools::json_arguments(&arguments) {
+                return bad(
+                    "input",
+                    format!("'{name}.arguments' must be a string of JSON, as the answer gave it; it is not JSON ({e})"),
+                );
+            }
             let call = json!({ "id": field("call_id")?, "type": "function",
-                               "function": { "name": field("name")?, "arguments": field("arguments")? } });
+                               "function": { "name": field("name")?, "arguments": arguments } });
             match chat.last_mut() {
                 Some(last) if last["role"] == "assistant" => match last.get_mut("tool_calls") {
                     Some(Value::Array(calls)) => calls.push(call),

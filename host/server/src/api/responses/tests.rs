@@ -145,6 +145,8 @@ fn every_field_is_checked_by_name() {
          expect![[r#"400 Some("input"): 'input[0].role' must be "user", "assistant", "system" or "developer", not "tool""#]]),
         (with("input", json!([{"type": "function_call", "name": "f", "arguments": "{}"}])),
          expect![[r#"400 Some("input"): 'input[0].call_id' must be a string, not null"#]]),
+        (with("input", json!([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "city: Paris"}])),
+         expect![[r#"400 Some("input"): 'input[0].arguments' must be a string of JSON, as the answer gave it; it is not JSON (expected value at line 1 column 1)"#]]),
         (with("input", json!([{"type": "item_reference", "id": "x"}])),
          expect!["400 Some(\"input\"): 'input[0]' is a 'item_reference' item; this host serves message, function_call, function_call_output and reasoning items"]),
         (with("tools", json!([{"type": "web_search"}])),
