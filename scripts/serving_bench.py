@@ -110,10 +110,10 @@ async def one(client, model, prompt, max_tokens):
     return (first if first is not None else end - start), tokens, end, None, start
 
 
-async def streams_of(url, model, prompts, max_tokens, start_at):
-    """One client process's share: its streams at once, from `start_at`
-    (a time.time() shared by every process); (ttft, tokens, end) each,
-    `end` and `start` as time.time()."""
+async def streams_of(url, model, prompts, max_tokens, ready):
+    """One client process's share: its streams at once, when every client
+    process has passed `ready` (a barrier shared by them all); (ttft,
+    tokens, end) each, `end` and `start` as time.time()."""
     async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0,
                                   timeout=3600) as client:
         # The openai client's first request in a process imports what it
@@ -127,7 +127,11 @@ async def streams_of(url, model, prompts, max_tokens, start_at):
                 stream=True)
         except openai.BadRequestError:
             pass
-        await asyncio.sleep(max(0.0, start_at - time.time()))
+        # A shared start time left the processes that started late (16
+        # spawned at once, each importing openai) sending up to 108 ms after
+        # the first: that time was the client's, counted in the round. The
+        # barrier lets the round start when the last process is ready.
+        await asyncio.to_thread(ready.wait, 120)
         offset = time.time() - time.perf_counter()
         results = await asyncio.gather(*(one(client, model, p, max_tokens) for p in prompts))
         return [(first, tokens, end + offset, error, start + offset)
@@ -150,11 +154,13 @@ async def concurrent(url, model, streams, prompts, max_tokens):
     import multiprocessing
     groups = [prompts[i:i + STREAMS_PER_CLIENT] for i in range(0, streams, STREAMS_PER_CLIENT)]
     groups[-1] = groups[-1][:streams - STREAMS_PER_CLIENT * (len(groups) - 1)]
-    # Every process is started (and has imported openai) before the start.
-    start_at = time.time() + 3.0
-    with multiprocessing.get_context("spawn").Pool(len(groups)) as pool:
+    # Every process is started (and has imported openai and warmed up)
+    # before any sends.
+    spawn = multiprocessing.get_context("spawn")
+    with spawn.Manager() as manager, spawn.Pool(len(groups)) as pool:
+        ready = manager.Barrier(len(groups))
         parts = await asyncio.to_thread(
-            pool.map, client_process, [(url, model, g, max_tokens, start_at) for g in groups])
+            pool.map, client_process, [(url, model, g, max_tokens, ready) for g in groups])
     results = [r for part in parts for r in part]
     # From the first request sent to the last answer's end, as
     # native-mlx-bench --concurrent counts (its clock starts at the first
