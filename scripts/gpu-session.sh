@@ -19,6 +19,10 @@
 #              engine's steps per round (needs `gpu-device.sh serve`)
 #   engine     native-mlx-bench --concurrent 32 and 64 at 7B, the
 #              engine-level figures `serve` is compared with
+#   graphs     single stream with MLX's CUDA graph settings swept (its
+#              defaults; MLX_MAX_OPS_PER_BUFFER / MLX_MAX_MB_PER_BUFFER
+#              raised; MLX_USE_CUDA_GRAPHS=0), --breakdown, interleaved
+#              rounds; on GRAPH_SHAPES (default "qwen05 moe30")
 #   families   issue 35's benchmarks against mlx-lm, one shape a call
 #              (FAMILY: moe30, gptoss20 or gemma4b; made first if missing):
 #              ids, single stream and STREAMS (default "1 64")
@@ -86,13 +90,50 @@ for part in "$@"; do
         done
       done
       ;;
+    graphs)
+      # MLX's CUDA backend ends a graph (and updates and launches its
+      # cached executable) every 30 ops on an H100/H200, or when the arrays
+      # it binds pass 400 MB: at 7B a bfloat16 gate-up product alone binds
+      # 271 MB, and an MoE layer's stacked experts more.
+      presets=("default:" "ops100:MLX_MAX_OPS_PER_BUFFER=100 MLX_MAX_MB_PER_BUFFER=1000"
+        "ops400:MLX_MAX_OPS_PER_BUFFER=400 MLX_MAX_MB_PER_BUFFER=100000" "nographs:MLX_USE_CUDA_GRAPHS=0")
+      for shape in ${GRAPH_SHAPES:-qwen05 moe30}; do
+        dir="$(model "$shape")"
+        for round in $(seq "$ROUNDS"); do
+          for preset in "${presets[@]}"; do
+            echo "## $shape round $round ${preset%%:*}" >>"$log"
+            # shellcheck disable=SC2086 # the preset's assignments, split
+            env ${preset#*:} timeout 150 "$BIN" --json --runs 1 --prompt-tokens 128 --gen-tokens 256 \
+              --breakdown "$dir" >>"$log" 2>&1
+          done
+        done
+      done
+      "$PY" - "$log" <<'PYTHON' >>"$log"
+import json, re, statistics, sys
+runs, head = {}, None
+for line in open(sys.argv[1]):
+    if line.startswith("## "):
+        shape, _, _, preset = line[3:].split()
+        head = (shape, preset)
+    elif line.startswith("{") and head:
+        r = json.loads(line)
+        runs.setdefault(head, []).append((r["decode_tps"], r["step_us"]))
+print("| model | MLX graph settings | decode tok/s median [min-max] | build us | submit us | wait us |")
+print("|---|---|---|---:|---:|---:|")
+for (shape, preset), rs in runs.items():
+    tps = [t for t, _ in rs]
+    med = lambda k: statistics.median(s[k] for _, s in rs)
+    print(f"| {shape} | {preset} | {statistics.median(tps):.1f} [{min(tps):.1f}-{max(tps):.1f}] | "
+          f"{med('graph_build'):.0f} | {med('submit'):.0f} | {med('eval_wait'):.0f} |")
+PYTHON
+      ;;
     families)
       shape="${FAMILY:-moe30}"
       model "$shape" >/dev/null
       STREAMS="${STREAMS-1 64}" timeout 540 "$REPO/scripts/gpu-bench.sh" "$BIN" "$shape" >>"$log" 2>&1
       ;;
     *)
-      echo "gpu-session: unknown part '$part' (models, kernels, q4, speculate, serve, engine, families)" >&2
+      echo "gpu-session: unknown part '$part' (models, kernels, q4, speculate, serve, engine, graphs, families)" >&2
       exit 2
       ;;
   esac
