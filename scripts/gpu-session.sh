@@ -23,6 +23,9 @@
 #              defaults; MLX_MAX_OPS_PER_BUFFER / MLX_MAX_MB_PER_BUFFER
 #              raised; MLX_USE_CUDA_GRAPHS=0), --breakdown, interleaved
 #              rounds; on GRAPH_SHAPES (default "qwen05 moe30")
+#   gather     the sorted MoE kernel: --gather-check, then moe30 (made
+#              first if missing) at 64 streams with MLX's gather_qmm against
+#              --gather-qmv, interleaved rounds, and its greedy ids
 #   families   issue 35's benchmarks against mlx-lm, one shape a call
 #              (FAMILY: moe30, gptoss20 or gemma4b; made first if missing):
 #              ids, single stream and STREAMS (default "1 64")
@@ -127,13 +130,27 @@ for (shape, preset), rs in runs.items():
           f"{med('graph_build'):.0f} | {med('submit'):.0f} | {med('eval_wait'):.0f} |")
 PYTHON
       ;;
+    gather)
+      echo "## --gather-check" >>"$log"
+      timeout 150 "$BIN" --gather-check --runs 3 >>"$log" 2>&1
+      moe="$(model moe30)"
+      echo "## ids, --gather-qmv" >>"$log"
+      timeout 120 "$BIN" --ids --company 8 --prompt-tokens 12 --gen-tokens 64 --gather-qmv "$moe" >>"$log" 2>&1
+      timeout 120 "$BIN" --ids --company 8 --prompt-tokens 12 --gen-tokens 64 "$moe" >>"$log" 2>&1
+      for round in $(seq "$ROUNDS"); do
+        for flag in "" --gather-qmv; do
+          echo "## round $round, 64 streams ${flag:-gather_qmm}" >>"$log"
+          timeout 150 "$BIN" --concurrent 64 --runs 1 --gen-tokens 128 $flag "$moe" >>"$log" 2>&1
+        done
+      done
+      ;;
     families)
       shape="${FAMILY:-moe30}"
       model "$shape" >/dev/null
       STREAMS="${STREAMS-1 64}" timeout 540 "$REPO/scripts/gpu-bench.sh" "$BIN" "$shape" >>"$log" 2>&1
       ;;
     *)
-      echo "gpu-session: unknown part '$part' (models, kernels, q4, speculate, serve, engine, graphs, families)" >&2
+      echo "gpu-session: unknown part '$part' (models, kernels, q4, speculate, serve, engine, graphs, gather, families)" >&2
       exit 2
       ;;
   esac

@@ -67,7 +67,7 @@ pub use model::vision::{VisionConfig, VisionEncoder};
 pub use model::{LoadOptions, Model};
 pub use pixels::preprocess_image;
 pub use probe::{probe, DeviceKind, MlxProbe};
-pub use qmv::{check_qmv, QmvCheck, QmvShape};
+pub use qmv::{check_gather_qmv, check_qmv, GatherShape, QmvCheck, QmvShape};
 pub use sampling::SamplingParams;
 pub use session::{
     Completion, DrawScore, FinishReason, GenerateRequest, Prompt, Session, Timings, TokenEvent,

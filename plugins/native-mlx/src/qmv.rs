@@ -171,6 +171,124 @@ const SOURCE: &str = r#"
   }
 "#;
 
+/// The gathered product of MoE experts over rows sorted by expert (what
+/// mlx-lm's `SwitchGLU` hands `gather_qmm` from 64 (token, expert) pairs
+/// on): `y[i] = x[i] @ W[idx[i]].T` for the `m` rows of `x`, with `idx`
+/// ascending. MLX 0.32's CUDA `gather_qmm` runs each row as its own
+/// one-row product, so every row reads its expert's whole matrix again: at
+/// 64 streams of a 128-expert model each expert's weights were read about
+/// four times a layer. Here block `(x, e)` finds expert `e`'s run of rows
+/// (a binary search in `idx`) and takes them `C` at a time, each weight
+/// chunk read once for all `C`. The arithmetic is [`SOURCE`]'s; `x`'s row
+/// count comes at run time (`idx_shape[0]`), so one compiled kernel serves
+/// every batch.
+const GATHER_SOURCE: &str = r#"
+  constexpr int VALS = 128 / BITS;
+  constexpr int PER_WORD = 32 / BITS;
+  constexpr int CHUNKS = K / VALS;
+  constexpr int WORDS = K / PER_WORD;
+  constexpr int GROUPS = K / GS;
+  constexpr uint32_t MASK = (1u << BITS) - 1u;
+  constexpr float SCALE = float(1 << BITS);
+  const int lane = threadIdx.x & 31;
+  const int first = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
+  if (first >= N) {
+    return;
+  }
+  const int e = blockIdx.y;
+  const int m = idx_shape[0];
+  // Expert e's rows: [lo, end) of the ascending idx.
+  int lo = 0, hi = m;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (int(idx[mid]) < e) { lo = mid + 1; } else { hi = mid; }
+  }
+  int end = lo;
+  hi = m;
+  while (end < hi) {
+    const int mid = (end + hi) >> 1;
+    if (int(idx[mid]) <= e) { end = mid + 1; } else { hi = mid; }
+  }
+  if (lo == end) {
+    return;
+  }
+  const uint32_t* we = w + size_t(e) * N * WORDS;
+  const T* se = scales + size_t(e) * N * GROUPS;
+  const T* be = biases + size_t(e) * N * GROUPS;
+  for (int base = lo; base < end; base += C) {
+    const int rows = min(C, end - base);
+    float acc[R][C];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int j = 0; j < C; ++j) {
+        acc[r][j] = 0.0f;
+      }
+    }
+#pragma unroll 2
+    for (int c = lane; c < CHUNKS; c += 32) {
+      const int g = (c * VALS) / GS;
+      uint4 q[R];
+      float s[R], b[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const size_t row = size_t(min(first + r, N - 1));
+        q[r] = __ldg(reinterpret_cast<const uint4*>(we + row * WORDS) + c);
+        s[r] = static_cast<float>(se[row * GROUPS + g]) * SCALE;
+        b[r] = static_cast<float>(be[row * GROUPS + g]);
+      }
+#pragma unroll
+      for (int j = 0; j < C; ++j) {
+        if (j < rows) {
+          const T* xp = x + size_t(base + j) * K + size_t(c) * VALS;
+          float xv[VALS];
+          float xs = 0.0f;
+#pragma unroll
+          for (int v = 0; v < VALS; v += 8) {
+            Load8<T>::run(xp + v, xv + v);
+          }
+#pragma unroll
+          for (int v = 0; v < VALS; ++v) {
+            xs += xv[v];
+          }
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            const uint32_t words[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
+            float fx = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+#pragma unroll
+              for (int t = 0; t < PER_WORD; ++t) {
+                const uint32_t bits = (words[i] >> (t * BITS)) & MASK;
+                const float f = __uint_as_float(0x3f800000u | (bits << (23 - BITS)));
+                fx = fmaf(f, xv[i * PER_WORD + t], fx);
+              }
+            }
+            acc[r][j] = fmaf(s[r], fx - xs, fmaf(b[r], xs, acc[r][j]));
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int j = 0; j < C; ++j) {
+        float v = acc[r][j];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+          v += __shfl_xor_sync(0xffffffffu, v, o);
+        }
+        if (lane == 0 && j < rows && first + r < N) {
+          y[size_t(base + j) * N + first + r] = static_cast<T>(v);
+        }
+      }
+    }
+  }
+"#;
+
+/// Rows of `x` per pass of [`GATHER_SOURCE`] over an expert's weights.
+const GATHER_ROWS: i32 = 8;
+
 /// The compiled-on-first-use kernel object (mlx-c's handle to MLX's
 /// `CustomKernelFunction`).
 struct Kernel(mlx_sys::mlx_fast_cuda_kernel);
@@ -184,37 +302,51 @@ unsafe impl Send for Kernel {}
 #[allow(unsafe_code)]
 unsafe impl Sync for Kernel {}
 
+/// A kernel object for `source` with these input names and one output `y`.
 #[allow(unsafe_code)]
+fn new_kernel(name: &str, inputs: &[&str], source: &str) -> Kernel {
+    let cstr = |s: &str| CString::new(s).expect("no NUL in the kernel's strings");
+    let (name, source, header) = (cstr(name), cstr(source), cstr(HEADER));
+    let inputs = inputs.iter().map(|s| cstr(s)).collect::<Vec<_>>();
+    let output = cstr("y");
+    // SAFETY: every pointer is to a NUL-terminated string alive for the
+    // call; mlx-c copies the names and strings into the kernel object (and
+    // the string vectors, freed right after).
+    unsafe {
+        let pointers = inputs.iter().map(|s| s.as_ptr()).collect::<Vec<_>>();
+        let input_names = mlx_sys::mlx_vector_string_new_data(
+            pointers.as_ptr() as *mut *const std::ffi::c_char,
+            pointers.len(),
+        );
+        let output_names = mlx_sys::mlx_vector_string_new_value(output.as_ptr());
+        let kernel = mlx_sys::mlx_fast_cuda_kernel_new(
+            name.as_ptr(),
+            input_names,
+            output_names,
+            source.as_ptr(),
+            header.as_ptr(),
+            true,
+            0,
+        );
+        mlx_sys::mlx_vector_string_free(input_names);
+        mlx_sys::mlx_vector_string_free(output_names);
+        Kernel(kernel)
+    }
+}
+
 fn kernel() -> &'static Kernel {
     static KERNEL: OnceLock<Kernel> = OnceLock::new();
+    KERNEL.get_or_init(|| new_kernel("hangar_qmv", &["x", "w", "scales", "biases"], SOURCE))
+}
+
+fn gather_kernel() -> &'static Kernel {
+    static KERNEL: OnceLock<Kernel> = OnceLock::new();
     KERNEL.get_or_init(|| {
-        let cstr = |s: &str| CString::new(s).expect("no NUL in the kernel's strings");
-        let (name, source, header) = (cstr("hangar_qmv"), cstr(SOURCE), cstr(HEADER));
-        let inputs = ["x", "w", "scales", "biases"].map(cstr);
-        let output = cstr("y");
-        // SAFETY: every pointer is to a NUL-terminated string alive for the
-        // call; mlx-c copies the names and strings into the kernel object
-        // (and the string vectors, freed right after).
-        unsafe {
-            let pointers = inputs.iter().map(|s| s.as_ptr()).collect::<Vec<_>>();
-            let input_names = mlx_sys::mlx_vector_string_new_data(
-                pointers.as_ptr() as *mut *const std::ffi::c_char,
-                pointers.len(),
-            );
-            let output_names = mlx_sys::mlx_vector_string_new_value(output.as_ptr());
-            let kernel = mlx_sys::mlx_fast_cuda_kernel_new(
-                name.as_ptr(),
-                input_names,
-                output_names,
-                source.as_ptr(),
-                header.as_ptr(),
-                true,
-                0,
-            );
-            mlx_sys::mlx_vector_string_free(input_names);
-            mlx_sys::mlx_vector_string_free(output_names);
-            Kernel(kernel)
-        }
+        new_kernel(
+            "hangar_gather_qmv",
+            &["x", "w", "scales", "biases", "idx"],
+            GATHER_SOURCE,
+        )
     })
 }
 
@@ -239,7 +371,6 @@ pub(crate) fn fits(x: &Array, weight: &Array, scales: &Array, params: &QuantPara
 /// `x @ W.T` for an affine-quantized `(N, K)` weight (`weight`, `scales`,
 /// `biases` as MLX stores them), `x` of shape `(..., K)` that [`fits`]: the
 /// result has shape `(..., N)`, on the current stream.
-#[allow(unsafe_code)]
 pub(crate) fn qmv(
     x: &Array,
     weight: &Array,
@@ -253,10 +384,112 @@ pub(crate) fn qmv(
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("x has a last axis") = n;
     let flat = x.reshape(&[rows, k])?;
+    let r = rows_per_warp();
+    let y = launch(Launch {
+        kernel: kernel(),
+        what: "the quantized matrix-vector kernel (hangar_qmv)",
+        inputs: &[&flat, weight, scales, biases],
+        out_shape: [rows, n],
+        dtype: x.dtype(),
+        grid: ((n + r - 1) / r * 32, 1),
+        ints: &[
+            ("M", rows),
+            ("K", k),
+            ("N", n),
+            ("BITS", params.bits),
+            ("GS", params.group_size),
+            ("R", r),
+        ],
+    })?;
+    Ok(y.reshape(&shape)?)
+}
+
+/// Whether [`gather_qmv`] computes this sorted gathered product: stacked
+/// `(E, N, K)` affine 4- or 8-bit experts with groups of 32, 64 or 128,
+/// `x` `(m, 1, K)` in the scales' float dtype, `indices` `(m,)` of `uint32`.
+pub(crate) fn gather_fits(
+    x: &Array,
+    weight: &Array,
+    scales: &Array,
+    indices: &Array,
+    params: &QuantParams,
+) -> bool {
+    let k = x.dim(-1);
+    matches!(params.mode, QuantMode::Affine)
+        && matches!(params.bits, 4 | 8)
+        && matches!(params.group_size, 32 | 64 | 128)
+        && k % params.group_size == 0
+        && k % (128 / params.bits) == 0
+        && weight.ndim() == 3
+        && weight.dim(-1) * (32 / params.bits) == k
+        && x.ndim() == 3
+        && x.dim(1) == 1
+        && indices.ndim() == 1
+        && indices.dim(0) == x.dim(0)
+        && indices.dtype() == Dtype::Uint32
+        && x.dtype() == scales.dtype()
+        && matches!(x.dtype(), Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32)
+}
+
+/// `y[i] = x[i] @ W[indices[i]].T` for stacked affine-quantized experts
+/// (`weight` `(E, N, K / per word)`, `scales`, `biases` as MLX stores
+/// them), `x` `(m, 1, K)` and `indices` `(m,)` ascending, as
+/// `gather_qmm(..., sorted_indices = true)` takes them ([`gather_fits`]):
+/// the result is `(m, 1, N)`, on the current stream.
+pub(crate) fn gather_qmv(
+    x: &Array,
+    weight: &Array,
+    scales: &Array,
+    biases: &Array,
+    indices: &Array,
+    params: &QuantParams,
+) -> Result<Array> {
+    let (m, k) = (x.dim(0), x.dim(-1));
+    let (experts, n) = (weight.dim(0), weight.dim(1));
+    let flat = x.reshape(&[m, k])?;
+    let r = rows_per_warp();
+    let y = launch(Launch {
+        kernel: gather_kernel(),
+        what: "the gathered quantized kernel (hangar_gather_qmv)",
+        inputs: &[&flat, weight, scales, biases, indices],
+        out_shape: [m, n],
+        dtype: x.dtype(),
+        grid: ((n + r - 1) / r * 32, experts),
+        ints: &[
+            ("K", k),
+            ("N", n),
+            ("BITS", params.bits),
+            ("GS", params.group_size),
+            ("R", r),
+            ("C", GATHER_ROWS),
+        ],
+    })?;
+    Ok(y.reshape(&[m, 1, n])?)
+}
+
+/// One application of a kernel object with one output `y`.
+struct Launch<'a> {
+    kernel: &'static Kernel,
+    what: &'static str,
+    inputs: &'a [&'a Array],
+    out_shape: [i32; 2],
+    /// Of the output and the template argument `T`.
+    dtype: Dtype,
+    /// Threads along x (blocks of [`BLOCK`]) and blocks along y.
+    grid: (i32, i32),
+    ints: &'a [(&'static str, i32)],
+}
+
+#[allow(unsafe_code)]
+fn launch(l: Launch<'_>) -> Result<Array> {
     let stream = Stream::thread_local_or_default();
-    let failed = |what: &str| Error::Mlx(mlx_rs::error::Exception::custom(what));
-    let kernel = kernel();
-    let dtype = x.dtype() as u32 as mlx_sys::mlx_dtype;
+    let failed = || {
+        Error::Mlx(mlx_rs::error::Exception::custom(format!(
+            "{} failed",
+            l.what
+        )))
+    };
+    let dtype = l.dtype as u32 as mlx_sys::mlx_dtype;
     // SAFETY: the config, the input vector and the output vector are
     // created, used and freed here; the inputs are borrowed from live
     // arrays for the call (mlx-c copies the handles it keeps); the one
@@ -264,27 +497,18 @@ pub(crate) fn qmv(
     // into a fresh handle that `Array::from_ptr` then owns.
     unsafe {
         let config = mlx_sys::mlx_fast_cuda_kernel_config_new();
-        let out_shape = [rows, n];
         let mut status = mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(
             config,
-            out_shape.as_ptr(),
+            l.out_shape.as_ptr(),
             2,
             dtype,
         );
-        let r = rows_per_warp();
-        status |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, (n + r - 1) / r * 32, 1, 1);
+        status |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, l.grid.0, l.grid.1, 1);
         status |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(config, BLOCK, 1, 1);
         let t = CString::new("T").expect("no NUL");
         status |=
             mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_dtype(config, t.as_ptr(), dtype);
-        for (name, value) in [
-            ("M", rows),
-            ("K", k),
-            ("N", n),
-            ("BITS", params.bits),
-            ("GS", params.group_size),
-            ("R", r),
-        ] {
+        for &(name, value) in l.ints {
             let name = CString::new(name).expect("no NUL");
             status |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(
                 config,
@@ -292,18 +516,13 @@ pub(crate) fn qmv(
                 value,
             );
         }
-        let handles = [
-            flat.as_ptr(),
-            weight.as_ptr(),
-            scales.as_ptr(),
-            biases.as_ptr(),
-        ];
+        let handles = l.inputs.iter().map(|a| a.as_ptr()).collect::<Vec<_>>();
         let inputs = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
         let mut outputs = mlx_sys::mlx_vector_array_new();
         if status == 0 {
             status = mlx_sys::mlx_fast_cuda_kernel_apply(
                 &mut outputs as *mut _,
-                kernel.0,
+                l.kernel.0,
                 inputs,
                 config,
                 stream.as_ptr(),
@@ -320,11 +539,9 @@ pub(crate) fn qmv(
         mlx_sys::mlx_fast_cuda_kernel_config_free(config);
         if status != 0 {
             mlx_sys::mlx_array_free(y);
-            return Err(failed(
-                "the quantized matrix-vector kernel (hangar_qmv) failed",
-            ));
+            return Err(failed());
         }
-        Ok(Array::from_ptr(y).reshape(&shape)?)
+        Ok(Array::from_ptr(y))
     }
 }
 
@@ -366,7 +583,7 @@ pub fn check_qmv(shape: QmvShape, dtype: Dtype, repeats: usize, rounds: usize) -
         bits,
         group_size,
     } = shape;
-    use mlx_rs::ops::{abs, max, quantize, quantized_matmul};
+    use mlx_rs::ops::{quantize, quantized_matmul};
     use mlx_rs::random::normal;
     use mlx_rs::transforms::eval;
     let w = normal::<f32>(&[n, k][..], None, 0.02, None)?.as_dtype(dtype)?;
@@ -384,22 +601,124 @@ pub fn check_qmv(shape: QmvShape, dtype: Dtype, repeats: usize, rounds: usize) -
             "hangar_qmv does not take k {k}, {rows} rows, {bits} bits, groups of {group_size}, {dtype:?}"
         ))));
     }
-    let reference =
-        |x: &Array| quantized_matmul(x, &weight, &scales, &biases, true, group_size, bits);
-    let ours = |x: &Array| qmv(x, &weight, &scales, &biases, &params);
-    let expected = reference(&x)?.as_dtype(Dtype::Float32)?;
-    let got = ours(&x)?.as_dtype(Dtype::Float32)?;
+    let weight_bytes = weight.nbytes() + scales.nbytes() + biases.nbytes();
+    compare(
+        &x,
+        &|x| quantized_matmul(x, &weight, &scales, &biases, true, group_size, bits),
+        &|x| qmv(x, &weight, &scales, &biases, &params),
+        weight_bytes,
+        repeats,
+        rounds,
+    )
+}
+
+/// One sorted gathered product for [`check_gather_qmv`]: `experts` stacked
+/// `(n, k)` weights quantized to `bits` with `group_size`, and `rows` rows
+/// of `x` (tokens times experts per token), each with a pseudo-random
+/// expert, sorted by expert.
+#[derive(Debug, Clone, Copy)]
+pub struct GatherShape {
+    pub experts: i32,
+    pub k: i32,
+    pub n: i32,
+    pub rows: i32,
+    pub bits: i32,
+    pub group_size: i32,
+}
+
+/// Checks and times [`gather_qmv`] against MLX's
+/// `gather_qmm(..., sorted_indices = true)`, as [`check_qmv`] does;
+/// `weight_bytes` counts the experts the rows use.
+#[doc(hidden)]
+pub fn check_gather_qmv(
+    shape: GatherShape,
+    dtype: Dtype,
+    repeats: usize,
+    rounds: usize,
+) -> Result<QmvCheck> {
+    let GatherShape {
+        experts,
+        k,
+        n,
+        rows,
+        bits,
+        group_size,
+    } = shape;
+    use mlx_rs::ops::{gather_qmm, quantize};
+    use mlx_rs::random::normal;
+    use mlx_rs::transforms::eval;
+    let w = normal::<f32>(&[experts, n, k][..], None, 0.02, None)?.as_dtype(dtype)?;
+    let (weight, scales, biases) = quantize(&w, group_size, bits)?;
+    let x = normal::<f32>(&[rows, 1, k][..], None, None, None)?.as_dtype(dtype)?;
+    // A fixed linear congruential sequence: the same experts every run.
+    let mut state = 0x2545_f491_u64;
+    let mut chosen = (0..rows)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((state >> 33) % experts as u64) as u32
+        })
+        .collect::<Vec<_>>();
+    chosen.sort_unstable();
+    let used = {
+        let mut distinct = chosen.clone();
+        distinct.dedup();
+        distinct.len()
+    };
+    let indices = Array::from_slice(&chosen, &[rows]);
+    eval([&weight, &scales, &biases, &x, &indices])?;
+    drop(w);
+    let params = QuantParams {
+        group_size,
+        bits,
+        mode: QuantMode::Affine,
+    };
+    if !gather_fits(&x, &weight, &scales, &indices, &params) {
+        return Err(Error::Mlx(mlx_rs::error::Exception::custom(format!(
+            "hangar_gather_qmv does not take k {k}, {bits} bits, groups of {group_size}, {dtype:?}"
+        ))));
+    }
+    let weight_bytes =
+        (weight.nbytes() + scales.nbytes() + biases.nbytes()) / experts as usize * used;
+    compare(
+        &x,
+        &|x| {
+            gather_qmm(
+                x, &weight, &scales, &biases, None, &indices, true, group_size, bits, true,
+            )
+        },
+        &|x| gather_qmv(x, &weight, &scales, &biases, &indices, &params),
+        weight_bytes,
+        repeats,
+        rounds,
+    )
+}
+
+/// `ours` against `reference` on `x`: the largest difference relative to
+/// the reference's largest magnitude, and each one's median microseconds
+/// per product over `rounds` evaluations of `repeats` products at once.
+fn compare(
+    x: &Array,
+    reference: &dyn Fn(&Array) -> mlx_rs::error::Result<Array>,
+    ours: &dyn Fn(&Array) -> Result<Array>,
+    weight_bytes: usize,
+    repeats: usize,
+    rounds: usize,
+) -> Result<QmvCheck> {
+    use mlx_rs::ops::{abs, max};
+    use mlx_rs::transforms::eval;
+    let expected = reference(x)?.as_dtype(Dtype::Float32)?;
+    let got = ours(x)?.as_dtype(Dtype::Float32)?;
     let scale = max(&abs(&expected)?, None)?;
     let error = max(&abs(&got.subtract(&expected)?)?, None)?.divide(&scale)?;
     eval([&error])?;
     let max_error = error.item_cast::<f32>();
-    let time = |f: &dyn Fn(&Array) -> mlx_rs::error::Result<Array>| -> Result<f64> {
+    let time = |f: &dyn Fn(&Array) -> Result<Array>| -> Result<f64> {
         let mut times = Vec::new();
         for round in 0..=rounds {
             let started = std::time::Instant::now();
-            let outputs = (0..repeats)
-                .map(|_| f(&x))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let outputs = (0..repeats).map(|_| f(x)).collect::<Result<Vec<_>>>()?;
             eval(outputs.iter())?;
             if round > 0 {
                 times.push(started.elapsed().as_secs_f64() * 1e6 / repeats as f64);
@@ -408,10 +727,8 @@ pub fn check_qmv(shape: QmvShape, dtype: Dtype, repeats: usize, rounds: usize) -
         times.sort_by(f64::total_cmp);
         Ok(times[times.len() / 2])
     };
-    let mlx_us = time(&|x| reference(x))?;
-    let custom_us =
-        time(&|x| ours(x).map_err(|e| mlx_rs::error::Exception::custom(e.to_string())))?;
-    let weight_bytes = weight.nbytes() + scales.nbytes() + biases.nbytes();
+    let mlx_us = time(&|x| Ok(reference(x)?))?;
+    let custom_us = time(ours)?;
     Ok(QmvCheck {
         mlx_us,
         custom_us,

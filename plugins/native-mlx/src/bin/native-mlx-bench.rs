@@ -32,12 +32,22 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[command(about = "Benchmark native-mlx on MLX model folders")]
 struct Args {
     /// Model folders (config.json, safetensors, tokenizer.json).
-    #[arg(required_unless_present = "qmv_check")]
+    #[arg(required_unless_present_any = ["qmv_check", "gather_check"])]
     models: Vec<PathBuf>,
     /// On a GPU, quantized products of a few rows run on Hangar's own
     /// CUDA kernel (`LoadOptions::custom_qmv`).
     #[arg(long)]
     qmv: bool,
+    /// On a GPU, mixture-of-experts products over rows sorted by expert
+    /// run on Hangar's own CUDA kernel (`LoadOptions::custom_gather_qmv`).
+    #[arg(long)]
+    gather_qmv: bool,
+    /// Instead: Hangar's sorted gathered kernel against MLX's `gather_qmm`
+    /// at Qwen3-30B-A3B's and gpt-oss-20b's expert shapes (4- and 8-bit,
+    /// bfloat16; the rows of 1, 8, 64 and 512 tokens): microseconds per
+    /// product and the largest difference (GPU only).
+    #[arg(long)]
+    gather_check: bool,
     /// Instead: Hangar's quantized matrix-vector kernel against MLX's
     /// `quantized_matmul` on random weights at Qwen2.5-0.5B and 7B's
     /// matrix shapes (4- and 8-bit, groups of 64, bfloat16, 1 and 4 rows):
@@ -178,6 +188,7 @@ fn load(args: &Args, dir: &Path) -> Result<Session> {
     let options = LoadOptions {
         fuse_projections: args.unfused.then_some(false),
         custom_qmv: args.qmv,
+        custom_gather_qmv: args.gather_qmv,
         ..LoadOptions::default()
     };
     Session::load_with(dir, &options).with_context(|| format!("loading {}", dir.display()))
@@ -954,6 +965,9 @@ fn main() -> Result<()> {
     if args.qmv_check {
         return qmv_table(&args);
     }
+    if args.gather_check {
+        return gather_table(&args);
+    }
     if let Some(sizes) = &args.embed {
         println!("native-mlx on MLX {} ({})", mlx.version, mlx.device);
         for dir in &args.models {
@@ -1066,6 +1080,51 @@ fn qmv_table(args: &Args) -> Result<()> {
                     c.mlx_us / c.custom_us,
                     rate(c.mlx_us),
                     rate(c.custom_us),
+                    c.max_error
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `--gather-check`'s table.
+fn gather_table(args: &Args) -> Result<()> {
+    // (name, experts, experts a token, in, out).
+    const SHAPES: [(&str, i32, i32, i32, i32); 4] = [
+        ("30B-A3B gate/up", 128, 8, 2048, 768),
+        ("30B-A3B down", 128, 8, 768, 2048),
+        ("gpt-oss-20b gate/up", 32, 4, 2880, 2880),
+        ("gpt-oss-20b down", 32, 4, 2880, 2880),
+    ];
+    println!(
+        "| product | experts | in | out | bits | tokens | rows | MLX us | hangar us | speed-up | hangar GB/s | max rel. difference |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for bits in [4, 8] {
+        for (name, experts, per_token, k, n) in SHAPES {
+            for tokens in [1, 8, 64, 512] {
+                let shape = hangar_native_mlx::GatherShape {
+                    experts,
+                    k,
+                    n,
+                    rows: tokens * per_token,
+                    bits,
+                    group_size: 64,
+                };
+                let c = hangar_native_mlx::check_gather_qmv(
+                    shape,
+                    mlx_rs::Dtype::Bfloat16,
+                    20,
+                    args.runs.max(1),
+                )?;
+                println!(
+                    "| {name} | {experts} | {k} | {n} | {bits} | {tokens} | {} | {:.1} | {:.1} | {:.2}x | {:.0} | {:.1e} |",
+                    shape.rows,
+                    c.mlx_us,
+                    c.custom_us,
+                    c.mlx_us / c.custom_us,
+                    c.weight_bytes as f64 / c.custom_us / 1e3,
                     c.max_error
                 );
             }

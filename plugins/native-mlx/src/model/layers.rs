@@ -82,6 +82,8 @@ pub(crate) struct Layout {
     pub(crate) parallel: Parallel,
     /// Quantized products of a few rows run on `crate::qmv`'s kernel.
     pub(crate) custom_qmv: bool,
+    /// Sorted quantized expert products run on `crate::qmv::gather_qmv`.
+    pub(crate) custom_gather_qmv: bool,
 }
 
 /// One block of output rows of a weight matrix `(out, in)`.

@@ -59,6 +59,12 @@ pub struct LoadOptions {
     /// Hangar's own CUDA kernel (`src/qmv.rs`) instead of MLX's `qmv`.
     /// Off by default until a GPU run shows it faster; ignored on the CPU.
     pub custom_qmv: bool,
+    /// On a GPU, compute mixture-of-experts products over rows sorted by
+    /// expert (batches of 8 tokens or more) with Hangar's own CUDA kernel
+    /// (`crate::qmv::gather_qmv`), which reads each expert's weights once
+    /// for up to 8 of its rows, instead of MLX's `gather_qmm`, which reads
+    /// them again for every row. Ignored on the CPU.
+    pub custom_gather_qmv: bool,
 }
 
 impl Default for LoadOptions {
@@ -68,6 +74,7 @@ impl Default for LoadOptions {
             split_min_work: 1 << 18,
             fuse_projections: None,
             custom_qmv: false,
+            custom_gather_qmv: false,
         }
     }
 }
@@ -1266,6 +1273,7 @@ fn layout_for(options: &LoadOptions) -> Result<(Layout, bool)> {
             pretranspose: true,
             parallel: Parallel::cpu(options.cpu_threads.max(1), options.split_min_work)?,
             custom_qmv: false,
+            custom_gather_qmv: false,
         }
     } else {
         // GPU kernels read the row-major weights best, and one kernel
@@ -1275,6 +1283,7 @@ fn layout_for(options: &LoadOptions) -> Result<(Layout, bool)> {
             parallel: Parallel::none(),
             // A CUDA kernel: not for Metal.
             custom_qmv: options.custom_qmv && cfg!(target_os = "linux"),
+            custom_gather_qmv: options.custom_gather_qmv && cfg!(target_os = "linux"),
         }
     };
     Ok((layout, on_cpu))

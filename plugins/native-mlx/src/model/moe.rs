@@ -54,6 +54,9 @@ struct SwitchLinear {
     matrix: SwitchMatrix,
     /// `(experts, out)`, when the architecture has biases.
     bias: Option<Array>,
+    /// Sorted affine products run on `crate::qmv::gather_qmv` where it fits
+    /// (`Layout::custom_gather_qmv`).
+    custom_gather: bool,
 }
 
 impl SwitchLinear {
@@ -97,7 +100,11 @@ impl SwitchLinear {
         } else {
             None
         };
-        Ok(Self { matrix, bias })
+        Ok(Self {
+            matrix,
+            bias,
+            custom_gather: false,
+        })
     }
 
     /// Refuses dense experts that MLX cannot multiply on the CPU: its CPU
@@ -131,18 +138,27 @@ impl SwitchLinear {
                 biases,
                 params,
             } => match params.mode {
-                QuantMode::Affine => gather_qmm(
-                    x,
-                    weight,
-                    scales,
-                    biases.as_ref(),
-                    None,
-                    indices,
-                    true,
-                    params.group_size,
-                    params.bits,
-                    sorted,
-                )?,
+                QuantMode::Affine => match biases {
+                    Some(biases)
+                        if sorted
+                            && self.custom_gather
+                            && crate::qmv::gather_fits(x, weight, scales, indices, params) =>
+                    {
+                        crate::qmv::gather_qmv(x, weight, scales, biases, indices, params)?
+                    }
+                    _ => gather_qmm(
+                        x,
+                        weight,
+                        scales,
+                        biases.as_ref(),
+                        None,
+                        indices,
+                        true,
+                        params.group_size,
+                        params.bits,
+                        sorted,
+                    )?,
+                },
                 _ => Packed {
                     weight,
                     scales,
@@ -216,6 +232,7 @@ fn openai_experts(
             params,
         },
         bias: Some(bias),
+        custom_gather: false,
     };
     Ok([
         linear(
@@ -344,12 +361,19 @@ impl SparseMoe {
                     projection("down_proj")?,
                 ]
             };
-        let experts = SwitchGlu {
+        let mut experts = SwitchGlu {
             gate_proj,
             up_proj,
             down_proj,
             activation: moe.activation,
         };
+        for projection in [
+            &mut experts.gate_proj,
+            &mut experts.up_proj,
+            &mut experts.down_proj,
+        ] {
+            projection.custom_gather = layout.custom_gather_qmv;
+        }
         if on_cpu {
             experts
                 .gate_proj

@@ -3,7 +3,7 @@
 //! agree to the output dtype's rounding; elsewhere it must be refused with
 //! an error (the engine never asks for it there).
 
-use hangar_native_mlx::{check_qmv, probe, DeviceKind, QmvShape};
+use hangar_native_mlx::{check_gather_qmv, check_qmv, probe, DeviceKind, GatherShape, QmvShape};
 use mlx_rs::Dtype;
 
 #[test]
@@ -38,6 +38,46 @@ fn the_quantized_matrix_vector_kernel_matches_mlx_on_a_gpu_and_is_refused_elsewh
                 assert!(
                     c.max_error <= tolerance,
                     "{what}: differs from quantized_matmul by {} of its largest value",
+                    c.max_error
+                );
+            } else {
+                assert!(checked.is_err(), "{what}: ran without a GPU");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_sorted_gathered_kernel_matches_mlx_on_a_gpu_and_is_refused_elsewhere() {
+    let gpu = probe().expect("MLX answers").device == DeviceKind::Gpu;
+    // (experts, in, out, rows, bits, group size): one row, a few experts
+    // with more rows than a pass takes (8), most experts empty, 8 bits,
+    // an output count no block divides, the other group sizes.
+    let shapes = [
+        (8, 256, 128, 1, 4, 64),
+        (4, 512, 96, 37, 4, 64),
+        (64, 256, 64, 16, 4, 32),
+        (16, 384, 203, 64, 8, 128),
+    ];
+    for (experts, k, n, rows, bits, group_size) in shapes {
+        for (dtype, tolerance) in [(Dtype::Bfloat16, 1e-2), (Dtype::Float32, 1e-4)] {
+            let shape = GatherShape {
+                experts,
+                k,
+                n,
+                rows,
+                bits,
+                group_size,
+            };
+            let checked = check_gather_qmv(shape, dtype, 1, 1);
+            let what = format!(
+                "{experts} experts of {n}x{k}, {rows} rows, {bits} bits, groups of {group_size}, {dtype:?}"
+            );
+            if gpu {
+                let c = checked.unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(
+                    c.max_error <= tolerance,
+                    "{what}: differs from gather_qmm by {} of its largest value",
                     c.max_error
                 );
             } else {
