@@ -62,9 +62,9 @@ case "${1:-}" in
     cp .dev/b/* "$DIR"/
     xz -d -f "$DIR"/native-mlx-engine-tests.xz
     chmod +x "$DIR"/native-mlx-engine-tests
-    cat "$DIR"/cuda.part.* >"$DIR/mlx_cuda_13-0.32.2-py3-none-manylinux_2_35_x86_64.whl"
+    cat "$DIR"/cuda.part.* >"$DIR/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl"
     python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$DIR/site" \
-      "$DIR"/mlx_cuda_13-*.whl "$DIR"/mlx-0.32.2-*.whl "$DIR"/mlx_lm-*.whl
+      "$DIR"/mlx_cuda_13-*.whl "$DIR"/mlx-0.32.4-*.whl "$DIR"/mlx_lm-*.whl
     nvidia="${NVIDIA_SITE:-/opt/torch/.venv/lib/python3.12/site-packages}"
     libs="$(ls -d "$nvidia"/nvidia/*/lib | tr '\n' ':')$DIR/site/mlx/lib"
     cat >/tmp/gpu-env.sh <<ENV

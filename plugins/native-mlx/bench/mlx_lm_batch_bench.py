@@ -14,8 +14,6 @@ import time
 from mlx_lm import load
 from mlx_lm.generate import BatchGenerator
 
-import mlx_lm_compat  # noqa: F401  (quantized experts on the pinned MLX)
-
 
 def prompt(n, vocab):
     return [(i * 7919 + 13) % vocab for i in range(n)]

@@ -13,8 +13,6 @@ import time
 import mlx.core as mx
 from mlx_lm import load, stream_generate
 
-import mlx_lm_compat  # noqa: F401  (quantized experts on the pinned MLX)
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -17,8 +17,6 @@ import mlx.core as mx
 from mlx_lm import load
 from mlx_lm.generate import batch_generate, generate_step
 
-import mlx_lm_compat  # noqa: F401  (quantized experts on the pinned MLX)
-
 
 def prompt(n, vocab):
     """The bench binary's prompt ids (native-mlx-bench's `prompt`)."""

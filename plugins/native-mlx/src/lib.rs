@@ -23,7 +23,7 @@
 //! # Ok::<(), hangar_native_mlx::Error>(())
 //! ```
 //!
-//! Building needs MLX 0.32.2 (the `mlx-cpu` or `mlx-cuda-13` wheel on Linux)
+//! Building needs MLX 0.32.4 (the `mlx-cpu` or `mlx-cuda-13` wheel on Linux)
 //! and the patched `mlx-sys` that `scripts/native-mlx-prepare.sh` prepares;
 //! see this crate's README.
 

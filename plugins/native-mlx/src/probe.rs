@@ -28,7 +28,7 @@ impl fmt::Display for DeviceKind {
 /// The result of [`probe`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MlxProbe {
-    /// The version of the `libmlx` loaded at run time (`0.32.2`).
+    /// The version of the `libmlx` loaded at run time (`0.32.4`).
     pub version: String,
     /// The device new arrays are computed on.
     pub device: DeviceKind,
@@ -53,7 +53,7 @@ mod tests {
     #[test]
     fn reports_the_pinned_version_and_a_device() {
         let probe = probe().unwrap();
-        assert_eq!(probe.version, "0.32.2");
+        assert_eq!(probe.version, "0.32.4");
         // The CPU wheel in CI; a GPU where MLX finds one.
         assert!(matches!(probe.device, DeviceKind::Cpu | DeviceKind::Gpu));
     }

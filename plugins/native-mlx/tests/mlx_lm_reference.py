@@ -22,7 +22,6 @@ comparison needs. "chats" are rendered by transformers' apply_chat_template.
 import json
 import sys
 import time
-from pathlib import Path
 
 import mlx.core as mx
 from jinja2.exceptions import TemplateError
@@ -30,10 +29,6 @@ from mlx_lm import convert, load
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 from transformers import AutoTokenizer
-
-# mlx-lm's quantized experts on the pinned MLX (bench/mlx_lm_compat.py).
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import mlx_lm_compat  # noqa: E402,F401
 
 START = time.monotonic()
 

@@ -1,6 +1,6 @@
 //! Random-weight model folders and mlx-lm's reference outputs, made once per test run.
 //!
-//! Needs the venv of `scripts/python-env.sh` (mlx 0.32.2, mlx-lm); set
+//! Needs the venv of `scripts/python-env.sh` (mlx 0.32.4, mlx-lm); set
 //! `HANGAR_PYTHON` to use another interpreter.
 
 use std::path::{Path, PathBuf};
