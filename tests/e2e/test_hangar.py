@@ -275,7 +275,7 @@ def test_09_management(api, env):
     row = next((p for p in body["plugins"] if p["id"] == "mlx-lm"), None)
     assert row is not None, body
     assert row["status"] == "ready", row
-    assert row["engine_version"] == "0.32.4", row
+    assert row["engine_version"] == "0.32.2", row
 
     status, body = api(f"/api/resolve?model={LLAMA}")
     assert status == 200, body

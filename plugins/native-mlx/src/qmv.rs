@@ -83,6 +83,85 @@ template <> struct Load8<__half> {
     }
   }
 };
+
+// R consecutive output rows' 16-byte chunk c of MLX's packed weights (rows
+// `(K / (32 / BITS))` words apart from `w`), with the chunk group's scale
+// (times 2^BITS) and bias. Rows past N read row N - 1 again (the caller
+// writes nothing for them).
+template <typename T, int K, int BITS, int GS, int R>
+__device__ __forceinline__ void load_chunk(
+    const uint32_t* w, const T* scales, const T* biases, int first, int n, int c,
+    uint4 (&q)[R], float (&s)[R], float (&b)[R]) {
+  constexpr int WORDS = K / (32 / BITS);
+  constexpr int GROUPS = K / GS;
+  const int g = (c * (128 / BITS)) / GS;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const size_t row = size_t(min(first + r, n - 1));
+    q[r] = __ldg(reinterpret_cast<const uint4*>(w + row * WORDS) + c);
+    s[r] = static_cast<float>(scales[row * GROUPS + g]) * float(1 << BITS);
+    b[r] = static_cast<float>(biases[row * GROUPS + g]);
+  }
+}
+
+// Adds the chunk's products with the 128 / BITS values of x at xp to
+// acc[r][m]. A value's bits go into the top of a float's mantissa, making
+// 1 + q / 2^BITS, so sum(q x) = 2^BITS (sum(f x) - sum(x)), and the group
+// adds s sum(q x) + b sum(x).
+template <typename T, int BITS, int R, int M>
+__device__ __forceinline__ void add_chunk(
+    const T* xp, const uint4 (&q)[R], const float (&s)[R], const float (&b)[R],
+    float (&acc)[R][M], int m) {
+  constexpr int VALS = 128 / BITS;
+  constexpr int PER_WORD = 32 / BITS;
+  constexpr uint32_t MASK = (1u << BITS) - 1u;
+  float xv[VALS];
+  float xs = 0.0f;
+#pragma unroll
+  for (int v = 0; v < VALS; v += 8) {
+    Load8<T>::run(xp + v, xv + v);
+  }
+#pragma unroll
+  for (int v = 0; v < VALS; ++v) {
+    xs += xv[v];
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const uint32_t words[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
+    float fx = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < PER_WORD; ++j) {
+        const uint32_t bits = (words[i] >> (j * BITS)) & MASK;
+        const float f = __uint_as_float(0x3f800000u | (bits << (23 - BITS)));
+        fx = fmaf(f, xv[i * PER_WORD + j], fx);
+      }
+    }
+    acc[r][m] = fmaf(s[r], fx - xs, fmaf(b[r], xs, acc[r][m]));
+  }
+}
+
+// Sums each acc[r][m] over the warp; lane 0 writes the first `rows` rows
+// of x (those below N) to y, row m at y + m * n.
+template <typename T, int R, int M>
+__device__ __forceinline__ void store_rows(
+    float (&acc)[R][M], int rows, int first, int n, int lane, T* y) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float v = acc[r][m];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+      }
+      if (lane == 0 && m < rows && first + r < n) {
+        y[size_t(m) * n + first + r] = static_cast<T>(v);
+      }
+    }
+  }
+}
 "#;
 
 /// The kernel's body; `T` (x, scales, biases, y), `M` (rows of x), `K`
@@ -92,13 +171,7 @@ template <> struct Load8<__half> {
 /// (more bytes in flight), and each value of `x` is converted and summed
 /// once for all `R` rows.
 const SOURCE: &str = r#"
-  constexpr int VALS = 128 / BITS;            // values per 16-byte load
-  constexpr int PER_WORD = 32 / BITS;
-  constexpr int CHUNKS = K / VALS;            // 16-byte loads per row
-  constexpr int WORDS = K / PER_WORD;         // uint32 words per row
-  constexpr int GROUPS = K / GS;
-  constexpr uint32_t MASK = (1u << BITS) - 1u;
-  constexpr float SCALE = float(1 << BITS);
+  constexpr int CHUNKS = K / (128 / BITS);    // 16-byte loads per row
   const int lane = threadIdx.x & 31;
   const int first = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
   if (first >= N) {
@@ -114,61 +187,15 @@ const SOURCE: &str = r#"
   }
 #pragma unroll 2
   for (int c = lane; c < CHUNKS; c += 32) {
-    const int g = (c * VALS) / GS;
     uint4 q[R];
     float s[R], b[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      // Rows past N (the last warp) read row N - 1 again and write nothing.
-      const size_t row = size_t(min(first + r, N - 1));
-      q[r] = __ldg(reinterpret_cast<const uint4*>(w + row * WORDS) + c);
-      s[r] = static_cast<float>(scales[row * GROUPS + g]) * SCALE;
-      b[r] = static_cast<float>(biases[row * GROUPS + g]);
-    }
+    load_chunk<T, K, BITS, GS, R>(w, scales, biases, first, N, c, q, s, b);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      const T* xp = x + size_t(m) * K + size_t(c) * VALS;
-      float xv[VALS];
-      float xs = 0.0f;
-#pragma unroll
-      for (int v = 0; v < VALS; v += 8) {
-        Load8<T>::run(xp + v, xv + v);
-      }
-#pragma unroll
-      for (int v = 0; v < VALS; ++v) {
-        xs += xv[v];
-      }
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const uint32_t words[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
-        float fx = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-#pragma unroll
-          for (int j = 0; j < PER_WORD; ++j) {
-            const uint32_t bits = (words[i] >> (j * BITS)) & MASK;
-            const float f = __uint_as_float(0x3f800000u | (bits << (23 - BITS)));
-            fx = fmaf(f, xv[i * PER_WORD + j], fx);
-          }
-        }
-        acc[r][m] = fmaf(s[r], fx - xs, fmaf(b[r], xs, acc[r][m]));
-      }
+      add_chunk<T, BITS, R, M>(x + size_t(m) * K + size_t(c) * (128 / BITS), q, s, b, acc, m);
     }
   }
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float v = acc[r][m];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-      }
-      if (lane == 0 && first + r < N) {
-        y[size_t(m) * N + first + r] = static_cast<T>(v);
-      }
-    }
-  }
+  store_rows<T, R, M>(acc, M, first, N, lane, y);
 "#;
 
 /// The gathered product of MoE experts over rows sorted by expert (what
@@ -183,13 +210,9 @@ const SOURCE: &str = r#"
 /// count comes at run time (`idx_shape[0]`), so one compiled kernel serves
 /// every batch.
 const GATHER_SOURCE: &str = r#"
-  constexpr int VALS = 128 / BITS;
-  constexpr int PER_WORD = 32 / BITS;
-  constexpr int CHUNKS = K / VALS;
-  constexpr int WORDS = K / PER_WORD;
+  constexpr int CHUNKS = K / (128 / BITS);
+  constexpr int WORDS = K / (32 / BITS);
   constexpr int GROUPS = K / GS;
-  constexpr uint32_t MASK = (1u << BITS) - 1u;
-  constexpr float SCALE = float(1 << BITS);
   const int lane = threadIdx.x & 31;
   const int first = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
   if (first >= N) {
@@ -227,62 +250,17 @@ const GATHER_SOURCE: &str = r#"
     }
 #pragma unroll 2
     for (int c = lane; c < CHUNKS; c += 32) {
-      const int g = (c * VALS) / GS;
       uint4 q[R];
       float s[R], b[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const size_t row = size_t(min(first + r, N - 1));
-        q[r] = __ldg(reinterpret_cast<const uint4*>(we + row * WORDS) + c);
-        s[r] = static_cast<float>(se[row * GROUPS + g]) * SCALE;
-        b[r] = static_cast<float>(be[row * GROUPS + g]);
-      }
+      load_chunk<T, K, BITS, GS, R>(we, se, be, first, N, c, q, s, b);
 #pragma unroll
       for (int j = 0; j < C; ++j) {
         if (j < rows) {
-          const T* xp = x + size_t(base + j) * K + size_t(c) * VALS;
-          float xv[VALS];
-          float xs = 0.0f;
-#pragma unroll
-          for (int v = 0; v < VALS; v += 8) {
-            Load8<T>::run(xp + v, xv + v);
-          }
-#pragma unroll
-          for (int v = 0; v < VALS; ++v) {
-            xs += xv[v];
-          }
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            const uint32_t words[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
-            float fx = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-#pragma unroll
-              for (int t = 0; t < PER_WORD; ++t) {
-                const uint32_t bits = (words[i] >> (t * BITS)) & MASK;
-                const float f = __uint_as_float(0x3f800000u | (bits << (23 - BITS)));
-                fx = fmaf(f, xv[i * PER_WORD + t], fx);
-              }
-            }
-            acc[r][j] = fmaf(s[r], fx - xs, fmaf(b[r], xs, acc[r][j]));
-          }
+          add_chunk<T, BITS, R, C>(x + size_t(base + j) * K + size_t(c) * (128 / BITS), q, s, b, acc, j);
         }
       }
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-      for (int j = 0; j < C; ++j) {
-        float v = acc[r][j];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-          v += __shfl_xor_sync(0xffffffffu, v, o);
-        }
-        if (lane == 0 && j < rows && first + r < N) {
-          y[size_t(base + j) * N + first + r] = static_cast<T>(v);
-        }
-      }
-    }
+    store_rows<T, R, C>(acc, rows, first, N, lane, y + size_t(base) * N);
   }
 "#;
 
