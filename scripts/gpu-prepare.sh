@@ -28,15 +28,16 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 MLX=0.32.4
+MLX_LM=0.32.2
 WHL=.dev/whl
 PREFIX=.dev/prefix-$MLX
 mkdir -p "$WHL" .dev/a .dev/b
 
 if ! ls "$WHL"/mlx_cuda_13-"$MLX"-*.whl >/dev/null 2>&1; then
-  echo "gpu-prepare: downloading mlx-cuda-13, mlx and mlx-lm $MLX" >&2
+  echo "gpu-prepare: downloading mlx-cuda-13 and mlx $MLX, mlx-lm $MLX_LM" >&2
   python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_35_x86_64 --platform manylinux_2_17_x86_64 \
-    -d "$WHL" "mlx==$MLX" "mlx-cuda-13==$MLX" "mlx-lm==$MLX" >&2
+    -d "$WHL" "mlx==$MLX" "mlx-cuda-13==$MLX" "mlx-lm==$MLX_LM" >&2
 fi
 cuda="$(ls "$WHL"/mlx_cuda_13-"$MLX"-*.whl)"
 python="$(ls "$WHL"/mlx-"$MLX"-*.whl)"
@@ -105,7 +106,7 @@ for part in .dev/a/cuda.part.*; do
 done
 xz -T0 -c "$target/release/native-mlx-bench" >.dev/a/native-mlx-bench.xz
 [[ -f .dev/ptx.tar.xz ]] && cp .dev/ptx.tar.xz .dev/a/
-cp "$WHL"/mlx-"$MLX"-*.whl "$WHL"/mlx_lm-"$MLX"-*.whl .dev/b/
+cp "$WHL"/mlx-"$MLX"-*.whl "$WHL"/mlx_lm-"$MLX_LM"-*.whl .dev/b/
 xz -T0 -c "$tests" >.dev/b/native-mlx-engine-tests.xz
 du -sh .dev/a .dev/b >&2
 cat >&2 <<'TEXT'
