@@ -332,16 +332,21 @@ fn gather_kernel() -> &'static Kernel {
 /// 8-bit weights with groups of 32, 64 or 128, `x` of at most
 /// [`MAX_ROWS`] rows in the scales' float dtype.
 pub(crate) fn fits(x: &Array, weight: &Array, scales: &Array, params: &QuantParams) -> bool {
+    let rows = x.size() as i32 / x.dim(-1).max(1);
+    reads(x, weight, scales, params) && weight.ndim() == 2 && (1..=MAX_ROWS).contains(&rows)
+}
+
+/// Whether the kernels read this weight for this `x`: affine 4- or 8-bit
+/// groups of 32, 64 or 128 along rows of `x`'s width (a whole number of
+/// 16-byte loads), `x` in the scales' float dtype.
+fn reads(x: &Array, weight: &Array, scales: &Array, params: &QuantParams) -> bool {
     let k = x.dim(-1);
-    let rows = x.size() as i32 / k.max(1);
     matches!(params.mode, QuantMode::Affine)
         && matches!(params.bits, 4 | 8)
         && matches!(params.group_size, 32 | 64 | 128)
         && k % params.group_size == 0
         && k % (128 / params.bits) == 0
         && weight.dim(-1) * (32 / params.bits) == k
-        && weight.ndim() == 2
-        && (1..=MAX_ROWS).contains(&rows)
         && x.dtype() == scales.dtype()
         && matches!(x.dtype(), Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32)
 }
@@ -392,21 +397,13 @@ pub(crate) fn gather_fits(
     indices: &Array,
     params: &QuantParams,
 ) -> bool {
-    let k = x.dim(-1);
-    matches!(params.mode, QuantMode::Affine)
-        && matches!(params.bits, 4 | 8)
-        && matches!(params.group_size, 32 | 64 | 128)
-        && k % params.group_size == 0
-        && k % (128 / params.bits) == 0
+    reads(x, weight, scales, params)
         && weight.ndim() == 3
-        && weight.dim(-1) * (32 / params.bits) == k
         && x.ndim() == 3
         && x.dim(1) == 1
         && indices.ndim() == 1
         && indices.dim(0) == x.dim(0)
         && indices.dtype() == Dtype::Uint32
-        && x.dtype() == scales.dtype()
-        && matches!(x.dtype(), Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32)
 }
 
 /// `y[i] = x[i] @ W[indices[i]].T` for stacked affine-quantized experts
