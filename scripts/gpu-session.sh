@@ -23,9 +23,13 @@
 #              defaults; MLX_MAX_OPS_PER_BUFFER / MLX_MAX_MB_PER_BUFFER
 #              raised; MLX_USE_CUDA_GRAPHS=0), --breakdown, interleaved
 #              rounds; on GRAPH_SHAPES (default "qwen05 moe30")
-#   gather     the sorted MoE kernel: --gather-check, then moe30 (made
-#              first if missing) at 64 streams with MLX's gather_qmm against
-#              --gather-qmv, interleaved rounds, and its greedy ids
+#   tiles      the sorted MoE kernel against MLX's gather_qmm
+#              (--gather-check) for each NATIVE_MLX_GATHER_TILE of
+#              GATHER_TILES (default "1,2 1,4 1,8 2,2 2,4 4,2")
+#   gather     moe30 (made first if missing): greedy ids with and without
+#              --gather-qmv, then 64 streams with MLX's gather_qmm against
+#              --gather-qmv, interleaved rounds (the kernel's tile from
+#              NATIVE_MLX_GATHER_TILE, as the environment sets it)
 #   families   issue 35's benchmarks against mlx-lm, one shape a call
 #              (FAMILY: moe30, gptoss20 or gemma4b; made first if missing):
 #              ids, single stream and STREAMS (default "1 64")
@@ -130,9 +134,13 @@ for (shape, preset), rs in runs.items():
           f"{med('graph_build'):.0f} | {med('submit'):.0f} | {med('eval_wait'):.0f} |")
 PYTHON
       ;;
+    tiles)
+      for tile in ${GATHER_TILES:-1,2 1,4 1,8 2,2 2,4 4,2}; do
+        echo "## --gather-check, NATIVE_MLX_GATHER_TILE=$tile" >>"$log"
+        NATIVE_MLX_GATHER_TILE=$tile timeout 150 "$BIN" --gather-check --runs 3 >>"$log" 2>&1
+      done
+      ;;
     gather)
-      echo "## --gather-check" >>"$log"
-      timeout 150 "$BIN" --gather-check --runs 3 >>"$log" 2>&1
       moe="$(model moe30)"
       echo "## ids, --gather-qmv" >>"$log"
       timeout 120 "$BIN" --ids --company 8 --prompt-tokens 12 --gen-tokens 64 --gather-qmv "$moe" >>"$log" 2>&1
@@ -150,7 +158,7 @@ PYTHON
       STREAMS="${STREAMS-1 64}" timeout 540 "$REPO/scripts/gpu-bench.sh" "$BIN" "$shape" >>"$log" 2>&1
       ;;
     *)
-      echo "gpu-session: unknown part '$part' (models, kernels, q4, speculate, serve, engine, graphs, gather, families)" >&2
+      echo "gpu-session: unknown part '$part' (models, kernels, q4, speculate, serve, engine, graphs, tiles, gather, families)" >&2
       exit 2
       ;;
   esac

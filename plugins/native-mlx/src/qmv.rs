@@ -162,6 +162,65 @@ __device__ __forceinline__ void store_rows(
     }
   }
 }
+
+// Adds chunk q (R output rows) times the first `rows` of the C rows of x
+// at xp (rows K apart) to acc[r][j]. Unlike add_chunk, each weight value
+// is decoded once for all C rows: a value f = 1 + q / 2^BITS is scaled by
+// the group's s' = 2^BITS s, so s' f x = s' x + s q x, and the chunk adds
+// the bias less s' times the sum of x. Values go 8 at a time (one 16-byte
+// load of each row of x), which keeps C x 8 values of x in registers.
+template <typename T, int K, int BITS, int R, int C>
+__device__ __forceinline__ void add_chunk_rows(
+    const T* xp, int rows, const uint4 (&q)[R], const float (&s)[R], const float (&b)[R],
+    float (&acc)[R][C]) {
+  constexpr int PER_WORD = 32 / BITS;
+  constexpr uint32_t MASK = (1u << BITS) - 1u;
+  float xs[C];
+#pragma unroll
+  for (int j = 0; j < C; ++j) {
+    xs[j] = 0.0f;
+  }
+#pragma unroll
+  for (int slice = 0; slice < 16 / BITS; ++slice) {
+    float xv[C][8];
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      if (j < rows) {
+        Load8<T>::run(xp + size_t(j) * K + slice * 8, xv[j]);
+      } else {
+#pragma unroll
+        for (int v = 0; v < 8; ++v) {
+          xv[j][v] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int v = 0; v < 8; ++v) {
+        xs[j] += xv[j][v];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint32_t words[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
+#pragma unroll
+      for (int v = 0; v < 8; ++v) {
+        const int at = slice * 8 + v;
+        const uint32_t bits = (words[at / PER_WORD] >> ((at % PER_WORD) * BITS)) & MASK;
+        const float f = s[r] * __uint_as_float(0x3f800000u | (bits << (23 - BITS)));
+#pragma unroll
+        for (int j = 0; j < C; ++j) {
+          acc[r][j] = fmaf(f, xv[j][v], acc[r][j]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      acc[r][j] = fmaf(b[r] - s[r], xs[j], acc[r][j]);
+    }
+  }
+}
 "#;
 
 /// The kernel's body; `T` (x, scales, biases, y), `M` (rows of x), `K`
@@ -205,34 +264,39 @@ const SOURCE: &str = r#"
 /// one-row product, so every row reads its expert's whole matrix again: at
 /// 64 streams of a 128-expert model each expert's weights were read about
 /// four times a layer. Here block `(x, e)` finds expert `e`'s run of rows
-/// (a binary search in `idx`) and takes them `C` at a time, each weight
-/// chunk read once for all `C`. The arithmetic is [`SOURCE`]'s; `x`'s row
-/// count comes at run time (`idx_shape[0]`), so one compiled kernel serves
-/// every batch.
+/// (a binary search in `idx`, by one thread for the block) and takes them
+/// `C` at a time, each weight chunk read, and each value decoded, once for
+/// all `C` (`add_chunk_rows`). `x`'s row count comes at run time
+/// (`idx_shape[0]`), so one compiled kernel serves every batch.
 const GATHER_SOURCE: &str = r#"
   constexpr int CHUNKS = K / (128 / BITS);
   constexpr int WORDS = K / (32 / BITS);
   constexpr int GROUPS = K / GS;
+  // Expert e's rows, [span[0], span[1]) of the ascending idx: one thread
+  // of the block searches, the others wait for it.
+  __shared__ int span[2];
+  const int e = blockIdx.y;
+  if (threadIdx.x == 0) {
+    const int m = idx_shape[0];
+    int lo = 0, hi = m;
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (int(idx[mid]) < e) { lo = mid + 1; } else { hi = mid; }
+    }
+    int end = lo;
+    hi = m;
+    while (end < hi) {
+      const int mid = (end + hi) >> 1;
+      if (int(idx[mid]) <= e) { end = mid + 1; } else { hi = mid; }
+    }
+    span[0] = lo;
+    span[1] = end;
+  }
+  __syncthreads();
+  const int lo = span[0], end = span[1];
   const int lane = threadIdx.x & 31;
   const int first = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
-  if (first >= N) {
-    return;
-  }
-  const int e = blockIdx.y;
-  const int m = idx_shape[0];
-  // Expert e's rows: [lo, end) of the ascending idx.
-  int lo = 0, hi = m;
-  while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
-    if (int(idx[mid]) < e) { lo = mid + 1; } else { hi = mid; }
-  }
-  int end = lo;
-  hi = m;
-  while (end < hi) {
-    const int mid = (end + hi) >> 1;
-    if (int(idx[mid]) <= e) { end = mid + 1; } else { hi = mid; }
-  }
-  if (lo == end) {
+  if (lo == end || first >= N) {
     return;
   }
   const uint32_t* we = w + size_t(e) * N * WORDS;
@@ -253,19 +317,31 @@ const GATHER_SOURCE: &str = r#"
       uint4 q[R];
       float s[R], b[R];
       load_chunk<T, K, BITS, GS, R>(we, se, be, first, N, c, q, s, b);
-#pragma unroll
-      for (int j = 0; j < C; ++j) {
-        if (j < rows) {
-          add_chunk<T, BITS, R, C>(x + size_t(base + j) * K + size_t(c) * (128 / BITS), q, s, b, acc, j);
-        }
-      }
+      add_chunk_rows<T, K, BITS, R, C>(x + size_t(base) * K + size_t(c) * (128 / BITS), rows, q, s, b, acc);
     }
     store_rows<T, R, C>(acc, rows, first, N, lane, y + size_t(base) * N);
   }
 "#;
 
-/// Rows of `x` per pass of [`GATHER_SOURCE`] over an expert's weights.
-const GATHER_ROWS: i32 = 8;
+/// Output rows per warp (`R`) and rows of `x` per pass over an expert's
+/// weights (`C`) of [`GATHER_SOURCE`]: `NATIVE_MLX_GATHER_TILE` ("R,C", R
+/// of 1, 2 or 4, C of 2, 4 or 8), default 1,4. Both multiply the
+/// registers a thread holds (`R x C` sums and `C x 8` values of `x`), and
+/// more registers mean fewer warps on an SM to hide the loads' latency:
+/// 4,8 took 255 registers and spilled, 1,4 takes 64 (ptxas, sm_90).
+fn gather_tile() -> (i32, i32) {
+    static TILE: OnceLock<(i32, i32)> = OnceLock::new();
+    *TILE.get_or_init(|| {
+        std::env::var("NATIVE_MLX_GATHER_TILE")
+            .ok()
+            .and_then(|v| {
+                let (r, c) = v.split_once(',')?;
+                Some((r.trim().parse().ok()?, c.trim().parse().ok()?))
+            })
+            .filter(|(r, c)| matches!(r, 1 | 2 | 4) && matches!(c, 2 | 4 | 8))
+            .unwrap_or((1, 4))
+    })
+}
 
 /// The compiled-on-first-use kernel object (mlx-c's handle to MLX's
 /// `CustomKernelFunction`).
@@ -422,7 +498,7 @@ pub(crate) fn gather_qmv(
     let (m, k) = (x.dim(0), x.dim(-1));
     let (experts, n) = (weight.dim(0), weight.dim(1));
     let flat = x.reshape(&[m, k])?;
-    let r = rows_per_warp();
+    let (r, c) = gather_tile();
     let y = launch(Launch {
         kernel: gather_kernel(),
         what: "the gathered quantized kernel (hangar_gather_qmv)",
@@ -436,7 +512,7 @@ pub(crate) fn gather_qmv(
             ("BITS", params.bits),
             ("GS", params.group_size),
             ("R", r),
-            ("C", GATHER_ROWS),
+            ("C", c),
         ],
     })?;
     Ok(y.reshape(&[m, 1, n])?)
