@@ -25,7 +25,8 @@
 #              rounds; on GRAPH_SHAPES (default "qwen05 moe30")
 #   tiles      the sorted MoE kernel against MLX's gather_qmm
 #              (--gather-check) for each NATIVE_MLX_GATHER_TILE of
-#              GATHER_TILES (default "1,2 1,4 1,8 2,2 2,4 4,2")
+#              GATHER_TILES (default "1,2 1,4 1,8 2,2 2,4 4,2"); the
+#              fastest at 64 tokens goes to $OUT/best-tile
 #   gather     moe30 (made first if missing): greedy ids with and without
 #              --gather-qmv, then 64 streams with MLX's gather_qmm against
 #              --gather-qmv, interleaved rounds (the kernel's tile from
@@ -139,6 +140,27 @@ PYTHON
         echo "## --gather-check, NATIVE_MLX_GATHER_TILE=$tile" >>"$log"
         NATIVE_MLX_GATHER_TILE=$tile timeout 150 "$BIN" --gather-check --runs 3 >>"$log" 2>&1
       done
+      # Each product's time at 64 tokens (a 64-stream decoding step) per
+      # tile; the tile fastest for moe30's step goes to $LOGS/best-tile.
+      "$PY" - "$log" "$LOGS/best-tile" <<'PYTHON' >>"$log"
+import sys
+totals, tile = {}, None
+for line in open(sys.argv[1]):
+    if line.startswith("## "):
+        tile = line.strip().rsplit("=", 1)[1]
+    elif line.startswith("| ") and tile and not line.startswith("| product"):
+        cells = [c.strip() for c in line.strip("|\n").split("|")]
+        if len(cells) > 8 and cells[5] == "64":
+            totals.setdefault(tile, {})[cells[0] + ", " + cells[4] + " bits"] = (float(cells[7]), float(cells[8]))
+print("| tile | " + " | ".join(next(iter(totals.values())).keys()) + " |")
+for tile, products in totals.items():
+    print(f"| {tile} | " + " | ".join(f"{o:.1f} us (MLX {m:.1f})" for m, o in products.values()) + " |")
+# moe30's step: gate and up (each) and down, 4-bit.
+step = lambda t: sum(o * (2 if "gate" in p else 1) for p, (_, o) in totals[t].items() if p.startswith("30B") and p.endswith(" 4 bits"))
+best = min(totals, key=step)
+print("best tile", best)
+open(sys.argv[2], "w").write(best + "\n")
+PYTHON
       ;;
     gather)
       moe="$(model moe30)"
