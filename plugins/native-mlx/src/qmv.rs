@@ -325,10 +325,12 @@ const GATHER_SOURCE: &str = r#"
 
 /// Output rows per warp (`R`) and rows of `x` per pass over an expert's
 /// weights (`C`) of [`GATHER_SOURCE`]: `NATIVE_MLX_GATHER_TILE` ("R,C", R
-/// of 1, 2 or 4, C of 2, 4 or 8), default 1,4. Both multiply the
-/// registers a thread holds (`R x C` sums and `C x 8` values of `x`), and
-/// more registers mean fewer warps on an SM to hide the loads' latency:
-/// 4,8 took 255 registers and spilled, 1,4 takes 64 (ptxas, sm_90).
+/// of 1, 2 or 4, C of 2, 4 or 8), default 2,4. Both multiply the registers
+/// a thread holds (`R x C` sums and `C x 8` values of `x`), and more
+/// registers mean fewer warps on an SM to hide the loads' latency: 4,8
+/// took 255 registers and spilled (ptxas, sm_90), 2,4 takes 96. 2,4 was
+/// the fastest of 1,4, 2,4 and 1,8 on an H100 for every 4-bit product of
+/// `--gather-check` from 64 tokens on.
 fn gather_tile() -> (i32, i32) {
     static TILE: OnceLock<(i32, i32)> = OnceLock::new();
     *TILE.get_or_init(|| {
@@ -339,7 +341,7 @@ fn gather_tile() -> (i32, i32) {
                 Some((r.trim().parse().ok()?, c.trim().parse().ok()?))
             })
             .filter(|(r, c)| matches!(r, 1 | 2 | 4) && matches!(c, 2 | 4 | 8))
-            .unwrap_or((1, 4))
+            .unwrap_or((2, 4))
     })
 }
 
@@ -480,6 +482,19 @@ pub(crate) fn gather_fits(
         && indices.ndim() == 1
         && indices.dim(0) == x.dim(0)
         && indices.dtype() == Dtype::Uint32
+}
+
+/// Whether [`gather_qmv`] was measured faster than MLX's `gather_qmm` for
+/// a product it [`gather_fits`]: 4-bit experts with at least two rows of
+/// `x` per expert on average. On an H100 (`--gather-check`, tile 2,4) it
+/// took 0.69x and 0.91x of MLX's time for Qwen3-30B-A3B's products at 64
+/// tokens (4 rows per expert) and 0.44x-0.56x at 512, but 1.7x-2.1x of it
+/// at 8 tokens (half a row per expert), where MLX's one-row products read
+/// only the experts in use; 8-bit, its 768-wide down projection took 1.8x
+/// at 64 tokens. (gpt-oss-20b's 32 experts at 8 tokens, one row each:
+/// 0.85x, left to MLX by this rule.)
+pub(crate) fn gather_pays(x: &Array, weight: &Array, params: &QuantParams) -> bool {
+    params.bits == 4 && x.dim(0) >= 2 * weight.dim(0)
 }
 
 /// `y[i] = x[i] @ W[indices[i]].T` for stacked affine-quantized experts
@@ -786,4 +801,25 @@ fn compare(
         max_error,
         weight_bytes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gathered_kernel_is_chosen_for_4_bits_at_two_rows_per_expert() {
+        let params = |bits| QuantParams {
+            group_size: 64,
+            bits,
+            mode: QuantMode::Affine,
+        };
+        // Experts as MLX stores them: (experts, out, in / values per word).
+        let weight = Array::zeros::<u32>(&[16, 8, 32]).unwrap();
+        let x = |rows| Array::zeros::<f32>(&[rows, 1, 256]).unwrap();
+        assert!(gather_pays(&x(32), &weight, &params(4)));
+        assert!(gather_pays(&x(100), &weight, &params(4)));
+        assert!(!gather_pays(&x(31), &weight, &params(4)));
+        assert!(!gather_pays(&x(64), &weight, &params(8)));
+    }
 }

@@ -59,11 +59,12 @@ pub struct LoadOptions {
     /// Hangar's own CUDA kernel (`src/qmv.rs`) instead of MLX's `qmv`.
     /// Off by default until a GPU run shows it faster; ignored on the CPU.
     pub custom_qmv: bool,
-    /// On a GPU, compute mixture-of-experts products over rows sorted by
-    /// expert (batches of 8 tokens or more) with Hangar's own CUDA kernel
-    /// (`crate::qmv::gather_qmv`), which reads each expert's weights once
-    /// for up to 8 of its rows, instead of MLX's `gather_qmm`, which reads
-    /// them again for every row. Ignored on the CPU.
+    /// On a GPU, compute 4-bit mixture-of-experts products over rows sorted
+    /// by expert, at two or more rows per expert, with Hangar's own CUDA
+    /// kernel (`crate::qmv::gather_qmv`), which reads each expert's weights
+    /// once for up to 4 of its rows, instead of MLX's `gather_qmm`, which
+    /// reads them again for every row. Off by default until a GPU run of
+    /// a whole model shows it faster; ignored on the CPU.
     pub custom_gather_qmv: bool,
 }
 

@@ -142,7 +142,8 @@ impl SwitchLinear {
                     Some(biases)
                         if sorted
                             && self.custom_gather
-                            && crate::qmv::gather_fits(x, weight, scales, indices, params) =>
+                            && crate::qmv::gather_fits(x, weight, scales, indices, params)
+                            && crate::qmv::gather_pays(x, weight, params) =>
                     {
                         crate::qmv::gather_qmv(x, weight, scales, biases, indices, params)?
                     }

@@ -51,7 +51,7 @@ fn the_quantized_matrix_vector_kernel_matches_mlx_on_a_gpu_and_is_refused_elsewh
 fn the_sorted_gathered_kernel_matches_mlx_on_a_gpu_and_is_refused_elsewhere() {
     let gpu = probe().expect("MLX answers").device == DeviceKind::Gpu;
     // (experts, in, out, rows, bits, group size): one row, a few experts
-    // with more rows than a pass takes (8), most experts empty, 8 bits,
+    // with more rows than a pass takes (4), most experts empty, 8 bits,
     // an output count no block divides, the other group sizes.
     let shapes = [
         (8, 256, 128, 1, 4, 64),
