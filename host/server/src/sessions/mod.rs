@@ -125,6 +125,11 @@ enum Slot {
     /// while the model loads, or shutdown: a child of `closing`).
     Loading(LoadFuture, CancellationToken),
     Ready(Arc<Session>),
+    /// The last load failed (or was cancelled): kept so that a request the
+    /// scheduler admitted for that load hears its error, even when the
+    /// load failed before the request looked, instead of starting another
+    /// one. The scheduler's next load decision replaces it.
+    Failed(LoadError),
 }
 
 /// What [`Sessions::begin`] found: a ready session, or a load to await.
@@ -224,19 +229,28 @@ impl Sessions {
         &self.client
     }
 
-    /// The session serving `model`, loading it first if needed.
+    /// The session serving `model`, for a request the scheduler admitted:
+    /// the ready session, or the outcome of the load it began, even when
+    /// that load has already failed; a load is started here only when
+    /// none was (the session ended, or the load was never begun).
     pub(crate) async fn ensure(self: &Arc<Self>, model: &Model) -> Result<Arc<Session>, LoadError> {
-        match self.begin(model)? {
+        match self.slot(model, false)? {
             Begun::Ready(session) => Ok(session),
             Begun::Loading(load) => load.await,
         }
     }
 
     /// The model's session if it is ready, else its load, started now if
-    /// none runs (without waiting: the scheduler starts loads under its
-    /// lock, so that a load it decided cannot begin after an unload it
-    /// decided later).
+    /// none runs, a failed one included (without waiting: the scheduler
+    /// starts loads under its lock, so that a load it decided cannot begin
+    /// after an unload it decided later).
     pub(crate) fn begin(self: &Arc<Self>, model: &Model) -> Result<Begun, LoadError> {
+        self.slot(model, true)
+    }
+
+    /// [`Sessions::begin`], or with `after_failure` false
+    /// [`Sessions::ensure`]'s answer: the failed load's error.
+    fn slot(self: &Arc<Self>, model: &Model, after_failure: bool) -> Result<Begun, LoadError> {
         let mut slots = self.slots.lock().expect("slots lock");
         if self.closing.is_cancelled() {
             return Err(LoadError::ShuttingDown {
@@ -246,6 +260,7 @@ impl Sessions {
         Ok(match slots.get(&model.id) {
             Some(Slot::Ready(s)) if !s.ended.is_cancelled() => Begun::Ready(s.clone()),
             Some(Slot::Loading(load, _)) => Begun::Loading(load.clone()),
+            Some(Slot::Failed(e)) if !after_failure => return Err(e.clone()),
             _ => {
                 // The load runs as its own task: a client that gives up
                 // waiting does not cancel it for the others.
@@ -287,7 +302,7 @@ impl Sessions {
             .values()
             .filter_map(|s| match s {
                 Slot::Ready(s) => Some(s.clone()),
-                Slot::Loading(..) => None,
+                Slot::Loading(..) | Slot::Failed(_) => None,
             })
             .collect();
         sessions.sort_by(|a, b| a.model.id.cmp(&b.model.id));
@@ -325,7 +340,7 @@ impl Sessions {
                 cancel.cancel();
                 Some(Detached::Load(load.clone()))
             }
-            None => None,
+            Some(Slot::Failed(_)) | None => None,
         }
     }
 
@@ -334,7 +349,7 @@ impl Sessions {
     /// engine it was starting.
     pub(crate) async fn finish(&self, detached: Detached) {
         match detached {
-            // The slot goes when the load ends, so that a request arriving
+            // The slot stays the load until it ends, so that a request arriving
             // now waits for the cancelled load to finish stopping its engine
             // rather than starting a second one.
             Detached::Load(load) => {
@@ -383,7 +398,7 @@ impl Sessions {
                 .values()
                 .filter_map(|s| match s {
                     Slot::Loading(load, _) => Some(load.clone()),
-                    Slot::Ready(_) => None,
+                    Slot::Ready(_) | Slot::Failed(_) => None,
                 })
                 .collect()
         };
@@ -395,7 +410,7 @@ impl Sessions {
                 .drain()
                 .filter_map(|(_, s)| match s {
                     Slot::Ready(s) => Some(s),
-                    Slot::Loading(..) => None,
+                    Slot::Loading(..) | Slot::Failed(_) => None,
                 })
                 .collect()
         };
@@ -494,7 +509,7 @@ impl Sessions {
                 );
             }
             Err(e) => {
-                slots.remove(&model.id);
+                slots.insert(model.id.clone(), Slot::Failed(e.clone()));
                 drop(slots);
                 self.record("load_failed", &model.id, None, e.to_string());
             }
