@@ -25,7 +25,8 @@
 #              rounds; on GRAPH_SHAPES (default "qwen05 moe30")
 #   tiles      the sorted MoE kernel against MLX's gather_qmm
 #              (--gather-check) for each NATIVE_MLX_GATHER_TILE of
-#              GATHER_TILES (default "1,2 1,4 1,8 2,2 2,4 4,2"); the
+#              GATHER_TILES (default "2,4 2,4,1 1,4,1 1,8,1": R,C[,S],
+#              see qmv.rs's gather_tile); the
 #              fastest at 64 tokens goes to $OUT/best-tile
 #   gather     moe30 (made first if missing): greedy ids with and without
 #              --gather-qmv, then 64 streams with MLX's gather_qmm against
@@ -136,7 +137,7 @@ for (shape, preset), rs in runs.items():
 PYTHON
       ;;
     tiles)
-      for tile in ${GATHER_TILES:-1,2 1,4 1,8 2,2 2,4 4,2}; do
+      for tile in ${GATHER_TILES:-2,4 2,4,1 1,4,1 1,8,1}; do
         echo "## --gather-check, NATIVE_MLX_GATHER_TILE=$tile" >>"$log"
         NATIVE_MLX_GATHER_TILE=$tile timeout 150 "$BIN" --gather-check --runs 3 >>"$log" 2>&1
       done

@@ -294,16 +294,34 @@ const GATHER_SOURCE: &str = r#"
   }
   __syncthreads();
   const int lo = span[0], end = span[1];
-  const int lane = threadIdx.x & 31;
-  const int first = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
-  if (lo == end || first >= N) {
+  if (lo == end) {
     return;
   }
+  const int lane = threadIdx.x & 31;
+  const int first = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
   const uint32_t* we = w + size_t(e) * N * WORDS;
   const T* se = scales + size_t(e) * N * GROUPS;
   const T* be = biases + size_t(e) * N * GROUPS;
+  // With S, a pass's rows of x are copied to shared memory once for the
+  // block's warps (where they fit the 48 KB a block may declare), and
+  // every warp of the block, past N or not, takes part in the copy.
+  constexpr bool STAGE = S != 0 && C * K * sizeof(T) <= 48 * 1024;
+  __shared__ __align__(16) T staged[STAGE ? C * K : 1];
   for (int base = lo; base < end; base += C) {
     const int rows = min(C, end - base);
+    const T* xr = x + size_t(base) * K;
+    if (STAGE) {
+      constexpr int VECS = K * sizeof(T) / 16;  // 16-byte copies per row
+      __syncthreads();
+      for (int i = threadIdx.x; i < rows * VECS; i += blockDim.x) {
+        reinterpret_cast<uint4*>(staged)[i] = reinterpret_cast<const uint4*>(xr)[i];
+      }
+      __syncthreads();
+      xr = staged;
+    }
+    if (first >= N) {
+      continue;
+    }
     float acc[R][C];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -317,32 +335,46 @@ const GATHER_SOURCE: &str = r#"
       uint4 q[R];
       float s[R], b[R];
       load_chunk<T, K, BITS, GS, R>(we, se, be, first, N, c, q, s, b);
-      add_chunk_rows<T, K, BITS, R, C>(x + size_t(base) * K + size_t(c) * (128 / BITS), rows, q, s, b, acc);
+      add_chunk_rows<T, K, BITS, R, C>(xr + size_t(c) * (128 / BITS), rows, q, s, b, acc);
     }
     store_rows<T, R, C>(acc, rows, first, N, lane, y + size_t(base) * N);
   }
 "#;
 
-/// Output rows per warp (`R`) and rows of `x` per pass over an expert's
-/// weights (`C`) of [`GATHER_SOURCE`]: `NATIVE_MLX_GATHER_TILE` ("R,C", R
-/// of 1, 2 or 4, C of 2, 4 or 8), default 2,4. Both multiply the registers
-/// a thread holds (`R x C` sums and `C x 8` values of `x`), and more
-/// registers mean fewer warps on an SM to hide the loads' latency: 4,8
-/// took 255 registers and spilled (ptxas, sm_90), 2,4 takes 96. 2,4 was
-/// the fastest of 1,4, 2,4 and 1,8 on an H100 for every 4-bit product of
-/// `--gather-check` from 64 tokens on.
-fn gather_tile() -> (i32, i32) {
-    static TILE: OnceLock<(i32, i32)> = OnceLock::new();
+/// The tile of [`GATHER_SOURCE`]: output rows per warp (`R`), rows of `x`
+/// per pass over an expert's weights (`C`), and whether a pass's rows of
+/// `x` are staged in shared memory (`S`). `NATIVE_MLX_GATHER_TILE`
+/// ("R,C" or "R,C,S": R of 1, 2 or 4, C of 2, 4 or 8, S of 0 or 1),
+/// default 2,4,0. R and C multiply the registers a thread holds (`R x C`
+/// sums and `C x 8` values of `x`), and more registers mean fewer warps on
+/// an SM to hide the loads' latency: 4,8 took 255 registers and spilled
+/// (ptxas, sm_90), 2,4 takes about 100. 2,4 was the fastest of 1,4, 2,4
+/// and 1,8 on an H100 for every 4-bit product of `--gather-check` from 64
+/// tokens on. Staging, written because unstaged each lane reads 8 bytes
+/// of `x` per byte of weights at 2,4, has not run on a GPU yet.
+fn gather_tile() -> (i32, i32, i32) {
+    static TILE: OnceLock<(i32, i32, i32)> = OnceLock::new();
     *TILE.get_or_init(|| {
         std::env::var("NATIVE_MLX_GATHER_TILE")
             .ok()
-            .and_then(|v| {
-                let (r, c) = v.split_once(',')?;
-                Some((r.trim().parse().ok()?, c.trim().parse().ok()?))
-            })
-            .filter(|(r, c)| matches!(r, 1 | 2 | 4) && matches!(c, 2 | 4 | 8))
-            .unwrap_or((2, 4))
+            .and_then(|v| parse_tile(&v))
+            .unwrap_or((2, 4, 0))
     })
+}
+
+/// "R,C" or "R,C,S" ([`gather_tile`]), `None` when it is not one.
+fn parse_tile(text: &str) -> Option<(i32, i32, i32)> {
+    let fields = text
+        .split(',')
+        .map(|f| f.trim().parse().ok())
+        .collect::<Option<Vec<i32>>>()?;
+    let tile = match fields[..] {
+        [r, c] => (r, c, 0),
+        [r, c, s] => (r, c, s),
+        _ => return None,
+    };
+    (matches!(tile.0, 1 | 2 | 4) && matches!(tile.1, 2 | 4 | 8) && matches!(tile.2, 0 | 1))
+        .then_some(tile)
 }
 
 /// The compiled-on-first-use kernel object (mlx-c's handle to MLX's
@@ -513,7 +545,7 @@ pub(crate) fn gather_qmv(
     let (m, k) = (x.dim(0), x.dim(-1));
     let (experts, n) = (weight.dim(0), weight.dim(1));
     let flat = x.reshape(&[m, k])?;
-    let (r, c) = gather_tile();
+    let (r, c, stage) = gather_tile();
     let y = launch(Launch {
         kernel: gather_kernel(),
         what: "the gathered quantized kernel (hangar_gather_qmv)",
@@ -528,6 +560,7 @@ pub(crate) fn gather_qmv(
             ("GS", params.group_size),
             ("R", r),
             ("C", c),
+            ("S", stage),
         ],
     })?;
     Ok(y.reshape(&[m, 1, n])?)
@@ -821,5 +854,14 @@ mod tests {
         assert!(gather_pays(&x(100), &weight, &params(4)));
         assert!(!gather_pays(&x(31), &weight, &params(4)));
         assert!(!gather_pays(&x(64), &weight, &params(8)));
+    }
+
+    #[test]
+    fn a_gathered_tile_is_two_or_three_numbers_in_range() {
+        assert_eq!(parse_tile("2,4"), Some((2, 4, 0)));
+        assert_eq!(parse_tile(" 1, 8 ,1"), Some((1, 8, 1)));
+        for bad in ["", "2", "3,4", "2,16", "2,4,2", "2,4,0,1", "a,4"] {
+            assert_eq!(parse_tile(bad), None, "{bad:?}");
+        }
     }
 }
