@@ -977,3 +977,71 @@ async fn worker_notes(client: &reqwest::Client, base_url: &str) -> Vec<String> {
         .and_then(|mut v| serde_json::from_value(v["notes"].take()).ok())
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hangar_engine::models::{ModelKind, ModelSource};
+
+    /// Sessions over a registry with no plugins, so every load fails at
+    /// once (no plugin serves the model's format).
+    fn sessions(root: &std::path::Path) -> Arc<Sessions> {
+        let registry = Registry::scan(
+            &[root.join("plugins")],
+            &[],
+            hangar_engine::config::Config::default(),
+            hangar_engine::platform::detect(),
+        );
+        Sessions::new(
+            Arc::new(registry),
+            Arc::new(SettingsStore::open(None).unwrap()),
+            root.join("hangar"),
+            root.join("state"),
+            reqwest::Client::new(),
+        )
+    }
+
+    fn failures(sessions: &Sessions) -> usize {
+        let events = sessions.events();
+        events.iter().filter(|e| e.kind == "load_failed").count()
+    }
+
+    #[tokio::test]
+    async fn a_request_for_a_load_that_failed_hears_its_error_and_starts_no_other() {
+        let root = tempfile::tempdir().unwrap();
+        let sessions = sessions(root.path());
+        let path = root.path().join("m.gguf");
+        std::fs::write(&path, b"GGUF").unwrap();
+        let model = Model {
+            id: "m".into(),
+            path,
+            format: "gguf".into(),
+            source: ModelSource::Folder,
+            size_bytes: 4,
+            files: vec!["m.gguf".into()],
+            rule: "test".into(),
+            kind: ModelKind::Chat,
+            model_type: None,
+            vision: false,
+        };
+        // The scheduler decides the load; it fails before the request it
+        // was decided for looks (as a guest that traps at once does).
+        let Ok(Begun::Loading(load)) = sessions.begin(&model) else {
+            panic!("a load begins");
+        };
+        let failed = load.await.expect_err("no plugin serves gguf here");
+        assert_eq!(failures(&sessions), 1);
+        // That request hears the load's error; it starts no second load.
+        let heard = sessions.ensure(&model).await.expect_err("the load failed");
+        assert_eq!(heard.to_string(), failed.to_string());
+        assert_eq!(failures(&sessions), 1);
+        assert!(sessions.list().is_empty() && sessions.loading().is_empty());
+        assert!(sessions.detach("m", "unloaded on request").is_none());
+        // The scheduler's next decision tries again.
+        let Ok(Begun::Loading(again)) = sessions.begin(&model) else {
+            panic!("a new load begins over a failed one");
+        };
+        again.await.expect_err("still no plugin");
+        assert_eq!(failures(&sessions), 2);
+    }
+}
