@@ -26,6 +26,10 @@ use crate::settings::residency_of;
 /// How often memory is read and engines are looked at.
 const SAMPLE: Duration = Duration::from_secs(1);
 
+/// How many times a request is admitted when the session it was admitted
+/// for has gone by the time it looks (an engine that died, an unload).
+const ADMISSIONS: usize = 3;
+
 /// Why a request or load did not get a session.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum AdmitError {
@@ -299,7 +303,7 @@ impl Driver {
                 let this = self.clone();
                 tokio::spawn(async move {
                     let loaded = match begun {
-                        Ok(Begun::Ready(_)) => true,
+                        Ok(Begun::Ready) => true,
                         Ok(Begun::Loading(load)) => load.await.is_ok(),
                         Err(_) => false,
                     };
@@ -341,6 +345,26 @@ impl Driver {
         model: &Model,
     ) -> Result<(Arc<Session>, InFlight), AdmitError> {
         let at_once = self.sessions.at_once(model).await;
+        for _ in 0..ADMISSIONS {
+            let permit = self.admission(model, at_once).await?;
+            if let Some(session) = self.sessions.join(model).await? {
+                self.step(Event::Loaded(model.id.clone()));
+                let in_flight = session.begin_request().holding(Box::new(permit));
+                return Ok((session, in_flight));
+            }
+            drop(permit);
+            self.gone(&model.id);
+        }
+        Err(AdmitError::Load(ended_each_time(model)))
+    }
+
+    /// The request's turn: admitted at once, or after waiting in the queue
+    /// (dropping the future, as a client that leaves does, takes it out).
+    async fn admission(
+        self: &Arc<Self>,
+        model: &Model,
+        at_once: Option<usize>,
+    ) -> Result<Permit, AdmitError> {
         let (ticket, outcome) = {
             let mut inner = self.inner.lock().expect("scheduler lock");
             let ticket = inner.next_ticket;
@@ -375,8 +399,6 @@ impl Driver {
         };
         let queued = outcome.map_err(AdmitError::Refused)?;
         if let Some(rx) = queued {
-            // Dropping this future (the client left) drops the permit,
-            // which takes the request out of the queue.
             match rx.await {
                 Ok(Ok(())) => {}
                 Ok(Err(refusal)) => return Err(AdmitError::Refused(refusal)),
@@ -387,16 +409,32 @@ impl Driver {
                 }
             }
         }
-        let session = self.sessions.ensure(model).await?;
-        self.step(Event::Loaded(model.id.clone()));
-        let in_flight = session.begin_request().holding(Box::new(permit));
-        Ok((session, in_flight))
+        Ok(permit)
     }
 
     /// Loads `model` on an operator's request (or a pin), evicting what
     /// must go; refused when it cannot fit.
     pub(crate) async fn load(self: &Arc<Self>, model: &Model) -> Result<Arc<Session>, AdmitError> {
         let at_once = self.sessions.at_once(model).await;
+        for _ in 0..ADMISSIONS {
+            self.decide_load(model, at_once).await?;
+            if let Some(session) = self.sessions.join(model).await? {
+                // Known as loaded before the caller hears of it (the load's
+                // own task may report it a moment later).
+                self.step(Event::Loaded(model.id.clone()));
+                return Ok(session);
+            }
+            self.gone(&model.id);
+        }
+        Err(AdmitError::Load(ended_each_time(model)))
+    }
+
+    /// The scheduler's load decision for `model`, or its refusal.
+    async fn decide_load(
+        self: &Arc<Self>,
+        model: &Model,
+        at_once: Option<usize>,
+    ) -> Result<(), AdmitError> {
         // A model whose engine is being stopped (an unload answers before
         // its engine is gone) loads once it is: the stop takes at most the
         // engine's grace period.
@@ -418,18 +456,31 @@ impl Driver {
                 _ => None,
             });
             match refused {
-                None => break,
+                None => return Ok(()),
                 Some(_) if stopping && Instant::now() < stopped_by => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Some(refusal) => return Err(AdmitError::Refused(refusal)),
             }
         }
-        let session = self.sessions.ensure(model).await?;
-        // Known as loaded before the caller hears of it (the load's own
-        // task may report it a moment later).
-        self.step(Event::Loaded(model.id.clone()));
-        Ok(session)
+    }
+
+    /// Tells the machine that `model`, which it counts as ready, has no
+    /// session any more (its engine died, or it was unloaded outside the
+    /// scheduler), found by a request that was admitted for it or by the
+    /// background task; the machine's next decision loads it again.
+    fn gone(self: &Arc<Self>, model: &str) {
+        let mut inner = self.inner.lock().expect("scheduler lock");
+        self.gone_locked(&mut inner, model);
+    }
+
+    fn gone_locked(self: &Arc<Self>, inner: &mut Inner, model: &str) {
+        let ready = inner.machine.model(model).map(|m| m.residency) == Some(Residency::Ready);
+        // Loads begin under this lock, so a load cannot start between the
+        // look and the event.
+        if ready && !self.sessions.live(model) {
+            self.step_locked(inner, Event::Ended(model.to_string()));
+        }
     }
 
     /// Unloads `model`, answering at once with what it did: cancelled its
@@ -673,15 +724,9 @@ impl Driver {
         };
         let mut inner = self.inner.lock().expect("scheduler lock");
         // Ready models whose session is gone went away on their own.
-        let gone: Vec<String> = inner
-            .machine
-            .models()
-            .filter(|(_, m)| m.residency == Residency::Ready)
-            .map(|(id, _)| id.clone())
-            .filter(|id| self.sessions.of_model(id).is_none())
-            .collect();
-        for id in gone {
-            self.step_locked(&mut inner, Event::Ended(id));
+        let ids: Vec<String> = inner.machine.models().map(|(id, _)| id.clone()).collect();
+        for id in ids {
+            self.gone_locked(&mut inner, &id);
         }
         for (id, bytes) in held {
             self.step_locked(&mut inner, Event::Held(id, bytes));
@@ -689,5 +734,15 @@ impl Driver {
         if let Some(reading) = reading {
             self.step_locked(&mut inner, Event::Memory(reading));
         }
+    }
+}
+
+/// A request whose model's session went away each time it was admitted.
+fn ended_each_time(model: &Model) -> LoadError {
+    LoadError::Host {
+        model: model.id.clone(),
+        reason: format!(
+            "its session ended {ADMISSIONS} times between the request's admission and its start; send it again"
+        ),
     }
 }

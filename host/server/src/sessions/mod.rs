@@ -132,9 +132,9 @@ enum Slot {
     Failed(LoadError),
 }
 
-/// What [`Sessions::begin`] found: a ready session, or a load to await.
+/// What [`Sessions::begin`] found: the model ready, or a load to await.
 pub(crate) enum Begun {
-    Ready(Arc<Session>),
+    Ready,
     Loading(LoadFuture),
 }
 
@@ -230,27 +230,44 @@ impl Sessions {
     }
 
     /// The session serving `model`, for a request the scheduler admitted:
-    /// the ready session, or the outcome of the load it began, even when
-    /// that load has already failed; a load is started here only when
-    /// none was (the session ended, or the load was never begun).
-    pub(crate) async fn ensure(self: &Arc<Self>, model: &Model) -> Result<Arc<Session>, LoadError> {
-        match self.slot(model, false)? {
-            Begun::Ready(session) => Ok(session),
-            Begun::Loading(load) => load.await,
+    /// the ready session, or the outcome of its load in flight, even when
+    /// that load has already failed; `None` when there is neither (the
+    /// session ended, or was unloaded, after the admission), for the
+    /// scheduler to decide again. It starts no load: only the scheduler
+    /// does, so that every engine is counted against the memory guard.
+    pub(crate) async fn join(&self, model: &Model) -> Result<Option<Arc<Session>>, LoadError> {
+        let load = {
+            let slots = self.slots.lock().expect("slots lock");
+            if self.closing.is_cancelled() {
+                return Err(LoadError::ShuttingDown {
+                    model: model.id.clone(),
+                });
+            }
+            match slots.get(&model.id) {
+                Some(Slot::Ready(s)) if !s.ended.is_cancelled() => return Ok(Some(s.clone())),
+                Some(Slot::Loading(load, _)) => load.clone(),
+                Some(Slot::Failed(e)) => return Err(e.clone()),
+                Some(Slot::Ready(_)) | None => return Ok(None),
+            }
+        };
+        load.await.map(Some)
+    }
+
+    /// Whether a live session or a load serves `model`.
+    pub(crate) fn live(&self, model: &str) -> bool {
+        let slots = self.slots.lock().expect("slots lock");
+        match slots.get(model) {
+            Some(Slot::Ready(s)) => !s.ended.is_cancelled(),
+            Some(Slot::Loading(..)) => true,
+            Some(Slot::Failed(_)) | None => false,
         }
     }
 
     /// The model's session if it is ready, else its load, started now if
-    /// none runs, a failed one included (without waiting: the scheduler
+    /// none runs, over a failed one too (without waiting: the scheduler
     /// starts loads under its lock, so that a load it decided cannot begin
     /// after an unload it decided later).
     pub(crate) fn begin(self: &Arc<Self>, model: &Model) -> Result<Begun, LoadError> {
-        self.slot(model, true)
-    }
-
-    /// [`Sessions::begin`], or with `after_failure` false
-    /// [`Sessions::ensure`]'s answer: the failed load's error.
-    fn slot(self: &Arc<Self>, model: &Model, after_failure: bool) -> Result<Begun, LoadError> {
         let mut slots = self.slots.lock().expect("slots lock");
         if self.closing.is_cancelled() {
             return Err(LoadError::ShuttingDown {
@@ -258,9 +275,8 @@ impl Sessions {
             });
         }
         Ok(match slots.get(&model.id) {
-            Some(Slot::Ready(s)) if !s.ended.is_cancelled() => Begun::Ready(s.clone()),
+            Some(Slot::Ready(s)) if !s.ended.is_cancelled() => Begun::Ready,
             Some(Slot::Loading(load, _)) => Begun::Loading(load.clone()),
-            Some(Slot::Failed(e)) if !after_failure => return Err(e.clone()),
             _ => {
                 // The load runs as its own task: a client that gives up
                 // waiting does not cancel it for the others.
@@ -1024,6 +1040,10 @@ mod tests {
             model_type: None,
             vision: false,
         };
+        // A request joins only what the scheduler began: nothing yet.
+        assert!(sessions.join(&model).await.unwrap().is_none());
+        assert!(sessions.loading().is_empty() && !sessions.live("m"));
+        assert_eq!(failures(&sessions), 0);
         // The scheduler decides the load; it fails before the request it
         // was decided for looks (as a guest that traps at once does).
         let Ok(Begun::Loading(load)) = sessions.begin(&model) else {
@@ -1032,7 +1052,7 @@ mod tests {
         let failed = load.await.expect_err("no plugin serves gguf here");
         assert_eq!(failures(&sessions), 1);
         // That request hears the load's error; it starts no second load.
-        let heard = sessions.ensure(&model).await.expect_err("the load failed");
+        let heard = sessions.join(&model).await.expect_err("the load failed");
         assert_eq!(heard.to_string(), failed.to_string());
         assert_eq!(failures(&sessions), 1);
         assert!(sessions.list().is_empty() && sessions.loading().is_empty());

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use crate::fixtures::{allow_python, manifest, Scenario};
 use crate::inprocess::echo;
-use crate::serve::{alive, beta, beta_plugin, eventually, model, pid_of, Server};
+use crate::serve::{alive, beta, beta_plugin, eventually, kill9, model, pid_of, Server};
 
 /// A chat request to `tiny` that the echo engine answers in about
 /// `tokens` milliseconds.
@@ -320,6 +320,27 @@ fn an_unload_sent_while_the_model_loads_cancels_the_load() {
         "{health}"
     );
     assert_eq!(server.event_log("loaded"), Vec::<String>::new());
+}
+
+#[test]
+fn a_load_asked_for_right_after_the_engine_died_is_the_schedulers() {
+    // The engine takes 2 s to start, so the scheduler's once-a-second look
+    // at its models runs while it loads again.
+    let server = Server::with(|s| slow_alpha(s, 2));
+    let pid = pid_of(&server.load());
+    kill9(pid);
+    // Asked for as soon as the session is gone, most likely before the
+    // scheduler has looked: it still counts the model ready. A load
+    // started outside it was counted absent once it looked, and stayed
+    // so while its engine ran, outside the memory guard and eviction.
+    eventually("the session's removal", Duration::from_secs(10), || {
+        server.get("/api/sessions").1["sessions"] == json!([])
+    });
+    let again = pid_of(&server.load());
+    assert_ne!(again, pid);
+    let view = scheduler(&server);
+    assert_eq!(view["models"][0]["state"], "ready", "{view}");
+    assert_eq!(server.events("loaded"), 2);
 }
 
 #[test]
