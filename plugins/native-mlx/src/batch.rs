@@ -47,7 +47,7 @@ use crate::prefix::{block_hashes, PrefixCache, BLOCK};
 use crate::sampling::Sampler;
 use crate::session::{ids, StopMatcher};
 use crate::specprefill::{self, SpecPrefill};
-use crate::speculate::{verify_greedy, verify_sampled, Proposer};
+use crate::speculate::{verify_greedy, verify_sampled, Costs, Proposer};
 use crate::tokenizer::StreamDecoder;
 use crate::turn::mlx_turn;
 use crate::{Completion, FinishReason, GenerateRequest, Session, Timings, TokenEvent, Usage};
@@ -434,13 +434,15 @@ struct Engine {
     next_id: usize,
     open: bool,
     stats: Arc<Mutex<StepStats>>,
-    /// When the tokens of the last step were read.
-    last_read: Option<Instant>,
+    /// When the tokens of the last step were read, and whether it was a
+    /// plain step of one sequence.
+    last_read: Option<(Instant, bool)>,
     /// Grammar work not yet counted in `stats`: masks and time.
     grammar_work: (u64, Duration),
     /// How long a plain decoding step of one sequence takes (a moving
-    /// average): what a speculative pass's tokens would have cost.
-    plain_step: Option<f64>,
+    /// average: what a speculative pass's tokens would have cost), and
+    /// each size of verifying pass.
+    costs: Costs,
 }
 
 impl Engine {
@@ -475,7 +477,7 @@ impl Engine {
             stats,
             last_read: None,
             grammar_work: (0, Duration::ZERO),
-            plain_step: None,
+            costs: Costs::default(),
         }
     }
 
@@ -615,6 +617,11 @@ impl Engine {
                     });
                     self.tags.push(self.next_id);
                     self.next_id += 1;
+                    // The next read's time includes starting it: no plain
+                    // step's.
+                    if let Some((_, plain)) = &mut self.last_read {
+                        *plain = false;
+                    }
                 }
                 Err(e) => {
                     let _ = job.events.send(Event::Done(Err(e)));
@@ -767,6 +774,7 @@ impl Engine {
         let queued = self.build()?;
         if let Some(previous) = std::mem::replace(&mut self.in_flight, queued) {
             self.read(previous)?;
+            self.look_for_proposals();
         }
         // The grammars have taken those tokens: the waiting draws can be masked.
         if let Some(step) = self.deferred.take() {
@@ -785,10 +793,15 @@ impl Engine {
         {
             previous.tokens.eval()?;
             let now = Instant::now();
-            if let Some(before) = self.last_read.replace(now) {
-                if previous.tags.len() == 1 && previous.prompt_tokens == 0 {
+            // A plain step of one sequence, read right after another: the
+            // time between is that step's (a prompt chunk's read waits for
+            // no token, so the step after it pays for the chunk too).
+            let plain = previous.tags.len() == 1 && previous.prompt_tokens == 0;
+            if let Some((before, after_plain)) = self.last_read.replace((now, plain)) {
+                if plain && after_plain {
                     let took = (now - before).as_secs_f64();
-                    self.plain_step = Some(self.plain_step.map_or(took, |p| 0.9 * p + 0.1 * took));
+                    let plain = self.costs.plain.map_or(took, |p| 0.9 * p + 0.1 * took);
+                    self.costs.plain = Some(plain);
                 }
                 let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
                 stats.record(previous.tags.len(), previous.prompt_tokens, now - before);
@@ -806,8 +819,22 @@ impl Engine {
         Ok(())
     }
 
+    /// A lone sequence whose proposer found nothing to propose (or rests)
+    /// looks again after the tokens it has now: it speculates from the next
+    /// step on if there is something.
+    fn look_for_proposals(&mut self) {
+        let [seq] = self.active.as_mut_slice() else {
+            return;
+        };
+        let Some(proposer) = seq.proposer.as_mut().filter(|p| p.quiet) else {
+            return;
+        };
+        proposer.look(&seq.prompt, &seq.token_ids);
+    }
+
     /// Whether the next step is a speculative one: one sequence decodes,
-    /// alone (nobody waits), without a grammar, and proposes.
+    /// alone (nobody waits), without a grammar, and has something to
+    /// propose.
     fn speculating(&self) -> bool {
         let [seq] = self.active.as_slice() else {
             return false;
@@ -817,7 +844,7 @@ impl Engine {
             && seq.finished.is_none()
             && seq.prefilled()
             && seq.constraint.is_none()
-            && seq.proposer.is_some()
+            && seq.proposer.as_ref().is_some_and(|p| !p.quiet)
             && seq.skipped == 0
             && seq.sampled < seq.job.request.max_tokens
     }
@@ -839,7 +866,6 @@ impl Engine {
         let began = Instant::now();
         self.go_alone()?;
         let seq = &mut self.active[0];
-        seq.pending = None;
         let last = match seq.token_ids.last() {
             Some(&id) if seq.sampled > 0 => id,
             _ => seq.prompt[seq.prompt.len() - 1],
@@ -859,8 +885,21 @@ impl Engine {
             room,
             self.drafter.as_ref(),
             Some(&self.session.model),
+            Some(&self.costs),
         )?;
         let proposed = proposing.elapsed();
+        proposer.proposed_in(proposal.tokens.len(), proposed.as_secs_f64());
+        if proposal.tokens.is_empty() {
+            // Nothing to verify: the plain path takes the next token until
+            // there is something. Its input is on the host: the step that
+            // made it is no longer in flight.
+            if seq.pending.take().is_some() {
+                seq.unfed = true;
+            }
+            proposer.quiet = true;
+            return Ok(());
+        }
+        seq.pending = None;
         let mut input = Vec::with_capacity(proposal.tokens.len() + 1);
         input.push(last);
         input.extend_from_slice(&proposal.tokens);
@@ -921,8 +960,11 @@ impl Engine {
                 break;
             }
         }
-        if let (Some(plain), Some(proposer)) = (self.plain_step, &mut self.active[0].proposer) {
-            let saved = produced.len() as f64 * plain - began.elapsed().as_secs_f64();
+        let took = began.elapsed();
+        self.costs
+            .verified(input.len(), (took - proposed).as_secs_f64());
+        if let (Some(plain), Some(proposer)) = (self.costs.plain, &mut self.active[0].proposer) {
+            let saved = produced.len() as f64 * plain - took.as_secs_f64();
             let usage = &mut proposer.usage;
             usage.time_saved = Some(usage.time_saved.unwrap_or(0.0) + saved);
         }

@@ -70,6 +70,56 @@ pub const MAX_K: usize = 8;
 /// The longest n-gram prompt lookup matches; shorter ones are tried after.
 const MAX_NGRAM: usize = 3;
 
+/// The shortest match prompt lookup proposes after. After a match of one
+/// token the proposals are seldom kept (SmolLM2-135M on the bench's edit
+/// and copy prompts, k 4: 0.38 and 0.13 tokens kept a pass after one-token
+/// matches, against 1.2 and 0.7 after two and 1.8 and 2.5 after three),
+/// and a pass that keeps nothing costs more than the plain step it
+/// replaces.
+const MIN_LOOKUP_NGRAM: usize = 2;
+
+/// Plain tokens a proposer rests for when no pass is expected to pay, at
+/// first and at most (doubled each time in a row); after a rest it
+/// proposes once by its acceptance rate alone, which keeps the rate fresh.
+const REST: usize = 16;
+const MAX_REST: usize = 512;
+
+/// What decoding costs on this engine, for choosing how many tokens to
+/// propose: a plain step of one sequence, and a verifying pass of each
+/// number of rows (seconds, exponential averages, as the batcher measures
+/// them). Speed is the hardware's and the model's, so it is learnt across
+/// requests; how often proposals are kept is each request's.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Costs {
+    pub plain: Option<f64>,
+    verify: [Option<f64>; MAX_K + 2],
+}
+
+impl Costs {
+    /// Counts a verifying pass of `rows` rows that took `seconds`.
+    pub(crate) fn verified(&mut self, rows: usize, seconds: f64) {
+        if let Some(slot) = self.verify.get_mut(rows) {
+            *slot = Some(slot.map_or(seconds, |t| 0.8 * t + 0.2 * seconds));
+        }
+    }
+
+    /// What a pass of `rows` rows is expected to take: as measured, else
+    /// on the line from a plain step (one row) through the measured size
+    /// nearest to it; a plain step while nothing is measured.
+    fn pass(&self, rows: usize, plain: f64) -> f64 {
+        if let Some(t) = self.verify.get(rows).copied().flatten() {
+            return t;
+        }
+        let nearest = (2..self.verify.len())
+            .filter_map(|r| Some((r, self.verify[r]?)))
+            .min_by_key(|&(r, _)| r.abs_diff(rows));
+        match nearest {
+            Some((r, t)) => plain + (t - plain) * (rows - 1) as f64 / (r - 1) as f64,
+            None => plain,
+        }
+    }
+}
+
 /// Speculation's counts for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct SpecUsage {
@@ -102,6 +152,19 @@ pub(crate) struct Proposer {
     /// The MTP layer's state of this sequence, when it proposes.
     mtp: Option<MtpState>,
     pub(crate) usage: SpecUsage,
+    /// Set when the last look found nothing to propose, or the proposer
+    /// rests: the sequence then decodes on the plain path (whose steps
+    /// overlap the host's work with the device's) until
+    /// [`Proposer::wants`] finds something again.
+    pub(crate) quiet: bool,
+    /// Seconds this proposer takes to propose a token (an exponential
+    /// average): nothing for lookup, a drafter's step for a draft model.
+    propose_time: Option<f64>,
+    /// Plain tokens to decode before proposing again, the rest after the
+    /// next, and whether the rest just ended (the next pass explores).
+    rest: usize,
+    next_rest: usize,
+    explore: bool,
 }
 
 /// Proposed tokens and where they came from.
@@ -132,7 +195,47 @@ impl Proposer {
             rate: 0.5,
             draft: DraftState::default(),
             usage: SpecUsage::default(),
+            quiet: false,
+            propose_time: None,
+            rest: 0,
+            next_rest: REST,
+            explore: false,
         }
+    }
+
+    /// After a plain token: whether the proposer has something to propose
+    /// after `prompt` and `answer` (see [`Proposer::wants`]) and is not
+    /// resting.
+    pub(crate) fn look(&mut self, prompt: &[u32], answer: &[u32]) {
+        if self.rest > 0 {
+            self.rest -= 1;
+            self.explore = self.rest == 0;
+            return;
+        }
+        let context: Vec<u32> = prompt.iter().chain(answer).copied().collect();
+        self.quiet = !self.wants(&context, answer.len());
+    }
+
+    /// Whether [`Proposer::propose`] would propose anything after
+    /// `context` (of which the last `answer_len` tokens are the answer),
+    /// without proposing: a draft model and the MTP layer always do, a
+    /// prediction where the answer still follows it, lookup after a match
+    /// of [`MIN_LOOKUP_NGRAM`] tokens or more.
+    pub(crate) fn wants(&self, context: &[u32], answer_len: usize) -> bool {
+        if self.spec.draft_model || self.spec.mtp {
+            return true;
+        }
+        if let Some(prediction) = self.spec.prediction.as_deref().filter(|p| !p.is_empty()) {
+            let answer = &context[context.len() - answer_len..];
+            let at = match answer_len {
+                0 => Some(0),
+                _ => follow(prediction, answer, self.cursor),
+            };
+            if at.is_some_and(|at| at < prediction.len()) {
+                return true;
+            }
+        }
+        self.spec.prompt_lookup && !lookup(context, 1).is_empty()
     }
 
     /// The MTP layer's state, when it proposes: the engine hands it the
@@ -141,7 +244,49 @@ impl Proposer {
         self.mtp.as_mut()
     }
 
-    /// How many tokens to propose now.
+    /// How many tokens a proposer that is not a prediction proposes now,
+    /// at most `limit` (`wanted` by the acceptance rate alone): for
+    /// `k = 0`, the number expected to give the most tokens a second by
+    /// the acceptance rate and what passes cost on this engine (`costs`),
+    /// or none, and a rest, where no pass is expected to beat plain
+    /// decoding. Each token is kept with the acceptance rate `a`, so a pass
+    /// of `k` proposals gives `1 + a + ... + a^k` tokens.
+    fn paying(&mut self, wanted: usize, limit: usize, costs: &Costs) -> usize {
+        let Some(plain) = costs.plain.filter(|_| self.spec.k == 0 && !self.explore) else {
+            self.explore = false;
+            return wanted;
+        };
+        let a = f64::from(self.rate);
+        let propose = self.propose_time.unwrap_or(0.0);
+        let best = (1..=limit.min(MAX_K))
+            .map(|k| {
+                let tokens = (0..=k).map(|i| a.powi(i as i32)).sum::<f64>();
+                let time = costs.pass(k + 1, plain) + k as f64 * propose;
+                (k, tokens / time)
+            })
+            .max_by(|x, y| x.1.total_cmp(&y.1));
+        match best {
+            Some((k, rate)) if rate * plain > 1.0 => {
+                self.next_rest = REST;
+                k
+            }
+            _ => {
+                self.rest = self.next_rest;
+                self.next_rest = (2 * self.next_rest).min(MAX_REST);
+                0
+            }
+        }
+    }
+
+    /// Counts the time a proposal of `proposed` tokens took to make.
+    pub(crate) fn proposed_in(&mut self, proposed: usize, seconds: f64) {
+        if proposed > 0 {
+            let each = seconds / proposed as f64;
+            self.propose_time = Some(self.propose_time.map_or(each, |t| 0.7 * t + 0.3 * each));
+        }
+    }
+
+    /// How many tokens to propose now, by the acceptance rate alone.
     fn k(&self) -> usize {
         match self.spec.k {
             0 => {
@@ -158,7 +303,8 @@ impl Proposer {
     /// so far), from `answer_len` tokens of answer; `drafter` is the
     /// engine's draft model, if it has one, and `model` the model whose MTP
     /// layer proposes (where `mtp` is on). A prediction that the answer
-    /// follows comes first.
+    /// follows comes first; the other proposers propose as many tokens as
+    /// pay by `costs` (see [`Proposer::paying`]; all they want without).
     pub(crate) fn propose(
         &mut self,
         context: &[u32],
@@ -166,6 +312,7 @@ impl Proposer {
         limit: usize,
         drafter: Option<&Drafter>,
         model: Option<&Model>,
+        costs: Option<&Costs>,
     ) -> Result<Proposal> {
         let k = self.k().min(limit);
         if k == 0 {
@@ -193,6 +340,17 @@ impl Proposer {
                     drafted_after: None,
                 });
             }
+        }
+        let lookup_only = !self.spec.mtp && !self.spec.draft_model;
+        if lookup_only && (!self.spec.prompt_lookup || lookup(context, 1).is_empty()) {
+            return Ok(Proposal::none());
+        }
+        let k = match costs {
+            Some(costs) => self.paying(k, limit, costs),
+            None => k,
+        };
+        if k == 0 {
+            return Ok(Proposal::none());
         }
         if let (Some(mtp), Some(model)) = (self.mtp.as_mut(), model) {
             return Ok(Proposal {
@@ -269,10 +427,10 @@ fn follow(prediction: &[u32], answer: &[u32], cursor: usize) -> Option<usize> {
 
 /// Prompt lookup: the up to `k` tokens that followed the latest earlier
 /// occurrence of the longest suffix of `context` (of [`MAX_NGRAM`] tokens
-/// down to 1) that occurred before.
+/// down to [`MIN_LOOKUP_NGRAM`]) that occurred before.
 pub(crate) fn lookup(context: &[u32], k: usize) -> Vec<u32> {
     let len = context.len();
-    for n in (1..=MAX_NGRAM.min(len.saturating_sub(1))).rev() {
+    for n in (MIN_LOOKUP_NGRAM..=MAX_NGRAM.min(len.saturating_sub(1))).rev() {
         let tail = &context[len - n..];
         // Latest start first, the suffix itself excluded.
         for start in (0..len - n).rev() {
@@ -358,7 +516,9 @@ mod tests {
         let context = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 1, 2, 3];
         assert_eq!(lookup(&context, 2), vec![7, 8]);
         // Shorter n-grams after longer ones; the context's end bounds it.
-        assert_eq!(lookup(&[5, 6, 4, 6], 3), vec![4, 6]);
+        assert_eq!(lookup(&[5, 6, 4, 5, 6], 5), vec![4, 5, 6]);
+        // A match of one token proposes nothing.
+        assert_eq!(lookup(&[5, 6, 4, 6], 3), Vec::<u32>::new());
         assert_eq!(lookup(&[1, 2, 3], 3), Vec::<u32>::new());
         assert_eq!(lookup(&[], 3), Vec::<u32>::new());
     }
@@ -373,21 +533,123 @@ mod tests {
         let prompt = [1, 2];
         // No answer yet: the prediction's head.
         assert_eq!(
-            p.propose(&prompt, 0, 8, None, None).unwrap().tokens,
+            p.propose(&prompt, 0, 8, None, None, None).unwrap().tokens,
             vec![10, 11, 12]
         );
         // The answer took 10 11 then went its own way (20): nothing
         // matches 20, and lookup is off.
-        let proposal = p.propose(&[1, 2, 10, 11, 20], 3, 8, None, None).unwrap();
+        let proposal = p
+            .propose(&[1, 2, 10, 11, 20], 3, 8, None, None, None)
+            .unwrap();
         assert!(proposal.tokens.is_empty());
         // Back on it at 13: the prediction goes on after it.
         let proposal = p
-            .propose(&[1, 2, 10, 11, 20, 13], 4, 2, None, None)
+            .propose(&[1, 2, 10, 11, 20, 13], 4, 2, None, None, None)
             .unwrap();
         assert_eq!(proposal.tokens, vec![14, 15]);
         p.record(&proposal, 1);
         assert_eq!(p.usage.accepted_prediction, 1);
         assert_eq!(p.usage.rejected_prediction, 1);
+    }
+
+    /// Costs where a verifying pass of `rows` rows takes `per_row(rows)`
+    /// plain steps of 10 ms, for 2 to 9 rows.
+    fn costs(per_row: impl Fn(usize) -> f64) -> Costs {
+        let mut c = Costs {
+            plain: Some(0.010),
+            ..Costs::default()
+        };
+        for rows in 2..=MAX_K + 1 {
+            c.verified(rows, 0.010 * per_row(rows));
+        }
+        c
+    }
+
+    #[test]
+    fn a_pass_is_expected_to_cost_what_passes_of_its_size_cost() {
+        let mut c = Costs {
+            plain: Some(0.010),
+            ..Costs::default()
+        };
+        // Nothing measured: a plain step.
+        assert_eq!(c.pass(5, 0.010), 0.010);
+        // One size measured: the line from a plain step through it.
+        c.verified(3, 0.030);
+        assert!((c.pass(5, 0.010) - 0.050).abs() < 1e-12);
+        assert_eq!(c.pass(3, 0.010), 0.030);
+        // The measured size nearest to it draws the line.
+        c.verified(9, 0.018);
+        assert!((c.pass(8, 0.010) - 0.017).abs() < 1e-12);
+    }
+
+    #[test]
+    fn proposals_are_made_only_where_a_pass_is_expected_to_pay() {
+        let lookup = || {
+            Proposer::new(Speculation {
+                prompt_lookup: true,
+                ..Speculation::default()
+            })
+        };
+        // A device where a pass of any size costs 1.3 plain steps (an H100
+        // at 7B): at the starting rate of 0.5 a pass pays, with many tokens.
+        let mut p = lookup();
+        let k = p.paying(2, MAX_K, &costs(|_| 1.3));
+        assert!(k >= 2, "{k}");
+        // A CPU where each row of a pass costs most of a plain step (the
+        // reference BLAS): at 0.5 no size pays, so the proposer rests,
+        // then explores once.
+        let cpu = costs(|rows| 0.2 + 0.8 * rows as f64);
+        let mut p = lookup();
+        assert_eq!(p.paying(2, MAX_K, &cpu), 0);
+        p.quiet = true;
+        for _ in 0..REST {
+            p.look(&[1, 2, 3, 1, 2], &[]);
+            assert!(p.quiet);
+        }
+        p.look(&[1, 2, 3, 1, 2], &[]);
+        assert!(p.explore && !p.quiet);
+        assert_eq!(p.paying(2, MAX_K, &cpu), 2);
+        // The rest doubles while passes do not pay.
+        assert_eq!(p.paying(2, MAX_K, &cpu), 0);
+        assert_eq!(p.rest, 2 * REST);
+        // Where nearly everything is kept, even those passes pay (short
+        // ones; a pass costing a whole step a row never could).
+        for _ in 0..20 {
+            p.record(
+                &Proposal {
+                    tokens: vec![0; 4],
+                    ..Proposal::none()
+                },
+                4,
+            );
+        }
+        assert!(p.paying(2, MAX_K, &cpu) > 0);
+        // A fixed k is the operator's: proposed whatever it costs.
+        let mut p = Proposer::new(Speculation {
+            prompt_lookup: true,
+            k: 3,
+            ..Speculation::default()
+        });
+        assert_eq!(p.paying(3, MAX_K, &cpu), 3);
+    }
+
+    #[test]
+    fn lookup_is_wanted_after_a_match_of_two_tokens() {
+        let p = Proposer::new(Speculation {
+            prompt_lookup: true,
+            ..Speculation::default()
+        });
+        assert!(p.wants(&[4, 5, 6, 4, 5], 0));
+        assert!(!p.wants(&[4, 5, 6, 7, 5], 0));
+        // A prediction is wanted while the answer follows it.
+        let p = Proposer::new(Speculation {
+            prediction: Some(vec![10, 11, 12]),
+            ..Speculation::default()
+        });
+        assert!(p.wants(&[1, 2], 0));
+        assert!(p.wants(&[1, 2, 10], 1));
+        assert!(!p.wants(&[1, 2, 10, 11, 12], 3));
+        assert!(!p.wants(&[1, 2, 30], 1));
     }
 
     #[test]

@@ -88,6 +88,32 @@ fn greedy_ids_are_plain_decodings() {
 }
 
 #[test]
+fn a_sequence_with_nothing_to_propose_decodes_on_the_plain_path() {
+    let b = batcher();
+    // No token of the prompt repeats: lookup has nothing to propose until
+    // the answer repeats itself.
+    let mut lookup = request(
+        Speculation {
+            prompt_lookup: true,
+            k: 4,
+            ..Speculation::default()
+        },
+        40,
+    );
+    lookup.prompt = Prompt::Tokens((1..40).collect());
+    let mut plain = lookup.clone();
+    plain.speculation = Speculation::default();
+    let (expected, _) = ids(&b, &plain);
+    let (got, usage) = ids(&b, &lookup);
+    assert_eq!(got, expected);
+    // Every verifying pass had proposals to verify: the steps without any
+    // were plain, pipelined ones.
+    let stats = b.step_stats();
+    assert_eq!(stats.spec_steps, usage.verifications as u64, "{usage:?}");
+    assert!(stats.decode_steps > 40, "{stats:?}");
+}
+
+#[test]
 fn a_mixture_of_experts_verifies_many_tokens_in_one_pass() {
     // Each verified token is routed to its own experts within one pass;
     // gpt-oss's sliding layers mask each verified token's own window.
