@@ -18,7 +18,8 @@
 #   serve      serving-bench.sh qwen7 --streams 32,64 --rounds 3, with the
 #              engine's steps per round (needs `gpu-device.sh serve`)
 #   engine     native-mlx-bench --concurrent 32 and 64 at 7B, the
-#              engine-level figures `serve` is compared with
+#              engine-level figures `serve` is compared with, all at once
+#              and arriving over ARRIVALS_MS (default 80)
 #   graphs     single stream with MLX's CUDA graph settings swept (its
 #              defaults; MLX_MAX_OPS_PER_BUFFER / MLX_MAX_MB_PER_BUFFER
 #              raised; MLX_USE_CUDA_GRAPHS=0), --breakdown, interleaved
@@ -94,8 +95,14 @@ for part in "$@"; do
     engine)
       for round in $(seq "$ROUNDS"); do
         for n in 32 64; do
-          echo "## round $round, $n streams" >>"$log"
-          timeout 150 "$BIN" --concurrent "$n" --runs 1 --gen-tokens 128 "$(model qwen7)" >>"$log" 2>&1
+          # At once, then arriving over ARRIVALS_MS (default 80: the
+          # serving bench's clients sent over 44-108 ms), which separates
+          # what the arrivals cost the engine from what the host costs.
+          for spread in 0 "${ARRIVALS_MS:-80}"; do
+            echo "## round $round, $n streams, arrivals over $spread ms" >>"$log"
+            timeout 150 "$BIN" --concurrent "$n" --runs 1 --gen-tokens 128 --arrivals-ms "$spread" \
+              "$(model qwen7)" >>"$log" 2>&1
+          done
         done
       done
       ;;

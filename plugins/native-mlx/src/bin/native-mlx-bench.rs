@@ -95,6 +95,11 @@ struct Args {
     /// their ratio per run and the grammar's host time per masked token.
     #[arg(long, requires = "concurrent")]
     masked: Option<usize>,
+    /// With `--concurrent`: the requests arrive one after another over
+    /// this many milliseconds (evenly spaced, as clients of a server do)
+    /// instead of at once; a run is timed from the first arrival.
+    #[arg(long, default_value_t = 0, requires = "concurrent")]
+    arrivals_ms: u64,
     /// Instead: the models are embedders; embeddings per second for
     /// requests of each of these batch sizes (inputs of `--embed-tokens`
     /// tokens), over `--runs` rounds after a warm-up: a table of the median
@@ -687,9 +692,14 @@ fn batched(args: &Args, dir: &Path, n: usize) -> Result<()> {
             let (tokens, mut ttfts): (Vec<usize>, Vec<Duration>) = std::thread::scope(|s| {
                 let handles: Vec<_> = requests
                     .iter()
-                    .map(|r| {
+                    .enumerate()
+                    .map(|(i, r)| {
                         let batcher = &batcher;
+                        let arrival = start
+                            + Duration::from_millis(args.arrivals_ms) * i as u32
+                                / (n.max(2) - 1) as u32;
                         s.spawn(move || {
+                            std::thread::sleep(arrival.saturating_duration_since(Instant::now()));
                             let mut r = r.clone();
                             // A new first token per run: a cold prompt every time.
                             if let Prompt::Tokens(ids) = &mut r.prompt {
