@@ -411,6 +411,8 @@ struct InFlight {
     /// The identity of the sequence of each row (indices into `active`
     /// are not stable across a step).
     tags: Vec<usize>,
+    /// When it was submitted.
+    started: Instant,
 }
 
 struct Engine {
@@ -437,6 +439,10 @@ struct Engine {
     /// When the tokens of the last step were read, and whether it was a
     /// plain step of one sequence.
     last_read: Option<(Instant, bool)>,
+    /// When the first step of prompt chunks alone since then was
+    /// submitted, and their prompt tokens: such a step yields no tokens to
+    /// read, so its time and tokens count in the next step that does.
+    chunks_since: Option<(Instant, usize)>,
     /// Grammar work not yet counted in `stats`: masks and time.
     grammar_work: (u64, Duration),
     /// How long a plain decoding step of one sequence takes (a moving
@@ -476,6 +482,7 @@ impl Engine {
             open: true,
             stats,
             last_read: None,
+            chunks_since: None,
             grammar_work: (0, Duration::ZERO),
             costs: Costs::default(),
         }
@@ -514,6 +521,7 @@ impl Engine {
             if self.active.is_empty() && self.in_flight.is_none() {
                 write_stats(&self.stats);
                 self.last_read = None;
+                self.chunks_since = None;
                 if !self.pool.is_empty() {
                     self.pool.clear();
                 }
@@ -793,22 +801,32 @@ impl Engine {
         {
             previous.tokens.eval()?;
             let now = Instant::now();
-            // A plain step of one sequence, read right after another: the
-            // time between is that step's (a prompt chunk's read waits for
-            // no token, so the step after it pays for the chunk too).
+            // A step's time runs from the last read, or from its own
+            // submission where that came later (the first step after a
+            // pause). A plain step of one sequence read right after another
+            // times a plain step (a prompt chunk's read waits for no token,
+            // so the step after it pays for the chunk too).
             let plain = previous.tags.len() == 1 && previous.prompt_tokens == 0;
-            if let Some((before, after_plain)) = self.last_read.replace((now, plain)) {
-                if plain && after_plain {
-                    let took = (now - before).as_secs_f64();
-                    let plain = self.costs.plain.map_or(took, |p| 0.9 * p + 0.1 * took);
-                    self.costs.plain = Some(plain);
-                }
-                let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-                stats.record(previous.tags.len(), previous.prompt_tokens, now - before);
-                let (masks, time) = std::mem::take(&mut self.grammar_work);
-                stats.masks += masks;
-                stats.grammar_time += time;
+            let (submitted, chunk_tokens) = match self.chunks_since.take() {
+                Some((chunks, tokens)) => (chunks.min(previous.started), tokens),
+                None => (previous.started, 0),
+            };
+            let (before, after_plain) = match self.last_read.replace((now, plain)) {
+                Some((read, after_plain)) if read >= submitted => (read, after_plain),
+                _ => (submitted, false),
+            };
+            if plain && after_plain {
+                let took = (now - before).as_secs_f64();
+                let plain = self.costs.plain.map_or(took, |p| 0.9 * p + 0.1 * took);
+                self.costs.plain = Some(plain);
             }
+            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            let prompt_tokens = previous.prompt_tokens + chunk_tokens;
+            stats.record(previous.tags.len(), prompt_tokens, now - before);
+            let (masks, time) = std::mem::take(&mut self.grammar_work);
+            stats.masks += masks;
+            stats.grammar_time += time;
+            drop(stats);
             let ids: Vec<u32> = previous.tokens.as_slice::<u32>().to_vec();
             for (tag, id) in previous.tags.into_iter().zip(ids) {
                 if let Some(at) = self.tags.iter().position(|&t| t == tag) {
@@ -1164,6 +1182,11 @@ impl Engine {
         // A step of prompt chunks alone yields no tokens: its writes are
         // what is evaluated.
         to_eval.extend(self.pool.arrays().cloned());
+        if queued.is_none() && self.deferred.is_none() {
+            self.chunks_since
+                .get_or_insert_with(|| (Instant::now(), 0))
+                .1 += prompt_tokens;
+        }
         for (at, end) in prefilling {
             let seq = &mut self.active[at];
             let start = seq.filled;
@@ -1280,6 +1303,7 @@ impl Engine {
             tokens,
             prompt_tokens,
             tags: decoding.iter().map(|&at| self.tags[at]).collect(),
+            started: Instant::now(),
         })
     }
 
