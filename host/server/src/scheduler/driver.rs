@@ -345,17 +345,43 @@ impl Driver {
         model: &Model,
     ) -> Result<(Arc<Session>, InFlight), AdmitError> {
         let at_once = self.sessions.at_once(model).await;
+        let (session, permit) = self
+            .decided(model, || self.admission(model, at_once))
+            .await?;
+        let in_flight = session.begin_request().holding(Box::new(permit));
+        Ok((session, in_flight))
+    }
+
+    /// The session of `model` once `decide` (an admission, a load
+    /// decision) has had the scheduler decide for it, with what `decide`
+    /// gave. A session that went away after the decision (its engine died,
+    /// an unload) is told to the machine, and the scheduler decides again.
+    async fn decided<T, F>(
+        self: &Arc<Self>,
+        model: &Model,
+        mut decide: impl FnMut() -> F,
+    ) -> Result<(Arc<Session>, T), AdmitError>
+    where
+        F: std::future::Future<Output = Result<T, AdmitError>>,
+    {
         for _ in 0..ADMISSIONS {
-            let permit = self.admission(model, at_once).await?;
+            let decision = decide().await?;
             if let Some(session) = self.sessions.join(model).await? {
+                // Known as loaded before the caller hears of it (the load's
+                // own task may report it a moment later).
                 self.step(Event::Loaded(model.id.clone()));
-                let in_flight = session.begin_request().holding(Box::new(permit));
-                return Ok((session, in_flight));
+                return Ok((session, decision));
             }
-            drop(permit);
+            // An admission's permit is given back before the next decision.
+            drop(decision);
             self.gone(&model.id);
         }
-        Err(AdmitError::Load(ended_each_time(model)))
+        Err(AdmitError::Load(LoadError::Host {
+            model: model.id.clone(),
+            reason: format!(
+                "its session ended {ADMISSIONS} times between the scheduler's decision and the request's start; send it again"
+            ),
+        }))
     }
 
     /// The request's turn: admitted at once, or after waiting in the queue
@@ -416,17 +442,10 @@ impl Driver {
     /// must go; refused when it cannot fit.
     pub(crate) async fn load(self: &Arc<Self>, model: &Model) -> Result<Arc<Session>, AdmitError> {
         let at_once = self.sessions.at_once(model).await;
-        for _ in 0..ADMISSIONS {
-            self.decide_load(model, at_once).await?;
-            if let Some(session) = self.sessions.join(model).await? {
-                // Known as loaded before the caller hears of it (the load's
-                // own task may report it a moment later).
-                self.step(Event::Loaded(model.id.clone()));
-                return Ok(session);
-            }
-            self.gone(&model.id);
-        }
-        Err(AdmitError::Load(ended_each_time(model)))
+        let (session, ()) = self
+            .decided(model, || self.decide_load(model, at_once))
+            .await?;
+        Ok(session)
     }
 
     /// The scheduler's load decision for `model`, or its refusal.
@@ -734,15 +753,5 @@ impl Driver {
         if let Some(reading) = reading {
             self.step_locked(&mut inner, Event::Memory(reading));
         }
-    }
-}
-
-/// A request whose model's session went away each time it was admitted.
-fn ended_each_time(model: &Model) -> LoadError {
-    LoadError::Host {
-        model: model.id.clone(),
-        reason: format!(
-            "its session ended {ADMISSIONS} times between the request's admission and its start; send it again"
-        ),
     }
 }
