@@ -103,6 +103,11 @@ impl Costs {
         }
     }
 
+    /// Whether a verifying pass of any size has been timed.
+    fn measured(&self) -> bool {
+        self.verify.iter().any(Option::is_some)
+    }
+
     /// What a pass of `rows` rows is expected to take: as measured, else
     /// on the line from a plain step (one row) through the measured size
     /// nearest to it; a plain step while nothing is measured.
@@ -250,9 +255,17 @@ impl Proposer {
     /// the acceptance rate and what passes cost on this engine (`costs`),
     /// or none, and a rest, where no pass is expected to beat plain
     /// decoding. Each token is kept with the acceptance rate `a`, so a pass
-    /// of `k` proposals gives `1 + a + ... + a^k` tokens.
+    /// of `k` proposals gives `1 + a + ... + a^k` tokens. Until the engine
+    /// has timed a pass of any size, `wanted`: a pass of unknown cost would
+    /// be taken for a plain step's, so the longest would seem best, and on
+    /// a device where each row costs nearly a step (a CPU's reference BLAS:
+    /// 9 rows took 8.4 plain steps) the first pass would cost most.
     fn paying(&mut self, wanted: usize, limit: usize, costs: &Costs) -> usize {
-        let Some(plain) = costs.plain.filter(|_| self.spec.k == 0 && !self.explore) else {
+        let timed = costs.measured();
+        let Some(plain) = costs
+            .plain
+            .filter(|_| self.spec.k == 0 && !self.explore && timed)
+        else {
             self.explore = false;
             return wanted;
         };
@@ -590,6 +603,13 @@ mod tests {
                 ..Speculation::default()
             })
         };
+        // Before any pass is timed: as many as the rate wants, not the
+        // most a pass could hold.
+        let untimed = Costs {
+            plain: Some(0.010),
+            ..Costs::default()
+        };
+        assert_eq!(lookup().paying(2, MAX_K, &untimed), 2);
         // A device where a pass of any size costs 1.3 plain steps (an H100
         // at 7B): at the starting rate of 0.5 a pass pays, with many tokens.
         let mut p = lookup();
