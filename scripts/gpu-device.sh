@@ -19,6 +19,8 @@
 #            binary, the plugins folder and the openai client's wheels, and
 #            sets HANGAR_BIN and PLUGINS_DIR in /tmp/gpu-env.sh, so that
 #            scripts/serving-bench.sh runs with nothing to build;
+#   one:     stage, install and serve at once, from the carried .dev/one of
+#            ONE=1 (about 50 MB: MLX's CUDA library cut to sm_90);
 #   tests:   runs the engine's test binary (after install) on the GPU, with
 #            this checkout as its repository and the image's Python with
 #            the installed mlx-lm as its reference; arguments go to the
@@ -41,6 +43,37 @@
 # /opt/torch/.venv/lib/python3.12/site-packages).
 set -euo pipefail
 DIR=/tmp/gpu
+
+# /tmp/gpu-env.sh: where MLX (installed in $DIR/site) and the image's NVIDIA
+# libraries are; then MLX says which device it runs on.
+write_env() {
+  local nvidia="${NVIDIA_SITE:-/opt/torch/.venv/lib/python3.12/site-packages}" libs
+  libs="$(ls -d "$nvidia"/nvidia/*/lib | tr '\n' ':')$DIR/site/mlx/lib"
+  cat >/tmp/gpu-env.sh <<ENV
+export PYTHONPATH=$DIR/site LD_LIBRARY_PATH=$libs PYTHON=python3 PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+ENV
+  . /tmp/gpu-env.sh
+  python3 -c 'import importlib.metadata as m, mlx.core as mx; print("gpu-device: MLX", m.version("mlx"), "on", mx.default_device())'
+}
+
+# The serving bench's files from folder $1 (.dev/c of SERVE=1): the host,
+# the plugins and the openai client's wheels.
+serve_from() {
+  rm -rf "$DIR/plugins"
+  cp -r "$1/plugins" "$DIR/plugins"
+  xz -d -f "$DIR"/plugins/native-mlx/*.so.xz
+  xz -d -c "$1/hangar.xz" >"$DIR/hangar"
+  chmod +x "$DIR/hangar"
+  python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$DIR/site" --upgrade \
+    "$1"/whl/*.whl
+  cat >>/tmp/gpu-env.sh <<ENV
+export HANGAR_BIN=$DIR/hangar PLUGINS_DIR=$DIR/plugins
+ENV
+  . /tmp/gpu-env.sh
+  "$DIR/hangar" --version
+  python3 -c 'import openai; print("gpu-device: openai", openai.__version__)'
+}
 case "${1:-}" in
   stage)
     mkdir -p "$DIR"
@@ -65,30 +98,22 @@ case "${1:-}" in
     cat "$DIR"/cuda.part.* >"$DIR/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl"
     python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$DIR/site" \
       "$DIR"/mlx_cuda_13-*.whl "$DIR"/mlx-0.32.4-*.whl "$DIR"/mlx_lm-*.whl
-    nvidia="${NVIDIA_SITE:-/opt/torch/.venv/lib/python3.12/site-packages}"
-    libs="$(ls -d "$nvidia"/nvidia/*/lib | tr '\n' ':')$DIR/site/mlx/lib"
-    cat >/tmp/gpu-env.sh <<ENV
-export PYTHONPATH=$DIR/site LD_LIBRARY_PATH=$libs PYTHON=python3 PYTHONUNBUFFERED=1
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-ENV
-    . /tmp/gpu-env.sh
-    python3 -c 'import importlib.metadata as m, mlx.core as mx; print("gpu-device: MLX", m.version("mlx"), "on", mx.default_device())'
+    write_env
     ;;
   serve)
     [[ -f /tmp/gpu-env.sh ]] || { echo "gpu-device: run 'install' first" >&2; exit 2; }
-    rm -rf "$DIR/plugins"
-    cp -r .dev/c/plugins "$DIR/plugins"
-    xz -d -f "$DIR"/plugins/native-mlx/*.so.xz
-    xz -d -c .dev/c/hangar.xz >"$DIR/hangar"
-    chmod +x "$DIR/hangar"
-    python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$DIR/site" --upgrade \
-      .dev/c/whl/*.whl
-    cat >>/tmp/gpu-env.sh <<ENV
-export HANGAR_BIN=$DIR/hangar PLUGINS_DIR=$DIR/plugins
-ENV
-    . /tmp/gpu-env.sh
-    "$DIR/hangar" --version
-    python3 -c 'import openai; print("gpu-device: openai", openai.__version__)'
+    serve_from .dev/c
+    ;;
+  one)
+    # stage, install and serve at once, from .dev/one (ONE=1 scripts/gpu-prepare.sh).
+    mkdir -p "$DIR"
+    xz -d -c .dev/one/gpu.tar.xz | tar -C /tmp -xf -
+    if [[ -f .dev/one/ptx.tar.xz ]]; then
+      tar -C /tmp -xJf .dev/one/ptx.tar.xz
+      echo "gpu-device: $(find /tmp/mlx -name '*.ptx' | wc -l) compiled kernels in /tmp/mlx"
+    fi
+    write_env
+    serve_from .dev/one/c
     ;;
   tests)
     [[ -f /tmp/gpu-env.sh ]] || { echo "gpu-device: run 'install' first" >&2; exit 2; }
@@ -103,7 +128,7 @@ ENV
       exec "$DIR"/native-mlx-engine-tests "${threads[@]}" "$@"
     ;;
   *)
-    echo "usage: scripts/gpu-device.sh stage|install|serve|tests [ARGS]|keep-ptx" >&2
+    echo "usage: scripts/gpu-device.sh stage|install|serve|one|tests [ARGS]|keep-ptx" >&2
     exit 2
     ;;
 esac

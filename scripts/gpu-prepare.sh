@@ -22,8 +22,14 @@
 # The binaries travel xz-compressed (a quarter of their size), so that
 # .dev/b and .dev/c fit one call together: call 2 then installs MLX and the
 # serving bench's files at once.
+# With ONE=1 (implies SERVE=1), also .dev/one: all of it in one folder of
+# about 50 MB, for one call (`scripts/gpu-device.sh one`), with MLX's CUDA
+# library cut to the sm_90 cubins of an H100 or H200 and stripped
+# (scripts/gpu-slim-mlx.py) and installed MLX, mlx-lm and the binaries in
+# one tar.xz: a call that installs, then runs, is not cut off between a
+# staging call and an install call (twice the machine was taken back there).
 # Env: PART_BYTES (55M), CARGO_TARGET_DIR (default
-# plugins/native-mlx/target/cuda), SERVE=1 (also .dev/c).
+# plugins/native-mlx/target/cuda), SERVE=1 (also .dev/c), ONE=1, SM (90).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -64,6 +70,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "engine" and m.get("executable"):
         print(m["executable"])')"
 
+[[ "${ONE:-0}" == 1 ]] && SERVE=1
 if [[ "${SERVE:-0}" == 1 ]]; then
   # For scripts/serving-bench.sh on the device (`hangar serve`, both
   # engines, the openai client): the host (release, stripped, xz), the plugins folder
@@ -109,12 +116,32 @@ xz -T0 -c "$target/release/native-mlx-bench" >.dev/a/native-mlx-bench.xz
 cp "$WHL"/mlx-"$MLX"-*.whl "$WHL"/mlx_lm-"$MLX_LM"-*.whl .dev/b/
 xz -T0 -c "$tests" >.dev/b/native-mlx-engine-tests.xz
 du -sh .dev/a .dev/b >&2
+
+if [[ "${ONE:-0}" == 1 ]]; then
+  # .dev/one/gpu.tar.xz unpacks to gpu/: site/ (MLX for CUDA, slim, and
+  # mlx-lm, as pip installs them), the two binaries and, beside it, .dev/c.
+  stage=.dev/one-stage
+  rm -rf "$stage" .dev/one
+  mkdir -p "$stage/gpu/site" .dev/one
+  cp -al "$PREFIX"/. "$stage/gpu/site/"
+  rm "$stage/gpu/site/mlx/lib/libmlx.so"
+  scripts/gpu-slim-mlx.py "$PREFIX/mlx/lib/libmlx.so" "$stage/gpu/site/mlx/lib/libmlx.so" ${SM:-90}
+  (cd "$stage/gpu/site" && unzip -q -o "$REPO"/"$WHL"/mlx_lm-"$MLX_LM"-*.whl)
+  cp "$target/release/native-mlx-bench" "$tests" "$stage/gpu/"
+  mv "$stage/gpu/$(basename "$tests")" "$stage/gpu/native-mlx-engine-tests"
+  tar -C "$stage" -cf - gpu | xz -T0 -9 >.dev/one/gpu.tar.xz
+  rm -rf "$stage"
+  cp -r .dev/c .dev/one/c
+  if [[ -f .dev/ptx.tar.xz ]]; then cp .dev/ptx.tar.xz .dev/one/; fi
+  du -sh .dev/one >&2
+fi
 cat >&2 <<'TEXT'
 gpu-prepare: ready. On the device:
   call 1 (carry .dev/a): scripts/gpu-device.sh stage
   (the last call, to keep the kernels compiled: scripts/gpu-device.sh keep-ptx,
    then copy the ptx.tar.xz that comes back to .dev/ptx.tar.xz here)
   call 2 (carry .dev/b): scripts/gpu-device.sh install && . /tmp/gpu-env.sh && scripts/gpu-bench.sh /tmp/gpu/native-mlx-bench qwen05
+  or, with ONE=1, in one call (carry .dev/one): scripts/gpu-device.sh one && . /tmp/gpu-env.sh && ...
   later calls, while warm:  . /tmp/gpu-env.sh && ...
   the engine's tests there:  scripts/gpu-device.sh tests [FILTER]
   with SERVE=1, call 2 may carry .dev/c beside .dev/b (both fit):
