@@ -65,6 +65,10 @@ serve_from() {
   xz -d -f "$DIR"/plugins/native-mlx/*.so.xz
   xz -d -c "$1/hangar.xz" >"$DIR/hangar"
   chmod +x "$DIR/hangar"
+  if [[ -f "$1/hangar-mimalloc.xz" ]]; then
+    xz -d -c "$1/hangar-mimalloc.xz" >"$DIR/hangar-mimalloc"
+    chmod +x "$DIR/hangar-mimalloc"
+  fi
   python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$DIR/site" --upgrade \
     "$1"/whl/*.whl
   cat >>/tmp/gpu-env.sh <<ENV

@@ -83,6 +83,9 @@ if [[ "${SERVE:-0}" == 1 ]]; then
   # A release host, as operators run it (scripts/demo.sh): a debug build's
   # request path (the worker's and the host's JSON and SSE per token) is
   # several times slower, and at 32-64 streams it is measured, not the engine.
+  # And one with mimalloc as malloc (feature `mimalloc`), to compare.
+  cargo build --quiet --release -p hangar --features mimalloc
+  cp target/release/hangar .dev/hangar-mimalloc
   cargo build --quiet --release -p hangar
   (cd plugins/native-mlx && MLX_PREFIX="$REPO/$PREFIX/mlx" CARGO_TARGET_DIR="$target" \
     RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined" cargo build --quiet --release --lib)
@@ -96,6 +99,8 @@ if [[ "${SERVE:-0}" == 1 ]]; then
   xz -T0 -f .dev/c/plugins/native-mlx/libhangar_native_mlx.so
   strip -o .dev/c/hangar target/release/hangar
   xz -T0 -f .dev/c/hangar
+  strip -o .dev/c/hangar-mimalloc .dev/hangar-mimalloc
+  xz -T0 -f .dev/c/hangar-mimalloc
   wheels=()
   for name in openai httpx2 httpcore2 truststore jiter pydantic pydantic-core annotated-types \
     typing-inspection sniffio; do

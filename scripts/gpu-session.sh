@@ -17,6 +17,9 @@
 #              per-pass breakdown
 #   serve      serving-bench.sh qwen7 --streams 32,64 --rounds 3, with the
 #              engine's steps per round (needs `gpu-device.sh serve`)
+#   alloc      as serve, native-mlx under the hangar binary against
+#              native-mlx under HANGAR_B (default /tmp/gpu/hangar-mimalloc:
+#              mimalloc as malloc)
 #   engine     native-mlx-bench --concurrent 32 and 64 at 7B, the
 #              engine-level figures `serve` is compared with, all at once
 #              and arriving over ARRIVALS_MS (default 80)
@@ -91,6 +94,10 @@ for part in "$@"; do
     serve)
       timeout -k 10 560 "$REPO/scripts/serving-bench.sh" qwen7 --streams 32,64 --rounds "$ROUNDS" \
         --long-rounds 0 >>"$log" 2>&1
+      ;;
+    alloc)
+      timeout -k 10 560 "$REPO/scripts/serving-bench.sh" qwen7 --streams 32,64 --rounds "$ROUNDS" \
+        --long-rounds 0 --against-hangar "${HANGAR_B:-/tmp/gpu/hangar-mimalloc}" >>"$log" 2>&1
       ;;
     engine)
       for round in $(seq "$ROUNDS"); do

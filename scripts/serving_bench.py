@@ -301,6 +301,9 @@ def main():
     ap.add_argument("--long-prompt-tokens", type=int, default=4000)
     ap.add_argument("--long-rounds", type=int, default=3)
     ap.add_argument("--json", help="also write the raw results here")
+    ap.add_argument("--against-hangar", metavar="BIN",
+                    help="compare native-mlx under --hangar with native-mlx under this hangar binary "
+                         "(instead of mlx_lm.server)")
     args = ap.parse_args()
 
     root = tempfile.mkdtemp(prefix="hangar-serving-bench-")
@@ -313,8 +316,16 @@ def main():
                         "HANGAR_SETTINGS")}
     env.setdefault("HANGAR_LOG", "warn")
     servers = {}
-    for engine in ("native-mlx", "mlx-lm"):
-        home = os.path.join(root, engine)
+    # Each server by its label: native-mlx and mlx-lm, or with --against-hangar
+    # native-mlx under two hangar binaries (an allocator, a build option).
+    if args.against_hangar:
+        label = os.path.basename(args.against_hangar)
+        runs = [("native-mlx", "native-mlx", args.hangar), (f"native-mlx@{label}", "native-mlx",
+                                                           args.against_hangar)]
+    else:
+        runs = [("native-mlx", "native-mlx", args.hangar), ("mlx-lm", "mlx-lm", args.hangar)]
+    for label, engine, hangar in runs:
+        home = os.path.join(root, label)
         os.makedirs(os.path.join(home, "state"))
         with open(os.path.join(home, "config.toml"), "w") as f:
             f.write(f'[plugins.mlx-lm]\nprogram = "{args.python}"\nallow_programs = ["python3"]\n')
@@ -324,8 +335,8 @@ def main():
         # where a round's time went inside the engine (decoding steps,
         # steps with prompt chunks), against native-mlx-bench --concurrent.
         engine_env = dict(env, NATIVE_MLX_STATS_FILE=os.path.join(home, "steps.json"))
-        servers[engine] = Server(engine, [
-            args.hangar, "serve", "--port", "0", "--model-dir", models,
+        servers[label] = Server(label, [
+            hangar, "serve", "--port", "0", "--model-dir", models,
             "--plugins-dir", args.plugins_dir, "--config", os.path.join(home, "config.toml"),
             "--state-dir", os.path.join(home, "state")], engine_env)
     order = list(servers)
