@@ -20,6 +20,9 @@
 #   alloc      as serve, native-mlx under the hangar binary against
 #              native-mlx under HANGAR_B (default /tmp/gpu/hangar-mimalloc:
 #              mimalloc as malloc)
+#   inhost     as serve, native-mlx in its `hangar worker` (the default)
+#              against native-mlx inside the host (isolation = "none"):
+#              what the worker's hop costs
 #   engine     native-mlx-bench --concurrent 32 and 64 at 7B, the
 #              engine-level figures `serve` is compared with, all at once
 #              and arriving over ARRIVALS_MS (default 80)
@@ -98,6 +101,10 @@ for part in "$@"; do
     alloc)
       timeout -k 10 560 "$REPO/scripts/serving-bench.sh" qwen7 --streams 32,64 --rounds "$ROUNDS" \
         --long-rounds 0 --against-hangar "${HANGAR_B:-/tmp/gpu/hangar-mimalloc}" >>"$log" 2>&1
+      ;;
+    inhost)
+      timeout -k 10 560 "$REPO/scripts/serving-bench.sh" qwen7 --streams 32,64 --rounds "$ROUNDS" \
+        --long-rounds 0 --against-config '[plugins.native-mlx]\nisolation = "none"' >>"$log" 2>&1
       ;;
     engine)
       for round in $(seq "$ROUNDS"); do

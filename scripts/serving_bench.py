@@ -304,6 +304,9 @@ def main():
     ap.add_argument("--against-hangar", metavar="BIN",
                     help="compare native-mlx under --hangar with native-mlx under this hangar binary "
                          "(instead of mlx_lm.server)")
+    ap.add_argument("--against-config", metavar="TOML",
+                    help="compare native-mlx with native-mlx under these config.toml lines, e.g. "
+                         "'[plugins.native-mlx]\\nisolation = \"none\"' (instead of mlx_lm.server)")
     args = ap.parse_args()
 
     root = tempfile.mkdtemp(prefix="hangar-serving-bench-")
@@ -318,17 +321,25 @@ def main():
     servers = {}
     # Each server by its label: native-mlx and mlx-lm, or with --against-hangar
     # native-mlx under two hangar binaries (an allocator, a build option).
+    # native-mlx under two hangar binaries (an allocator, a build option), or
+    # under two configurations (`isolation = "none"`: the engine inside the
+    # host, without the worker's hop).
+    runs = [("native-mlx", "native-mlx", args.hangar, "")]
     if args.against_hangar:
-        label = os.path.basename(args.against_hangar)
-        runs = [("native-mlx", "native-mlx", args.hangar), (f"native-mlx@{label}", "native-mlx",
-                                                           args.against_hangar)]
+        runs.append((f"native-mlx@{os.path.basename(args.against_hangar)}", "native-mlx",
+                     args.against_hangar, ""))
+    elif args.against_config:
+        extra = args.against_config.replace("\\n", "\n")
+        label = re.sub(r"[^A-Za-z0-9.]+", "-", extra.strip().splitlines()[-1]).strip("-")
+        runs.append((f"native-mlx@{label}", "native-mlx", args.hangar, extra))
     else:
-        runs = [("native-mlx", "native-mlx", args.hangar), ("mlx-lm", "mlx-lm", args.hangar)]
-    for label, engine, hangar in runs:
+        runs.append(("mlx-lm", "mlx-lm", args.hangar, ""))
+    for label, engine, hangar, extra in runs:
         home = os.path.join(root, label)
         os.makedirs(os.path.join(home, "state"))
         with open(os.path.join(home, "config.toml"), "w") as f:
             f.write(f'[plugins.mlx-lm]\nprogram = "{args.python}"\nallow_programs = ["python3"]\n')
+            f.write(extra + "\n")
         with open(os.path.join(home, "settings.toml"), "w") as f:
             f.write(f'[default_engines]\nmlx = "{engine}"\n')
         # native-mlx writes its step statistics each time it goes idle:
