@@ -45,7 +45,7 @@
 # Env: BIN (the bench binary, default /tmp/gpu/native-mlx-bench), BENCH_DIR
 #   (models, default /tmp/hgb; the 7B folder takes a few minutes to write,
 #   so make it in a part of its own call: scripts/gpu-bench.sh makes it),
-#   ROUNDS (3).
+#   ROUNDS (3), SERVE_TIMEOUT (560: seconds for serve, alloc and inhost).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${BIN:-/tmp/gpu/native-mlx-bench}"
@@ -95,15 +95,15 @@ for part in "$@"; do
       done
       ;;
     serve)
-      timeout -k 10 560 "$REPO/scripts/serving-bench.sh" qwen7 --streams 32,64 --rounds "$ROUNDS" \
+      timeout -k 10 "${SERVE_TIMEOUT:-560}" "$REPO/scripts/serving-bench.sh" qwen7 --streams 32,64 --rounds "$ROUNDS" \
         --long-rounds 0 >>"$log" 2>&1
       ;;
     alloc)
-      timeout -k 10 560 "$REPO/scripts/serving-bench.sh" qwen7 --streams 32,64 --rounds "$ROUNDS" \
+      timeout -k 10 "${SERVE_TIMEOUT:-560}" "$REPO/scripts/serving-bench.sh" qwen7 --streams 32,64 --rounds "$ROUNDS" \
         --long-rounds 0 --against-hangar "${HANGAR_B:-/tmp/gpu/hangar-mimalloc}" >>"$log" 2>&1
       ;;
     inhost)
-      timeout -k 10 560 "$REPO/scripts/serving-bench.sh" qwen7 --streams 32,64 --rounds "$ROUNDS" \
+      timeout -k 10 "${SERVE_TIMEOUT:-560}" "$REPO/scripts/serving-bench.sh" qwen7 --streams 32,64 --rounds "$ROUNDS" \
         --long-rounds 0 --against-config '[plugins.native-mlx]\nisolation = "none"' >>"$log" 2>&1
       ;;
     engine)
