@@ -19,8 +19,9 @@
 #            binary, the plugins folder and the openai client's wheels, and
 #            sets HANGAR_BIN and PLUGINS_DIR in /tmp/gpu-env.sh, so that
 #            scripts/serving-bench.sh runs with nothing to build;
-#   one:     stage, install and serve at once, from the carried .dev/one of
-#            ONE=1 (about 50 MB: MLX's CUDA library cut to sm_90);
+#   one [DIR]: stage, install and serve at once, from the carried .dev/one
+#            of ONE=1 (about 55 MB: MLX's CUDA library cut to sm_90) or DIR
+#            (gpu.tar.xz, binaries beside it as NAME.xz, c/ to serve);
 #   tests:   runs the engine's test binary (after install) on the GPU, with
 #            this checkout as its repository and the image's Python with
 #            the installed mlx-lm as its reference; arguments go to the
@@ -109,15 +110,27 @@ case "${1:-}" in
     serve_from .dev/c
     ;;
   one)
-    # stage, install and serve at once, from .dev/one (ONE=1 scripts/gpu-prepare.sh).
+    # stage, install and serve at once, from .dev/one (ONE=1
+    # scripts/gpu-prepare.sh) or the folder named after it (serve only
+    # where it has c/, the serving bench's files).
+    from="${2:-.dev/one}"
     mkdir -p "$DIR"
-    xz -d -c .dev/one/gpu.tar.xz | tar -C /tmp -xf -
-    if [[ -f .dev/one/ptx.tar.xz ]]; then
-      tar -C /tmp -xJf .dev/one/ptx.tar.xz
+    xz -d -c "$from/gpu.tar.xz" | tar -C /tmp -xf -
+    # Binaries carried beside the tar (a newer build, or a base to compare
+    # with) replace or join those in it.
+    for binary in "$from"/*.xz; do
+      [[ "$binary" == */gpu.tar.xz || "$binary" == */ptx.tar.xz ]] && continue
+      name="$(basename "$binary" .xz)"
+      xz -d -c "$binary" >"$DIR/$name"
+      chmod +x "$DIR/$name"
+      echo "gpu-device: $name from $from"
+    done
+    if [[ -f "$from/ptx.tar.xz" ]]; then
+      tar -C /tmp -xJf "$from/ptx.tar.xz"
       echo "gpu-device: $(find /tmp/mlx -name '*.ptx' | wc -l) compiled kernels in /tmp/mlx"
     fi
     write_env
-    serve_from .dev/one/c
+    if [[ -d "$from/c" ]]; then serve_from "$from/c"; fi
     ;;
   tests)
     [[ -f /tmp/gpu-env.sh ]] || { echo "gpu-device: run 'install' first" >&2; exit 2; }

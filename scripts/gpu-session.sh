@@ -30,6 +30,10 @@
 #              defaults; MLX_MAX_OPS_PER_BUFFER / MLX_MAX_MB_PER_BUFFER
 #              raised; MLX_USE_CUDA_GRAPHS=0), --breakdown, interleaved
 #              rounds; on GRAPH_SHAPES (default "qwen05 moe30")
+#   ab         single stream: BIN_A (default /tmp/gpu/native-mlx-bench-base)
+#              against BIN, interleaved rounds (A B, B A, ...), with
+#              --breakdown, on AB_SHAPES (qwen05 qwen7); then BIN's
+#              primitives per decoding step (--graph-ops, NATIVE_MLX_GRAPH_OPS)
 #   tiles      the sorted MoE kernel against MLX's gather_qmm
 #              (--gather-check) for each NATIVE_MLX_GATHER_TILE of
 #              GATHER_TILES (default "2,4 2,4,1 1,4,1 1,8,1": R,C[,S],
@@ -154,6 +158,53 @@ for (shape, preset), rs in runs.items():
     tps = [t for t, _ in rs]
     med = lambda k: statistics.median(s[k] for _, s in rs)
     print(f"| {shape} | {preset} | {statistics.median(tps):.1f} [{min(tps):.1f}-{max(tps):.1f}] | "
+          f"{med('graph_build'):.0f} | {med('submit'):.0f} | {med('eval_wait'):.0f} |")
+PYTHON
+      ;;
+    ab)
+      # Single stream, BIN_A (default /tmp/gpu/native-mlx-bench-base, an
+      # earlier build carried beside) against BIN, interleaved rounds with
+      # --breakdown, on AB_SHAPES (default qwen05
+      # qwen7); then BIN's primitive count of a decoding step, alone
+      # (--graph-ops) and in the batching engine at 1 and 4 rows
+      # (NATIVE_MLX_GRAPH_OPS).
+      a="${BIN_A:-/tmp/gpu/native-mlx-bench-base}"
+      for shape in ${AB_SHAPES:-qwen05 qwen7}; do
+        dir="$(model "$shape")"
+        for round in $(seq "$ROUNDS"); do
+          for b in "$a" "$BIN"; do
+            [[ $((round % 2)) == 0 && "$b" == "$a" ]] && continue
+            echo "## $shape round $round $(basename "$b")" >>"$log"
+            timeout 150 "$b" --json --runs 1 --prompt-tokens 128 --gen-tokens 256 --breakdown "$dir" >>"$log" 2>&1
+          done
+          if [[ $((round % 2)) == 0 ]]; then
+            echo "## $shape round $round $(basename "$a")" >>"$log"
+            timeout 150 "$a" --json --runs 1 --prompt-tokens 128 --gen-tokens 256 --breakdown "$dir" >>"$log" 2>&1
+          fi
+        done
+        echo "## graph-ops $shape" >>"$log"
+        timeout 60 "$BIN" --graph-ops --prompt-tokens 128 "$dir" >>"$log" 2>&1
+        for n in 1 4; do
+          NATIVE_MLX_GRAPH_OPS=1 timeout 60 "$BIN" --concurrent "$n" --runs 1 --gen-tokens 16 \
+            --prompt-tokens 128 "$dir" 2>&1 | grep "decoding step of" >>"$log"
+        done
+      done
+      "$PY" - "$log" <<'PYTHON' >>"$log"
+import json, statistics, sys
+runs, head = {}, None
+for line in open(sys.argv[1]):
+    if line.startswith("## ") and " round " in line:
+        shape, _, _, binary = line[3:].split()
+        head = (shape, binary)
+    elif line.startswith("{") and head:
+        r = json.loads(line)
+        runs.setdefault(head, []).append((r["decode_tps"], r["step_us"]))
+print("| model | binary | decode tok/s median [min-max] | build us | submit us | wait us |")
+print("|---|---|---|---:|---:|---:|")
+for (shape, binary), rs in runs.items():
+    tps = [t for t, _ in rs]
+    med = lambda k: statistics.median(s[k] for _, s in rs)
+    print(f"| {shape} | {binary} | {statistics.median(tps):.1f} [{min(tps):.1f}-{max(tps):.1f}] | "
           f"{med('graph_build'):.0f} | {med('submit'):.0f} | {med('eval_wait'):.0f} |")
 PYTHON
       ;;

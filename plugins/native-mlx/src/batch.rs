@@ -25,7 +25,7 @@
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -42,7 +42,7 @@ use crate::error::{Error, Result};
 use crate::images::{prepare_pixels, ImageDigest};
 use crate::indexing::IndexOnStream;
 use crate::model::{window, Chunks, Decode, Group, Packed, WindowRead};
-use crate::pool::{KvPool, Pages};
+use crate::pool::{KvPool, Pages, RowIndex};
 use crate::prefix::{block_hashes, PrefixCache, BLOCK};
 use crate::sampling::Sampler;
 use crate::session::{ids, StopMatcher};
@@ -144,7 +144,7 @@ pub struct StepStats {
 /// its step statistics there as one JSON object (times in milliseconds),
 /// so that a run's steps can be told apart from the server around them.
 fn write_stats(stats: &Mutex<StepStats>) {
-    static FILE: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    static FILE: OnceLock<Option<std::path::PathBuf>> = OnceLock::new();
     let Some(path) = FILE.get_or_init(|| std::env::var_os("NATIVE_MLX_STATS_FILE").map(Into::into))
     else {
         return;
@@ -1132,13 +1132,16 @@ impl Engine {
         let n = rows.len() as i32;
         let mut step = Packed {
             pool: &mut self.pool,
-            rows: Array::from_slice(&rows, &[n]),
+            rows: RowIndex::new(Array::from_slice(&rows, &[1, n, 1])),
             decode,
             chunks,
             soft_tokens,
         };
         let (logits, hidden) = self.session.model.packed_forward(&input, &mut step)?;
         drop(step);
+        if let (Some(logits), true) = (&logits, prefilling.is_empty()) {
+            report_graph(logits, decoding.len())?;
+        }
         // The hidden states of sequences that propose with the MTP layer:
         // the decoding rows first, then each prompt chunk, as in `input`.
         let mut to_eval: Vec<Array> = Vec::new();
@@ -1482,11 +1485,14 @@ impl Engine {
             groups.push(Group {
                 rows: count,
                 padded,
-                index: Array::from_slice(&index, &[1, count * padded, 1]),
+                index: RowIndex::new(Array::from_slice(&index, &[1, count * padded, 1])),
                 mask: Array::from_slice(&per_head(&mask), &[heads * count, 1, 1, padded]),
                 window: window.map(|_| WindowRead {
                     padded: window_padded,
-                    index: Array::from_slice(&window_index, &[1, count * window_padded, 1]),
+                    index: RowIndex::new(Array::from_slice(
+                        &window_index,
+                        &[1, count * window_padded, 1],
+                    )),
                     mask: Array::from_slice(
                         &per_head(&window_mask),
                         &[heads * count, 1, 1, window_padded],
@@ -1549,7 +1555,10 @@ impl Engine {
         }
         for (group, read) in groups.iter_mut().zip(reads) {
             if group.offset > 0 {
-                group.index = Some(Array::from_slice(&read, &[1, read.len() as i32, 1]));
+                group.index = Some(RowIndex::new(Array::from_slice(
+                    &read,
+                    &[1, read.len() as i32, 1],
+                )));
             }
         }
         Ok(groups)
@@ -1648,6 +1657,32 @@ enum Input {
 }
 
 /// The last text held back, and the request's completion.
+/// With `NATIVE_MLX_GRAPH_OPS` set, prints to stderr the primitives of the
+/// first decoding-only step at each batch size (`rows`), by name: what the
+/// host builds and submits per step (as `native-mlx-bench --graph-ops` does
+/// for a session's step). A diagnostic; nothing happens unset.
+fn report_graph(logits: &Array, rows: usize) -> Result<()> {
+    static WANTED: OnceLock<bool> = OnceLock::new();
+    static SEEN: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+    if !*WANTED.get_or_init(|| std::env::var_os("NATIVE_MLX_GRAPH_OPS").is_some()) {
+        return Ok(());
+    }
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if seen.contains(&rows) {
+        return Ok(());
+    }
+    seen.push(rows);
+    let counts = crate::ffi::graph_primitives(&[logits])?;
+    let total: usize = counts.values().sum();
+    let each = counts
+        .iter()
+        .map(|(name, n)| format!("{name} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    eprintln!("native-mlx: a decoding step of {rows} rows: {total} primitives ({each})");
+    Ok(())
+}
+
 fn finish(seq: &mut Seq, reason: FinishReason, tokenizer: &crate::Tokenizer) -> Result<Completion> {
     if reason != FinishReason::Cancelled {
         let (mut tail, stopped) = seq.stops.push(&seq.decoder.finish(tokenizer)?);

@@ -6,6 +6,7 @@ use mlx_rs::ops::zeros_dtype;
 use mlx_rs::Array;
 
 use crate::error::Result;
+use crate::ffi::slice_update;
 use crate::indexing::IndexOnStream;
 
 /// Positions are allocated this many at a time: growing by one position per
@@ -134,8 +135,15 @@ impl KvCache {
         let (Some(k), Some(v)) = (self.keys.as_mut(), self.values.as_mut()) else {
             unreachable!("allocated above");
         };
-        k.set_at((Ellipsis, prev..self.offset, ..), keys)?;
-        v.set_at((Ellipsis, prev..self.offset, ..), values)?;
+        let write = |cache: &mut Array, new: &Array| -> Result<()> {
+            let mut stop = new.shape().to_vec();
+            stop[2] = self.offset;
+            let start = [0, 0, prev, 0];
+            *cache = slice_update(cache, new, &start[..stop.len()], &stop)?;
+            Ok(())
+        };
+        write(k, keys)?;
+        write(v, values)?;
         if self.offset < k.dim(2) {
             Ok((
                 k.at((Ellipsis, ..self.offset, ..))?,

@@ -32,6 +32,94 @@ pub(crate) fn mlx_version() -> Result<String> {
     }
 }
 
+/// `src` with `update` written over the block `start..stop` (every stride
+/// 1): MLX's `slice_update`, one op. mlx-rs's `index_mut` reaches it too,
+/// but for an update with leading axes of size 1 (a decoding step's `(1,
+/// kv_heads, 1, head_dim)` keys) it adds a reshape dropping them and one
+/// putting them back: two more ops to build and run per write, four per
+/// layer and step of a sequence's cache.
+#[allow(unsafe_code)]
+pub(crate) fn slice_update(
+    src: &Array,
+    update: &Array,
+    start: &[i32],
+    stop: &[i32],
+) -> Result<Array> {
+    let strides = vec![1; start.len()];
+    let stream = Stream::thread_local_or_default();
+    // SAFETY: the handles are borrowed from live arrays and the bounds from
+    // live slices for the duration of the call; MLX copies what it keeps
+    // and writes the result into `res` only.
+    mlx_op("slice_update", |res| unsafe {
+        mlx_sys::mlx_slice_update(
+            res,
+            src.as_ptr(),
+            update.as_ptr(),
+            start.as_ptr(),
+            start.len(),
+            stop.as_ptr(),
+            stop.len(),
+            strides.as_ptr(),
+            strides.len(),
+            stream.as_ptr(),
+        )
+    })
+}
+
+/// How many primitives the graph of `outputs` holds, by name, from MLX's
+/// `export_to_dot` (every node not yet evaluated; arrays already evaluated
+/// are the graph's inputs, not counted): what building and submitting it
+/// costs the host, op by op. A diagnostic (`native-mlx-bench --graph-ops`).
+#[allow(unsafe_code)]
+pub(crate) fn graph_primitives(
+    outputs: &[&Array],
+) -> Result<std::collections::BTreeMap<String, usize>> {
+    let failed = |what: &str| Error::Mlx(mlx_rs::error::Exception::custom(what.to_string()));
+    let path = std::env::temp_dir().join(format!(
+        "native-mlx-graph-{}-{:?}.dot",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let c_path = CString::new(path.to_string_lossy().as_bytes())
+        .map_err(|_| failed("a temp path with NUL"))?;
+    let mode = CString::new("w").expect("no NUL");
+    // SAFETY: the file handle is opened, written by MLX and closed here; the
+    // vector and namer are created and freed here; the array handles are
+    // borrowed from live arrays for the call.
+    let status = unsafe {
+        let file = mlx_sys::fopen(c_path.as_ptr(), mode.as_ptr());
+        if file.is_null() {
+            return Err(failed("cannot open a temp file for the graph"));
+        }
+        let handles = outputs.iter().map(|a| a.as_ptr()).collect::<Vec<_>>();
+        let vector = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
+        let namer = mlx_sys::mlx_node_namer_new();
+        let status = mlx_sys::mlx_export_to_dot(file, namer, vector);
+        mlx_sys::mlx_node_namer_free(namer);
+        mlx_sys::mlx_vector_array_free(vector);
+        mlx_sys::fclose(file);
+        status
+    };
+    let text = std::fs::read_to_string(&path);
+    let _ = std::fs::remove_file(&path);
+    if status != 0 {
+        return Err(failed("MLX's export_to_dot failed"));
+    }
+    let text = text.map_err(|e| failed(&format!("cannot read the graph back: {e}")))?;
+    // A primitive's node: `"name" [label ="Primitive", shape=rectangle]`.
+    let mut counts = std::collections::BTreeMap::new();
+    for line in text.lines().filter(|l| l.contains("shape=rectangle")) {
+        if let Some(label) = line
+            .split("label =\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+        {
+            *counts.entry(label.to_string()).or_insert(0) += 1;
+        }
+    }
+    Ok(counts)
+}
+
 /// A quantized weight as MLX's quantized ops take it, for a `mode` that
 /// mlx-rs 0.33 does not pass (its `quantized_matmul`, `gather_qmm` and
 /// `dequantize` always ask for "affine"): MXFP4, gpt-oss's experts.

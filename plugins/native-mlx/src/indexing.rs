@@ -12,22 +12,18 @@
 //! building and execution). `clippy.toml` forbids the two methods in this
 //! crate; use [`IndexOnStream`] instead.
 
-use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
+use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Stream};
 
 use crate::error::Result;
 
-/// `try_index` / `try_index_mut` on the current thread-local stream.
+/// `try_index` on the current thread-local stream. Updates go through
+/// [`crate::ffi::slice_update`], which takes the same stream.
 pub(crate) trait IndexOnStream {
     /// `self[index]`, as a lazy view.
     fn at<I>(&self, index: I) -> Result<Array>
     where
         Array: TryIndexOp<I>;
-
-    /// `self[index] = value`, as a lazy slice update.
-    fn set_at<I, V>(&mut self, index: I, value: V) -> Result<()>
-    where
-        Array: TryIndexMutOp<I, V>;
 }
 
 impl IndexOnStream for Array {
@@ -38,14 +34,6 @@ impl IndexOnStream for Array {
         let stream = Stream::thread_local_or_default();
         Ok(self.try_index_device(index, stream)?)
     }
-
-    fn set_at<I, V>(&mut self, index: I, value: V) -> Result<()>
-    where
-        Array: TryIndexMutOp<I, V>,
-    {
-        let stream = Stream::thread_local_or_default();
-        Ok(self.try_index_mut_device(index, value, stream)?)
-    }
 }
 
 #[cfg(test)]
@@ -53,20 +41,22 @@ mod tests {
     use mlx_rs::{with_stream, Array};
 
     use super::IndexOnStream;
-    use crate::ffi::SendStream;
+    use crate::ffi::{slice_update, SendStream};
 
     /// Regression: mlx-rs's own `try_index` / `try_index_mut` built on the
-    /// calling thread's default stream inside `with_stream`. Streams of a
+    /// calling thread's default stream inside `with_stream` (updates now go
+    /// through `slice_update`, checked here alike). Streams of a
     /// thread only evaluate on that thread, so a graph that leaked onto one
     /// fails to evaluate elsewhere; a session's graph must not.
     #[test]
     fn index_ops_run_on_the_scoped_stream() {
         let session = SendStream::new(false).unwrap();
-        let mut a = Array::from_slice(&[1.0f32, 2.0, 3.0], &[3]);
+        let a = Array::from_slice(&[1.0f32, 2.0, 3.0], &[3]);
         let (slice, updated) = with_stream(&session.0, || {
             let slice = a.at(1..).unwrap();
-            a.set_at(..1, Array::from_f32(9.0)).unwrap();
-            (slice, a.clone())
+            let updated =
+                slice_update(&a, &Array::from_slice(&[9.0f32], &[1]), &[0], &[1]).unwrap();
+            (slice, updated)
         });
         let values = std::thread::spawn(move || {
             let session = session; // the whole SendStream, not its !Send field

@@ -22,7 +22,9 @@
 //! words (MLX's gather moves one element per thread), which moves the same
 //! bits in a quarter of the threads for 16-bit types.
 
-use mlx_rs::ops::{concatenate, zeros_dtype};
+use std::cell::OnceCell;
+
+use mlx_rs::ops::{broadcast_to, concatenate, zeros_dtype};
 use mlx_rs::transforms::eval;
 use mlx_rs::{Array, Dtype};
 
@@ -66,6 +68,42 @@ impl Pages {
     /// The length attention reads once `len` positions are filled.
     pub(crate) fn padded(len: i32) -> i32 {
         (len + BUCKET - 1) / BUCKET * BUCKET
+    }
+}
+
+/// Pool rows that every layer of a step reads or writes, `(1, n, 1)` int32,
+/// with the same rows broadcast to the shape a layer's gather or write
+/// takes (`(kv_heads, n, words)`), made once a step. MLX's
+/// `take_along_axis` and `put_along_axis` broadcast their index to that
+/// shape themselves, an op per call; given it broadcast they add none, and
+/// the kernels read the same index either way.
+pub(crate) struct RowIndex {
+    rows: Array,
+    wide: OnceCell<Array>,
+}
+
+impl RowIndex {
+    /// `rows`, `(1, n, 1)` int32.
+    pub(crate) fn new(rows: Array) -> Self {
+        Self {
+            rows,
+            wide: OnceCell::new(),
+        }
+    }
+
+    /// The rows broadcast to `shape` (`(heads, n, width)`), made on first
+    /// use and kept for the step; another shape (values wider than keys)
+    /// gets its own broadcast, not kept.
+    fn wide(&self, shape: &[i32]) -> Result<Array> {
+        if let Some(wide) = self.wide.get() {
+            if wide.shape() == shape {
+                return Ok(wide.clone());
+            }
+            return Ok(broadcast_to(&self.rows, shape)?);
+        }
+        let wide = broadcast_to(&self.rows, shape)?;
+        let _ = self.wide.set(wide.clone());
+        Ok(wide)
     }
 }
 
@@ -170,21 +208,20 @@ impl KvPool {
     }
 
     /// Writes keys and values `(kv_heads, n, head_dim)` of `layer` (of
-    /// `layers`) at pool rows `rows` (`(n,)`, int32) and returns the
+    /// `layers`) at pool rows `rows` (`(1, n, 1)`) and returns the
     /// layer's pool after the write.
     pub(crate) fn write(
         &mut self,
         layer: usize,
         layers: usize,
-        rows: &Array,
+        rows: &RowIndex,
         keys: &Array,
         values: &Array,
     ) -> Result<(Array, Array)> {
         self.ensure(layers, (keys, values))?;
-        let at = rows.reshape(&[1, -1, 1])?;
         let (k, v) = &mut self.layers[layer];
-        *k = k.put_along_axis(&at, keys, 1)?;
-        *v = v.put_along_axis(&at, values, 1)?;
+        *k = k.put_along_axis(&rows.wide(keys.shape())?, keys, 1)?;
+        *v = v.put_along_axis(&rows.wide(values.shape())?, values, 1)?;
         Ok((k.clone(), v.clone()))
     }
 
@@ -198,7 +235,7 @@ impl KvPool {
             return Ok(());
         }
         let rows: Vec<i32> = (0..len).map(|p| seq.row(p)).collect();
-        let rows = Array::from_slice(&rows, &[len]);
+        let rows = RowIndex::new(Array::from_slice(&rows, &[1, len, 1]));
         for (layer, cache) in caches.iter().enumerate() {
             let (k, v) = cache.valid()?.expect("a filled cache");
             self.write(
@@ -220,17 +257,19 @@ impl KvPool {
     /// laid out as its index: contiguous, unlike `take`'s).
     pub(crate) fn gather(
         pool: &(Array, Array),
-        index: &Array,
+        index: &RowIndex,
         padded: i32,
     ) -> Result<(Array, Array)> {
         let read = |a: &Array| -> Result<Array> {
             let dim = a.dim(2);
+            let n = index.rows.dim(1);
             let rows = match word(a) {
-                Some(word) => a
-                    .view_dtype(word)?
-                    .take_along_axis(index, 1)?
-                    .view_dtype(a.dtype())?,
-                None => a.take_along_axis(index, 1)?,
+                Some(word) => {
+                    let words = a.view_dtype(word)?;
+                    let wide = index.wide(&[words.dim(0), n, words.dim(2)])?;
+                    words.take_along_axis(&wide, 1)?.view_dtype(a.dtype())?
+                }
+                None => a.take_along_axis(&index.wide(&[a.dim(0), n, dim])?, 1)?,
             };
             Ok(rows.reshape(&[-1, 1, padded, dim])?)
         };
@@ -242,7 +281,7 @@ impl KvPool {
     /// buffers: the pool's next write can reuse its own).
     pub(crate) fn copy_rows(&self, rows: &[i32]) -> Result<Vec<(Array, Array)>> {
         let n = rows.len() as i32;
-        let index = Array::from_slice(rows, &[1, n, 1]);
+        let index = RowIndex::new(Array::from_slice(rows, &[1, n, 1]));
         self.layers
             .iter()
             .map(|pool| {
@@ -323,13 +362,13 @@ mod tests {
                     .unwrap()
             };
             for pos in 0..3 {
-                let rows = Array::from_slice(&[seq.row(pos)], &[1]);
+                let rows = RowIndex::new(Array::from_slice(&[seq.row(pos)], &[1, 1, 1]));
                 pool.write(0, 1, &rows, &kv(pos as f32 * 10.0), &kv(-1.0))
                     .unwrap();
             }
             assert_eq!(pool.dtype(), Some(dtype));
             // One sequence of padded length 2 reading positions 2 and 0.
-            let index = Array::from_slice(&[seq.row(2), seq.row(0)], &[1, 2, 1]);
+            let index = RowIndex::new(Array::from_slice(&[seq.row(2), seq.row(0)], &[1, 2, 1]));
             let (k, _) = KvPool::gather(&pool.layers[0], &index, 2).unwrap();
             assert_eq!(k.shape(), &[2, 1, 2, 2]);
             let k = k.as_dtype(Dtype::Float32).unwrap();

@@ -252,6 +252,28 @@ impl Session {
         self.cached.clear();
     }
 
+    /// The primitives of one decoding step's graph, by name, after a prompt
+    /// of `prompt` tokens (`native-mlx-bench --graph-ops`): what the host
+    /// builds and submits for every token. Forgets the cached conversation.
+    pub fn decode_step_primitives(
+        &mut self,
+        prompt: &[u32],
+    ) -> Result<std::collections::BTreeMap<String, usize>> {
+        let stream = self.stream.clone();
+        let result = with_stream(&stream.0, || {
+            self.clear_cache();
+            let (_, last) = self.prefill(prompt)?;
+            let first = self.logprobs(&ids(&[last])?)?;
+            eval([&first])?;
+            let step = self.logprobs(&ids(&[last])?)?;
+            let counts = crate::ffi::graph_primitives(&[&step])?;
+            eval([&step])?;
+            Ok(counts)
+        });
+        self.clear_cache();
+        result
+    }
+
     /// Whether the model reads images (Gemma 3 with its vision tower):
     /// `Err` says why not.
     pub fn reads_images(&self) -> std::result::Result<(), String> {

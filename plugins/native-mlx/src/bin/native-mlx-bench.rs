@@ -67,6 +67,11 @@ struct Args {
     /// Print one JSON object per model instead of a table.
     #[arg(long)]
     json: bool,
+    /// Instead: print the primitives of one single-stream decoding step's
+    /// graph (after a `--prompt-tokens` prompt), by name, and their total
+    /// per layer: what the host builds and submits for every token.
+    #[arg(long)]
+    graph_ops: bool,
     /// Also print where each decoding step's time goes.
     #[arg(long)]
     breakdown: bool,
@@ -998,6 +1003,22 @@ fn main() -> Result<()> {
     for dir in &args.models {
         if args.ids {
             println!("{}", greedy_ids(&args, dir)?);
+            continue;
+        }
+        if args.graph_ops {
+            let mut session = load(&args, dir)?;
+            let vocab = session.model().config().vocab_size as u32;
+            let layers = session.model().config().num_layers;
+            let counts = session.decode_step_primitives(&prompt(args.prompt_tokens, vocab))?;
+            let total: usize = counts.values().sum();
+            println!(
+                "{}: {total} primitives in a decoding step, {:.1} per layer ({layers} layers)",
+                dir.display(),
+                total as f64 / layers as f64
+            );
+            for (name, n) in &counts {
+                println!("    {name:<28} {n:>6}");
+            }
             continue;
         }
         if let Some(n) = args.concurrent {

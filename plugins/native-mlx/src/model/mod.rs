@@ -33,7 +33,7 @@ use crate::cache::KvCache;
 use crate::config::{Family, ModelConfig, RopeScaling, SlidingWindow};
 use crate::error::Result;
 use crate::indexing::IndexOnStream;
-use crate::pool::KvPool;
+use crate::pool::{KvPool, RowIndex};
 use layers::{Embedding, Layout, Linear, Parallel, Projections};
 use moe::SparseMoe;
 use weights::Weights;
@@ -222,10 +222,10 @@ impl Rope {
 /// rows (the first rows, one token each), then its prompt chunks.
 pub(crate) struct Packed<'a> {
     pub(crate) pool: &'a mut KvPool,
-    /// The pool row of every new position of the step, `(n,)` int32: the
-    /// decoding rows', then each chunk group's (sequence by sequence): one
-    /// write per layer stores them all.
-    pub(crate) rows: Array,
+    /// The pool row of every new position of the step, `(1, n, 1)` int32:
+    /// the decoding rows', then each chunk group's (sequence by sequence):
+    /// one write per layer stores them all.
+    pub(crate) rows: RowIndex,
     pub(crate) decode: Option<Decode>,
     pub(crate) chunks: Vec<Chunks>,
     /// Image soft tokens in place of their ids' embeddings: each `(at,
@@ -252,7 +252,7 @@ pub(crate) struct Group {
     pub(crate) padded: i32,
     /// The pool rows each reads, `(1, rows * padded, 1)` int32, row by row;
     /// padding repeats a row of the sequence's own, which the mask hides.
-    pub(crate) index: Array,
+    pub(crate) index: RowIndex,
     /// Which of those positions are the sequence's, per key/value head as
     /// the pool's gather lays them out: `(kv_heads * rows, 1, 1, padded)`
     /// bool, head `h` of row `i` at `h * rows + i`.
@@ -269,7 +269,7 @@ pub(crate) struct WindowRead {
     /// the pool's bucket where that is shorter.
     pub(crate) padded: i32,
     /// As [`Group::index`], for `padded` positions a row.
-    pub(crate) index: Array,
+    pub(crate) index: RowIndex,
     /// As [`Group::mask`].
     pub(crate) mask: Array,
 }
@@ -285,7 +285,7 @@ pub(crate) struct Chunks {
     /// each sequence reads, its earlier ones and the chunk's: `(1, seqs *
     /// (offset + len), 1)` int32, sequence by sequence. A first chunk
     /// attends to its own keys and values alone.
-    pub(crate) index: Option<Array>,
+    pub(crate) index: Option<RowIndex>,
     /// The RoPE position of each token, `(len,)` int32, where they are not
     /// `offset..offset + len` (a prompt prefilled in part, see
     /// `specprefill`); such a group holds one sequence.
@@ -516,10 +516,15 @@ impl Attention {
             Some(d) => {
                 let part = parts.next().expect("a decoding part");
                 let (queries, keys, values) = self.decoding_heads(part, &d.positions, rope)?;
-                // `(n, kv_heads, 1, head_dim)` to `(kv_heads, n, head_dim)`.
+                // `(n, kv_heads, 1, head_dim)` to `(kv_heads, n, head_dim)`;
+                // for one row the same memory, so a reshape alone.
                 let n = d.positions.dim(0);
                 let head_major = |y: &Array| -> Result<Array> {
-                    Ok(y.reshape(&[n, kv_heads, -1])?.transpose_axes(&[1, 0, 2])?)
+                    Ok(if n == 1 {
+                        y.reshape(&[kv_heads, 1, -1])?
+                    } else {
+                        y.reshape(&[n, kv_heads, -1])?.transpose_axes(&[1, 0, 2])?
+                    })
                 };
                 new_keys.push(head_major(&keys)?);
                 new_values.push(head_major(&values)?);
@@ -612,10 +617,14 @@ impl Attention {
             // head_dim)`: the queries of each key/value head are laid out
             // alike, `(kv_heads * g, repeats, 1, head_dim)`. Each query
             // still attends to its own sequence's keys with its own head.
-            let q = q
-                .reshape(&[g, kv_heads, repeats, -1])?
-                .transpose_axes(&[1, 0, 2, 3])?
-                .reshape(&[kv_heads * g, repeats, 1, -1])?;
+            // For one row both layouts are the same memory: one reshape.
+            let q = if g == 1 {
+                q.reshape(&[kv_heads, repeats, 1, -1])?
+            } else {
+                q.reshape(&[g, kv_heads, repeats, -1])?
+                    .transpose_axes(&[1, 0, 2, 3])?
+                    .reshape(&[kv_heads * g, repeats, 1, -1])?
+            };
             let (index, mask, padded) = match (&group.window, self.window) {
                 (Some(w), Some(_)) => (&w.index, &w.mask, w.padded),
                 _ => (&group.index, &group.mask, group.padded),
@@ -623,10 +632,13 @@ impl Attention {
             let (k, v) = KvPool::gather(pool, index, padded)?;
             let out = self.sdpa_heads(&q, &k, &v, Mask::Rows(mask), 0, (0, kv_heads), g, g)?;
             // Back to `(1, g, q_heads * head_dim)`, query heads in order.
-            let out = out
-                .reshape(&[kv_heads, g, repeats, -1])?
-                .transpose_axes(&[1, 0, 2, 3])?
-                .reshape(&[1, g, -1])?;
+            let out = if g == 1 {
+                out.reshape(&[1, 1, -1])?
+            } else {
+                out.reshape(&[kv_heads, g, repeats, -1])?
+                    .transpose_axes(&[1, 0, 2, 3])?
+                    .reshape(&[1, g, -1])?
+            };
             outs.push(out);
         }
         Ok(if outs.len() == 1 {
