@@ -67,6 +67,30 @@ model() { # shape: the folder, made as scripts/gpu-bench.sh makes it
   echo "$BENCH_DIR/$shape"
 }
 
+# The table of single-stream runs in log $2 (`## SHAPE round N LABEL`
+# lines, then native-mlx-bench --json --breakdown lines), by shape and
+# label (column title $1): decode tok/s median [min-max], step breakdown.
+step_table() {
+  "$PY" - "$1" "$2" <<'PYTHON'
+import json, statistics, sys
+title, runs, head = sys.argv[1], {}, None
+for line in open(sys.argv[2]):
+    if line.startswith("## ") and " round " in line:
+        shape, _, _, label = line[3:].split()
+        head = (shape, label)
+    elif line.startswith("{") and head:
+        r = json.loads(line)
+        runs.setdefault(head, []).append((r["decode_tps"], r["step_us"]))
+print(f"| model | {title} | decode tok/s median [min-max] | build us | submit us | wait us |")
+print("|---|---|---|---:|---:|---:|")
+for (shape, label), rs in runs.items():
+    tps = [t for t, _ in rs]
+    med = lambda k: statistics.median(s[k] for _, s in rs)
+    print(f"| {shape} | {label} | {statistics.median(tps):.1f} [{min(tps):.1f}-{max(tps):.1f}] | "
+          f"{med('graph_build'):.0f} | {med('submit'):.0f} | {med('eval_wait'):.0f} |")
+PYTHON
+}
+
 for part in "$@"; do
   log="$LOGS/$part.log"
   : >"$log"
@@ -142,24 +166,7 @@ for part in "$@"; do
           done
         done
       done
-      "$PY" - "$log" <<'PYTHON' >>"$log"
-import json, re, statistics, sys
-runs, head = {}, None
-for line in open(sys.argv[1]):
-    if line.startswith("## "):
-        shape, _, _, preset = line[3:].split()
-        head = (shape, preset)
-    elif line.startswith("{") and head:
-        r = json.loads(line)
-        runs.setdefault(head, []).append((r["decode_tps"], r["step_us"]))
-print("| model | MLX graph settings | decode tok/s median [min-max] | build us | submit us | wait us |")
-print("|---|---|---|---:|---:|---:|")
-for (shape, preset), rs in runs.items():
-    tps = [t for t, _ in rs]
-    med = lambda k: statistics.median(s[k] for _, s in rs)
-    print(f"| {shape} | {preset} | {statistics.median(tps):.1f} [{min(tps):.1f}-{max(tps):.1f}] | "
-          f"{med('graph_build'):.0f} | {med('submit'):.0f} | {med('eval_wait'):.0f} |")
-PYTHON
+      step_table "MLX graph settings" "$log" >>"$log"
       ;;
     ab)
       # Single stream, BIN_A (default /tmp/gpu/native-mlx-bench-base, an
@@ -189,24 +196,7 @@ PYTHON
             --prompt-tokens 128 "$dir" 2>&1 | grep "decoding step of" >>"$log"
         done
       done
-      "$PY" - "$log" <<'PYTHON' >>"$log"
-import json, statistics, sys
-runs, head = {}, None
-for line in open(sys.argv[1]):
-    if line.startswith("## ") and " round " in line:
-        shape, _, _, binary = line[3:].split()
-        head = (shape, binary)
-    elif line.startswith("{") and head:
-        r = json.loads(line)
-        runs.setdefault(head, []).append((r["decode_tps"], r["step_us"]))
-print("| model | binary | decode tok/s median [min-max] | build us | submit us | wait us |")
-print("|---|---|---|---:|---:|---:|")
-for (shape, binary), rs in runs.items():
-    tps = [t for t, _ in rs]
-    med = lambda k: statistics.median(s[k] for _, s in rs)
-    print(f"| {shape} | {binary} | {statistics.median(tps):.1f} [{min(tps):.1f}-{max(tps):.1f}] | "
-          f"{med('graph_build'):.0f} | {med('submit'):.0f} | {med('eval_wait'):.0f} |")
-PYTHON
+      step_table binary "$log" >>"$log"
       ;;
     tiles)
       for tile in ${GATHER_TILES:-2,4 2,4,1 1,4,1 1,8,1}; do
