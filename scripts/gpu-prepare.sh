@@ -29,7 +29,9 @@
 # one tar.xz: a call that installs, then runs, is not cut off between a
 # staging call and an install call (twice the machine was taken back there).
 # Env: PART_BYTES (55M), CARGO_TARGET_DIR (default
-# plugins/native-mlx/target/cuda), SERVE=1 (also .dev/c), ONE=1, SM (90).
+# plugins/native-mlx/target/cuda), SERVE=1 (also .dev/c), ONE=1, SM (90),
+# EXTRA_BINS (with ONE=1: "PATH=NAME ..." more binaries in gpu/, e.g.
+# a base build as native-mlx-bench-base for gpu-session.sh ab).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -134,6 +136,10 @@ if [[ "${ONE:-0}" == 1 ]]; then
   (cd "$stage/gpu/site" && unzip -q -o "$REPO"/"$WHL"/mlx_lm-"$MLX_LM"-*.whl)
   cp "$target/release/native-mlx-bench" "$tests" "$stage/gpu/"
   mv "$stage/gpu/$(basename "$tests")" "$stage/gpu/native-mlx-engine-tests"
+  # More binaries (an earlier build to compare with, as
+  # native-mlx-bench-base), compressed with the rest: a build of the same
+  # crate adds a few MB, not its own 10.
+  for extra in ${EXTRA_BINS:-}; do cp "${extra%%=*}" "$stage/gpu/${extra#*=}"; done
   tar -C "$stage" -cf - gpu | xz -T0 -9 >.dev/one/gpu.tar.xz
   rm -rf "$stage"
   cp -r .dev/c .dev/one/c
