@@ -145,6 +145,9 @@ fn batch_options(
     if let Some(n) = number("step_tokens", 1)? {
         options.step_tokens = n as usize;
     }
+    if let Some(n) = number("merge_padding", 0)? {
+        options.merge_padding = Some(n as usize);
+    }
     if let Some(n) = number("prefix_cache_mb", 0)? {
         options.prefix_cache_bytes = (n as usize) << 20;
     }

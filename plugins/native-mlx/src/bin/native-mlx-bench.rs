@@ -117,6 +117,16 @@ struct Args {
     /// The batching engine's token budget per step (`BatchOptions::step_tokens`).
     #[arg(long, default_value_t = BatchOptions::default().step_tokens)]
     step_tokens: usize,
+    /// The batching engine's `BatchOptions::merge_padding` (default: by
+    /// device, 32768 on a GPU, 0 on the CPU).
+    #[arg(long)]
+    merge_padding: Option<usize>,
+    /// With `--concurrent`: request `i` of `n` has `i * N / n` tokens fewer
+    /// than `--prompt-tokens`, so that its sequences cross the pool's
+    /// 128-position buckets at different steps, as a server's prompts do
+    /// (equal prompts decode in lockstep, one attention group a step).
+    #[arg(long, default_value_t = 0, requires = "concurrent")]
+    prompt_spread: usize,
     /// Instead: single-stream decode through the batching engine with each
     /// of these proposers, in interleaved rounds (A B A B): `off`,
     /// `lookup` (prompt lookup), `oracle` (the speculative path's own
@@ -171,6 +181,7 @@ struct Args {
 fn batch_options(args: &Args) -> BatchOptions {
     BatchOptions {
         step_tokens: args.step_tokens,
+        merge_padding: args.merge_padding,
         ..BatchOptions::default()
     }
 }
@@ -648,6 +659,11 @@ fn batched(args: &Args, dir: &Path, n: usize) -> Result<()> {
     let requests: Vec<GenerateRequest> = (0..n)
         .map(|i| {
             let mut ids = prompt(args.prompt_tokens, vocab);
+            ids.truncate(
+                args.prompt_tokens
+                    .saturating_sub(i * args.prompt_spread / n)
+                    .max(1),
+            );
             // Distinct prompts: nothing is shared through the prefix cache.
             ids[0] = (i as u32 * 31 + 7) % vocab;
             GenerateRequest {
@@ -884,12 +900,14 @@ fn steps(before: &StepStats, after: &StepStats) -> String {
     );
     format!(
         "{decode} decode-only at {:.2} ms ({:.1} rows) each, {mixed} with prompt chunks at \
-         {:.2} ms ({:.1} rows, {:.0} prompt tokens) each",
+         {:.2} ms ({:.1} rows, {:.0} prompt tokens) each; {:.2} attention groups a step",
         per(after.decode_time - before.decode_time, decode),
         (after.decode_rows - before.decode_rows) as f64 / decode.max(1) as f64,
         per(after.mixed_time - before.mixed_time, mixed),
         (after.mixed_rows - before.mixed_rows) as f64 / mixed.max(1) as f64,
         (after.mixed_prompt_tokens - before.mixed_prompt_tokens) as f64 / mixed.max(1) as f64,
+        (after.decode_groups - before.decode_groups) as f64
+            / (after.pool_decode_steps - before.pool_decode_steps).max(1) as f64,
     )
 }
 

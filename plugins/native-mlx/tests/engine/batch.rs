@@ -42,14 +42,17 @@ fn ids_of(r: &GenerateRequest) -> &[u32] {
 }
 
 fn batcher(model: &str, prefix_cache_bytes: usize) -> Batcher {
-    let session = Session::load(&fixtures().model(model)).unwrap();
-    Batcher::start(
-        session,
+    batcher_with(
+        model,
         BatchOptions {
             prefix_cache_bytes,
             ..BatchOptions::default()
         },
     )
+}
+
+fn batcher_with(model: &str, options: BatchOptions) -> Batcher {
+    Batcher::start(Session::load(&fixtures().model(model)).unwrap(), options)
 }
 
 fn run(b: &Batcher, r: &GenerateRequest) -> Completion {
@@ -116,8 +119,23 @@ fn mixed_requests() -> Vec<GenerateRequest> {
 }
 
 fn same_tokens_alone_and_batched(model: &str) {
+    same_tokens_alone_and_batched_with(model, None);
+}
+
+/// As [`same_tokens_alone_and_batched`], with decoding rows of different
+/// padded lengths attending in one group (`merge_padding` unbounded):
+/// masked positions add exact zeros, so on the CPU the tokens stay the
+/// same as alone.
+fn same_tokens_alone_and_batched_with(model: &str, merge_padding: Option<usize>) {
     let requests = mixed_requests();
-    let b = batcher(model, 0);
+    let b = batcher_with(
+        model,
+        BatchOptions {
+            prefix_cache_bytes: 0,
+            merge_padding,
+            ..BatchOptions::default()
+        },
+    );
     let alone: Vec<Vec<u32>> = requests.iter().map(|r| run(&b, r).token_ids).collect();
     assert_eq!(b.peak_batch(), 1);
     let together: Vec<Vec<u32>> = run_together(&b, &requests)
@@ -138,6 +156,12 @@ fn same_tokens_alone_and_batched(model: &str) {
         "{stats:?}"
     );
     assert!(stats.decode_time > std::time::Duration::ZERO, "{stats:?}");
+    // The prompts' padded lengths (128, 256 and 384) attend in groups of
+    // their own, or all in one when merged.
+    match merge_padding {
+        Some(usize::MAX) => assert_eq!(stats.decode_groups, stats.pool_decode_steps, "{stats:?}"),
+        _ => assert!(stats.decode_groups > stats.pool_decode_steps, "{stats:?}"),
+    }
     for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
         assert_eq!(a.len(), 20);
         let what = format!("{model}: request {i} batched");
@@ -148,6 +172,14 @@ fn same_tokens_alone_and_batched(model: &str) {
 #[test]
 fn greedy_tokens_are_the_same_alone_and_batched_float32() {
     same_tokens_alone_and_batched("llama");
+}
+
+#[test]
+fn greedy_tokens_are_the_same_alone_and_in_merged_groups() {
+    same_tokens_alone_and_batched_with("llama", Some(usize::MAX));
+    same_tokens_alone_and_batched_with("llama-bf16", Some(usize::MAX));
+    // Sliding-window layers read each row's window, padded to the group's.
+    same_tokens_alone_and_batched_with("gemma3_text", Some(usize::MAX));
 }
 
 #[test]
