@@ -41,7 +41,7 @@ use crate::draft::Drafter;
 use crate::error::{Error, Result};
 use crate::images::{prepare_pixels, ImageDigest};
 use crate::indexing::IndexOnStream;
-use crate::model::{window, Chunks, Decode, Group, Packed, WindowRead};
+use crate::model::{window, Chunks, Decode, Group, Packed, PagedRead, WindowRead};
 use crate::pool::{KvPool, Pages, RowIndex};
 use crate::prefix::{block_hashes, PrefixCache, BLOCK};
 use crate::sampling::Sampler;
@@ -87,6 +87,12 @@ pub struct BatchOptions {
     /// CPU, where a step is bound by its arithmetic and a row computes the
     /// same shapes batched as alone.
     pub merge_padding: Option<usize>,
+    /// On a GPU, decoding rows attend with Hangar's paged attention kernel
+    /// (`src/paged.rs`), one kernel a layer reading the pool through each
+    /// row's page table, instead of a gather, a mask and MLX's masked
+    /// attention ops per group; layers with sliding windows or attention
+    /// sinks keep the groups. Off by default until the GPU suite checks it.
+    pub paged_attention: bool,
 }
 
 /// [`BatchOptions::merge_padding`] on a GPU: under the padded reads that
@@ -104,6 +110,7 @@ impl Default for BatchOptions {
             prefix_cache_disk_bytes: 8 << 30,
             spec_prefill: None,
             merge_padding: None,
+            paged_attention: false,
         }
     }
 }
@@ -484,12 +491,14 @@ impl Engine {
         stats: Arc<Mutex<StepStats>>,
     ) -> Self {
         let mut options = options;
+        let gpu = mlx_rs::Device::try_default()
+            .and_then(|d| d.get_type())
+            .is_ok_and(|t| matches!(t, mlx_rs::DeviceType::Gpu));
         if options.merge_padding.is_none() {
-            let gpu = mlx_rs::Device::try_default()
-                .and_then(|d| d.get_type())
-                .is_ok_and(|t| matches!(t, mlx_rs::DeviceType::Gpu));
             options.merge_padding = Some(if gpu { MERGE_PADDING_GPU } else { 0 });
         }
+        // The paged attention kernel is CUDA's.
+        options.paged_attention &= gpu;
         let disk = options
             .prefix_cache_dir
             .as_ref()
@@ -1539,9 +1548,29 @@ impl Engine {
             stats.decode_groups += groups.len() as u64;
         }
         let n = positions.len() as i32;
+        // Each row's pages (padded with page 0) and length, in row order.
+        let paged = self.options.paged_attention.then(|| {
+            let width = decoding
+                .iter()
+                .map(|&(_, at, _)| self.active[at].pages.held())
+                .max()
+                .unwrap_or(1);
+            let mut table = Vec::with_capacity(decoding.len() * width as usize);
+            let mut lens = Vec::with_capacity(decoding.len());
+            for &(_, at, _) in decoding {
+                let pages = &self.active[at].pages;
+                table.extend((0..width).map(|i| pages.page(i)));
+                lens.push(pages.len());
+            }
+            PagedRead {
+                table: Array::from_slice(&table, &[n, width]),
+                lens: Array::from_slice(&lens, &[n]),
+            }
+        });
         Ok(Some(Decode {
             positions: Array::from_slice(&positions, &[n]),
             groups,
+            paged,
         }))
     }
 

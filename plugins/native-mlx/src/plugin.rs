@@ -145,6 +145,15 @@ fn batch_options(
     if let Some(n) = number("step_tokens", 1)? {
         options.step_tokens = n as usize;
     }
+    match settings.get("paged_attention") {
+        None => {}
+        Some(Value::Bool(on)) => options.paged_attention = *on,
+        Some(other) => {
+            return Err(format!(
+                "setting 'paged_attention' of native-mlx must be true or false, got {other}"
+            ))
+        }
+    }
     if let Some(n) = number("merge_padding", 0)? {
         options.merge_padding = Some(n as usize);
     }
@@ -642,6 +651,19 @@ mod tests {
             bad("https://x")
         );
         assert!(bad("data:image/png;base64,%%").starts_with("invalid request: "));
+    }
+
+    #[test]
+    fn scheduling_settings_are_read_and_bad_values_named() {
+        let options = |v: Value| batch_options(&serde_json::from_value(v).unwrap(), None);
+        let o = options(json!({"merge_padding": 0, "paged_attention": true})).unwrap();
+        assert_eq!((o.merge_padding, o.paged_attention), (Some(0), true));
+        let o = options(json!({})).unwrap();
+        assert_eq!((o.merge_padding, o.paged_attention), (None, false));
+        let e = options(json!({"paged_attention": "yes"})).unwrap_err();
+        assert!(e.contains("'paged_attention'"), "{e}");
+        let e = options(json!({"merge_padding": -1})).unwrap_err();
+        assert!(e.contains("'merge_padding'"), "{e}");
     }
 
     /// The speculation settings as a model's settings give them, or the

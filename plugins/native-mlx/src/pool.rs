@@ -55,6 +55,11 @@ impl Pages {
         self.pages[(pos / PAGE) as usize] * PAGE + pos % PAGE
     }
 
+    /// The `i`th page held, 0 past the last (a page table's padding).
+    pub(crate) fn page(&self, i: i32) -> i32 {
+        self.pages.get(i as usize).copied().unwrap_or(0)
+    }
+
     /// Pages held.
     pub(crate) fn held(&self) -> i32 {
         self.pages.len() as i32

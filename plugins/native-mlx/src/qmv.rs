@@ -379,7 +379,7 @@ fn parse_tile(text: &str) -> Option<(i32, i32, i32)> {
 
 /// The compiled-on-first-use kernel object (mlx-c's handle to MLX's
 /// `CustomKernelFunction`).
-struct Kernel(mlx_sys::mlx_fast_cuda_kernel);
+pub(crate) struct Kernel(mlx_sys::mlx_fast_cuda_kernel);
 
 // SAFETY: the handle owns an immutable `std::function` (names, source,
 // header) that MLX only reads when the kernel is applied; applying builds a
@@ -392,7 +392,7 @@ unsafe impl Sync for Kernel {}
 
 /// A kernel object for `source` with these input names and one output `y`.
 #[allow(unsafe_code)]
-fn new_kernel(name: &str, inputs: &[&str], source: &str) -> Kernel {
+pub(crate) fn new_kernel(name: &str, inputs: &[&str], source: &str) -> Kernel {
     let cstr = |s: &str| CString::new(s).expect("no NUL in the kernel's strings");
     let (name, source, header) = (cstr(name), cstr(source), cstr(HEADER));
     let inputs = inputs.iter().map(|s| cstr(s)).collect::<Vec<_>>();
@@ -567,20 +567,20 @@ pub(crate) fn gather_qmv(
 }
 
 /// One application of a kernel object with one output `y`.
-struct Launch<'a> {
-    kernel: &'static Kernel,
-    what: &'static str,
-    inputs: &'a [&'a Array],
-    out_shape: [i32; 2],
+pub(crate) struct Launch<'a> {
+    pub(crate) kernel: &'static Kernel,
+    pub(crate) what: &'static str,
+    pub(crate) inputs: &'a [&'a Array],
+    pub(crate) out_shape: [i32; 2],
     /// Of the output and the template argument `T`.
-    dtype: Dtype,
+    pub(crate) dtype: Dtype,
     /// Threads along x (blocks of [`BLOCK`]) and blocks along y.
-    grid: (i32, i32),
-    ints: &'a [(&'static str, i32)],
+    pub(crate) grid: (i32, i32),
+    pub(crate) ints: &'a [(&'static str, i32)],
 }
 
 #[allow(unsafe_code)]
-fn launch(l: Launch<'_>) -> Result<Array> {
+pub(crate) fn launch(l: Launch<'_>) -> Result<Array> {
     let stream = Stream::thread_local_or_default();
     let failed = || {
         Error::Mlx(mlx_rs::error::Exception::custom(format!(

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Parser;
 use hangar_native_mlx::{
-    probe, BatchOptions, Batcher, ChatMessage, ChatOptions, DraftLoad, Drafter, GenerateRequest,
-    LoadOptions, Prompt, Session, SpecPrefill, SpecUsage, Speculation, StepStats,
+    check_paged_attention, probe, BatchOptions, Batcher, ChatMessage, ChatOptions, DraftLoad,
+    Drafter, GenerateRequest, LoadOptions, Prompt, Session, SpecPrefill, SpecUsage, Speculation,
+    StepStats,
 };
 
 /// mimalloc replaces malloc for the whole process, MLX included (feature
@@ -121,6 +122,16 @@ struct Args {
     /// device, 32768 on a GPU, 0 on the CPU).
     #[arg(long)]
     merge_padding: Option<usize>,
+    /// The batching engine's decoding rows attend with Hangar's paged
+    /// attention kernel (`BatchOptions::paged_attention`; GPU only).
+    #[arg(long)]
+    paged_attention: bool,
+    /// Instead: the paged attention kernel against MLX's ops in float32 at
+    /// Qwen2.5-0.5B's, 7B's and Qwen3-8B's head shapes, bfloat16 and
+    /// float32, rows of 1 to 1000 positions: the largest difference
+    /// (GPU only).
+    #[arg(long)]
+    paged_check: bool,
     /// With `--concurrent`: request `i` of `n` has `i * N / n` tokens fewer
     /// than `--prompt-tokens`, so that its sequences cross the pool's
     /// 128-position buckets at different steps, as a server's prompts do
@@ -182,6 +193,7 @@ fn batch_options(args: &Args) -> BatchOptions {
     BatchOptions {
         step_tokens: args.step_tokens,
         merge_padding: args.merge_padding,
+        paged_attention: args.paged_attention,
         ..BatchOptions::default()
     }
 }
@@ -891,6 +903,21 @@ fn print_masked_table(
     );
 }
 
+/// `--paged-check`: the paged attention kernel's largest difference from
+/// MLX's ops in float32, per head shape and type.
+fn paged_table() -> Result<()> {
+    let lens = [1, 37, 128, 129, 300, 1000];
+    println!("| heads / kv heads / head dim | dtype | rows' lengths | largest difference |");
+    println!("|---|---|---|---:|");
+    for (heads, kv_heads, d) in [(14, 2, 64), (28, 4, 128), (32, 8, 128)] {
+        for dtype in [mlx_rs::Dtype::Bfloat16, mlx_rs::Dtype::Float32] {
+            let error = check_paged_attention(heads, kv_heads, d, &lens, dtype)?;
+            println!("| {heads} / {kv_heads} / {d} | {dtype:?} | {lens:?} | {error:.2e} |");
+        }
+    }
+    Ok(())
+}
+
 /// Where the steps between `before` and `after` spent their time.
 fn steps(before: &StepStats, after: &StepStats) -> String {
     let per = |time: Duration, n: u64| time.as_secs_f64() * 1e3 / n.max(1) as f64;
@@ -1000,6 +1027,9 @@ fn main() -> Result<()> {
     }
     if args.gather_check {
         return gather_table(&args);
+    }
+    if args.paged_check {
+        return paged_table();
     }
     if let Some(sizes) = &args.embed {
         println!("native-mlx on MLX {} ({})", mlx.version, mlx.device);

@@ -242,6 +242,17 @@ pub(crate) struct Decode {
     /// Consecutive runs of decoding rows that attend over the same padded
     /// length, in row order.
     pub(crate) groups: Vec<Group>,
+    /// With `BatchOptions::paged_attention`: every row's page table, for
+    /// one kernel a layer over all rows (`src/paged.rs`).
+    pub(crate) paged: Option<PagedRead>,
+}
+
+/// The decoding rows' pages as the paged attention kernel reads them.
+pub(crate) struct PagedRead {
+    /// `(rows, pages)` int32: row `i`'s pages in order, padded with 0.
+    pub(crate) table: Array,
+    /// `(rows,)` int32: the positions each row attends to (its own included).
+    pub(crate) lens: Array,
 }
 
 /// Decoding rows that attend together: one gather and one attention kernel.
@@ -601,6 +612,21 @@ impl Attention {
     /// write): each group attends with one gather and one kernel, over its
     /// padded length under its mask. Returns `(1, n, heads * head_dim)`.
     fn attend_decoding(&self, queries: Array, d: &Decode, pool: &(Array, Array)) -> Result<Array> {
+        if let Some(paged) = &d.paged {
+            if self.window.is_none()
+                && self.sinks.is_none()
+                && crate::paged::fits(&queries, pool, self.num_kv_heads)
+            {
+                return crate::paged::attention(
+                    &queries,
+                    pool,
+                    &paged.table,
+                    &paged.lens,
+                    self.scale,
+                    self.num_kv_heads,
+                );
+            }
+        }
         let n = queries.dim(0);
         let (kv_heads, repeats) = (self.num_kv_heads, self.num_heads / self.num_kv_heads);
         let mut outs = Vec::with_capacity(d.groups.len());

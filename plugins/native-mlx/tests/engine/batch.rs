@@ -119,20 +119,26 @@ fn mixed_requests() -> Vec<GenerateRequest> {
 }
 
 fn same_tokens_alone_and_batched(model: &str) {
-    same_tokens_alone_and_batched_with(model, None);
+    same_tokens_alone_and_batched_with(model, None, false);
 }
 
 /// As [`same_tokens_alone_and_batched`], with decoding rows of different
-/// padded lengths attending in one group (`merge_padding` unbounded):
+/// padded lengths attending in one group (`merge_padding` unbounded:
 /// masked positions add exact zeros, so on the CPU the tokens stay the
-/// same as alone.
-fn same_tokens_alone_and_batched_with(model: &str, merge_padding: Option<usize>) {
+/// same as alone), or with the paged attention kernel (a GPU's; the CPU
+/// keeps the groups).
+fn same_tokens_alone_and_batched_with(
+    model: &str,
+    merge_padding: Option<usize>,
+    paged_attention: bool,
+) {
     let requests = mixed_requests();
     let b = batcher_with(
         model,
         BatchOptions {
             prefix_cache_bytes: 0,
             merge_padding,
+            paged_attention,
             ..BatchOptions::default()
         },
     );
@@ -176,10 +182,19 @@ fn greedy_tokens_are_the_same_alone_and_batched_float32() {
 
 #[test]
 fn greedy_tokens_are_the_same_alone_and_in_merged_groups() {
-    same_tokens_alone_and_batched_with("llama", Some(usize::MAX));
-    same_tokens_alone_and_batched_with("llama-bf16", Some(usize::MAX));
+    same_tokens_alone_and_batched_with("llama", Some(usize::MAX), false);
+    same_tokens_alone_and_batched_with("llama-bf16", Some(usize::MAX), false);
     // Sliding-window layers read each row's window, padded to the group's.
-    same_tokens_alone_and_batched_with("gemma3_text", Some(usize::MAX));
+    same_tokens_alone_and_batched_with("gemma3_text", Some(usize::MAX), false);
+}
+
+#[test]
+fn greedy_tokens_are_the_same_alone_and_with_paged_attention() {
+    // Grouped queries (llama: 4 heads over 2), per-head norms (qwen3),
+    // 4-bit weights; on the CPU the kernel is not taken.
+    for model in ["llama", "llama-bf16", "qwen3-q4"] {
+        same_tokens_alone_and_batched_with(model, None, true);
+    }
 }
 
 #[test]

@@ -3,7 +3,9 @@
 //! agree to the output dtype's rounding; elsewhere it must be refused with
 //! an error (the engine never asks for it there).
 
-use hangar_native_mlx::{check_gather_qmv, check_qmv, probe, DeviceKind, GatherShape, QmvShape};
+use hangar_native_mlx::{
+    check_gather_qmv, check_paged_attention, check_qmv, probe, DeviceKind, GatherShape, QmvShape,
+};
 use mlx_rs::Dtype;
 
 #[test]
@@ -79,6 +81,33 @@ fn the_sorted_gathered_kernel_matches_mlx_on_a_gpu_and_is_refused_elsewhere() {
                     c.max_error <= tolerance,
                     "{what}: differs from gather_qmm by {} of its largest value",
                     c.max_error
+                );
+            } else {
+                assert!(checked.is_err(), "{what}: ran without a GPU");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_paged_attention_kernel_matches_mlx_on_a_gpu_and_is_refused_elsewhere() {
+    let gpu = probe().expect("MLX answers").device == DeviceKind::Gpu;
+    // Rows of one position, a page and one past it, several pages.
+    let lens = [1, 5, 128, 129, 300];
+    // (heads, kv heads, head dim): 0.5B's, 7B's, Qwen3's, no grouping.
+    for (heads, kv_heads, d) in [(14, 2, 64), (28, 4, 128), (32, 8, 128), (4, 4, 64)] {
+        for (dtype, tolerance) in [
+            (Dtype::Bfloat16, 1e-2),
+            (Dtype::Float16, 2e-3),
+            (Dtype::Float32, 1e-5),
+        ] {
+            let checked = check_paged_attention(heads, kv_heads, d, &lens, dtype);
+            let what = format!("{heads} heads over {kv_heads}, head dim {d}, {dtype:?}");
+            if gpu {
+                let error = checked.unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(
+                    error <= tolerance,
+                    "{what}: differs by {error} of the largest value"
                 );
             } else {
                 assert!(checked.is_err(), "{what}: ran without a GPU");
