@@ -91,8 +91,10 @@ pub struct BatchOptions {
     /// (`src/paged.rs`), one kernel a layer reading the pool through each
     /// row's page table, instead of a gather, a mask and MLX's masked
     /// attention ops per group; layers with sliding windows or attention
-    /// sinks keep the groups. Off by default until the GPU suite checks it.
-    pub paged_attention: bool,
+    /// sinks, and head sizes the kernel does not take, keep the groups.
+    /// `None`: on a GPU (an H200 at 7B, 64 streams: 7.8 ms a step against
+    /// 13.5). The CPU has no such kernel.
+    pub paged_attention: Option<bool>,
 }
 
 /// [`BatchOptions::merge_padding`] on a GPU: under the padded reads that
@@ -110,7 +112,7 @@ impl Default for BatchOptions {
             prefix_cache_disk_bytes: 8 << 30,
             spec_prefill: None,
             merge_padding: None,
-            paged_attention: false,
+            paged_attention: None,
         }
     }
 }
@@ -498,7 +500,7 @@ impl Engine {
             options.merge_padding = Some(if gpu { MERGE_PADDING_GPU } else { 0 });
         }
         // The paged attention kernel is CUDA's.
-        options.paged_attention &= gpu;
+        options.paged_attention = Some(options.paged_attention.unwrap_or(gpu) && gpu);
         let disk = options
             .prefix_cache_dir
             .as_ref()
@@ -1549,7 +1551,7 @@ impl Engine {
         }
         let n = positions.len() as i32;
         // Each row's pages (padded with page 0) and length, in row order.
-        let paged = self.options.paged_attention.then(|| {
+        let paged = (self.options.paged_attention == Some(true)).then(|| {
             let width = decoding
                 .iter()
                 .map(|&(_, at, _)| self.active[at].pages.held())

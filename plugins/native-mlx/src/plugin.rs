@@ -147,7 +147,7 @@ fn batch_options(
     }
     match settings.get("paged_attention") {
         None => {}
-        Some(Value::Bool(on)) => options.paged_attention = *on,
+        Some(Value::Bool(on)) => options.paged_attention = Some(*on),
         Some(other) => {
             return Err(format!(
                 "setting 'paged_attention' of native-mlx must be true or false, got {other}"
@@ -657,9 +657,9 @@ mod tests {
     fn scheduling_settings_are_read_and_bad_values_named() {
         let options = |v: Value| batch_options(&serde_json::from_value(v).unwrap(), None);
         let o = options(json!({"merge_padding": 0, "paged_attention": true})).unwrap();
-        assert_eq!((o.merge_padding, o.paged_attention), (Some(0), true));
+        assert_eq!((o.merge_padding, o.paged_attention), (Some(0), Some(true)));
         let o = options(json!({})).unwrap();
-        assert_eq!((o.merge_padding, o.paged_attention), (None, false));
+        assert_eq!((o.merge_padding, o.paged_attention), (None, None));
         let e = options(json!({"paged_attention": "yes"})).unwrap_err();
         assert!(e.contains("'paged_attention'"), "{e}");
         let e = options(json!({"merge_padding": -1})).unwrap_err();

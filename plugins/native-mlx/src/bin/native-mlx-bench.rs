@@ -33,7 +33,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[command(about = "Benchmark native-mlx on MLX model folders")]
 struct Args {
     /// Model folders (config.json, safetensors, tokenizer.json).
-    #[arg(required_unless_present_any = ["qmv_check", "gather_check"])]
+    #[arg(required_unless_present_any = ["qmv_check", "gather_check", "paged_check"])]
     models: Vec<PathBuf>,
     /// On a GPU, quantized products of a few rows run on Hangar's own
     /// CUDA kernel (`LoadOptions::custom_qmv`).
@@ -122,15 +122,16 @@ struct Args {
     /// device, 32768 on a GPU, 0 on the CPU).
     #[arg(long)]
     merge_padding: Option<usize>,
-    /// The batching engine's decoding rows attend with Hangar's paged
-    /// attention kernel (`BatchOptions::paged_attention`; GPU only).
+    /// Whether the batching engine's decoding rows attend with Hangar's
+    /// paged attention kernel (`BatchOptions::paged_attention`: default on
+    /// a GPU; the CPU has none).
     #[arg(long)]
-    paged_attention: bool,
+    paged_attention: Option<bool>,
     /// Instead: the paged attention kernel against MLX's ops in float32 at
     /// Qwen2.5-0.5B's, 7B's and Qwen3-8B's head shapes, bfloat16 and
     /// float32, rows of 1 to 1000 positions: the largest difference
     /// (GPU only).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["concurrent", "ids", "embed"])]
     paged_check: bool,
     /// With `--concurrent`: request `i` of `n` has `i * N / n` tokens fewer
     /// than `--prompt-tokens`, so that its sequences cross the pool's

@@ -242,7 +242,7 @@ pub(crate) struct Decode {
     /// Consecutive runs of decoding rows that attend over the same padded
     /// length, in row order.
     pub(crate) groups: Vec<Group>,
-    /// With `BatchOptions::paged_attention`: every row's page table, for
+    /// With `BatchOptions::paged_attention` on: every row's page table, for
     /// one kernel a layer over all rows (`src/paged.rs`).
     pub(crate) paged: Option<PagedRead>,
 }

@@ -119,7 +119,7 @@ fn mixed_requests() -> Vec<GenerateRequest> {
 }
 
 fn same_tokens_alone_and_batched(model: &str) {
-    same_tokens_alone_and_batched_with(model, None, false);
+    same_tokens_alone_and_batched_with(model, None, None);
 }
 
 /// As [`same_tokens_alone_and_batched`], with decoding rows of different
@@ -130,7 +130,7 @@ fn same_tokens_alone_and_batched(model: &str) {
 fn same_tokens_alone_and_batched_with(
     model: &str,
     merge_padding: Option<usize>,
-    paged_attention: bool,
+    paged_attention: Option<bool>,
 ) {
     let requests = mixed_requests();
     let b = batcher_with(
@@ -182,10 +182,10 @@ fn greedy_tokens_are_the_same_alone_and_batched_float32() {
 
 #[test]
 fn greedy_tokens_are_the_same_alone_and_in_merged_groups() {
-    same_tokens_alone_and_batched_with("llama", Some(usize::MAX), false);
-    same_tokens_alone_and_batched_with("llama-bf16", Some(usize::MAX), false);
+    same_tokens_alone_and_batched_with("llama", Some(usize::MAX), Some(false));
+    same_tokens_alone_and_batched_with("llama-bf16", Some(usize::MAX), Some(false));
     // Sliding-window layers read each row's window, padded to the group's.
-    same_tokens_alone_and_batched_with("gemma3_text", Some(usize::MAX), false);
+    same_tokens_alone_and_batched_with("gemma3_text", Some(usize::MAX), Some(false));
 }
 
 #[test]
@@ -193,7 +193,7 @@ fn greedy_tokens_are_the_same_alone_and_with_paged_attention() {
     // Grouped queries (llama: 4 heads over 2), per-head norms (qwen3),
     // 4-bit weights; on the CPU the kernel is not taken.
     for model in ["llama", "llama-bf16", "qwen3-q4"] {
-        same_tokens_alone_and_batched_with(model, None, true);
+        same_tokens_alone_and_batched_with(model, None, Some(true));
     }
 }
 

@@ -99,7 +99,9 @@ fn the_paged_attention_kernel_matches_mlx_on_a_gpu_and_is_refused_elsewhere() {
         for (dtype, tolerance) in [
             (Dtype::Bfloat16, 1e-2),
             (Dtype::Float16, 2e-3),
-            (Dtype::Float32, 1e-5),
+            // MLX's CUDA float32 products (the reference) run on TF32
+            // tensor cores: 8e-5 to 1.2e-4 on an H200.
+            (Dtype::Float32, 1e-3),
         ] {
             let checked = check_paged_attention(heads, kv_heads, d, &lens, dtype);
             let what = format!("{heads} heads over {kv_heads}, head dim {d}, {dtype:?}");
