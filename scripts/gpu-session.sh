@@ -34,6 +34,10 @@
 #              against BIN, interleaved rounds (A B, B A, ...), with
 #              --breakdown, on AB_SHAPES (qwen05 qwen7); then BIN's
 #              primitives per decoding step (--graph-ops, NATIVE_MLX_GRAPH_OPS)
+#   paged      the batching engine's decoding attention: --paged-check,
+#              then 7B at 32 and 64 streams (prompts of 64-128 tokens) in
+#              groups (--merge-padding 0), merged groups, and the paged
+#              attention kernel, interleaved rounds
 #   tiles      the sorted MoE kernel against MLX's gather_qmm
 #              (--gather-check) for each NATIVE_MLX_GATHER_TILE of
 #              GATHER_TILES (default "2,4 2,4,1 1,4,1 1,8,1": R,C[,S],
@@ -198,6 +202,21 @@ for part in "$@"; do
       done
       step_table binary "$log" >>"$log"
       ;;
+    paged)
+      timeout 120 "$BIN" --paged-check >>"$log" 2>&1
+      dir="$(model qwen7)"
+      for round in $(seq "$ROUNDS"); do
+        for variant in "--merge-padding 0 --paged-attention false" "--paged-attention false" \
+          "--paged-attention true"; do
+          for n in 32 64; do
+            echo "## round $round [$variant] $n streams" >>"$log"
+            # shellcheck disable=SC2086 # the variant's flags, split
+            timeout 90 "$BIN" --concurrent "$n" --runs 1 --gen-tokens 128 --prompt-spread 64 $variant \
+              "$dir" >>"$log" 2>&1
+          done
+        done
+      done
+      ;;
     tiles)
       for tile in ${GATHER_TILES:-2,4 2,4,1 1,4,1 1,8,1}; do
         echo "## --gather-check, NATIVE_MLX_GATHER_TILE=$tile" >>"$log"
@@ -243,7 +262,7 @@ PYTHON
       STREAMS="${STREAMS-1 64}" timeout 540 "$REPO/scripts/gpu-bench.sh" "$BIN" "$shape" >>"$log" 2>&1
       ;;
     *)
-      echo "gpu-session: unknown part '$part' (models, kernels, q4, speculate, serve, engine, graphs, tiles, gather, families)" >&2
+      echo "gpu-session: unknown part '$part' (models, kernels, q4, speculate, serve, alloc, inhost, engine, graphs, ab, paged, tiles, gather, families)" >&2
       exit 2
       ;;
   esac
