@@ -1551,7 +1551,14 @@ impl Engine {
         }
         let n = positions.len() as i32;
         // Each row's pages (padded with page 0) and length, in row order.
-        let paged = (self.options.paged_attention == Some(true)).then(|| {
+        let longest = decoding
+            .iter()
+            .map(|&(_, at, _)| self.active[at].pages.len())
+            .max()
+            .unwrap_or(0);
+        let paged = (self.options.paged_attention == Some(true)
+            && crate::paged::pays(n, heads, longest))
+        .then(|| {
             let width = decoding
                 .iter()
                 .map(|&(_, at, _)| self.active[at].pages.held())

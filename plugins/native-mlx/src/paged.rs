@@ -143,6 +143,16 @@ pub(crate) fn fits(queries: &Array, pool: &(Array, Array), kv_heads: i32) -> boo
         )
 }
 
+/// Whether [`attention`] is taken for `rows` decoding rows of `kv_heads`
+/// heads, the longest reading `longest` positions: its blocks (one per
+/// row and key/value head) fill an H100's or H200's 132 multiprocessors
+/// twice, or no row is long. It was measured at 64-256 positions only; a
+/// few rows thousands of positions long would leave most of the GPU idle
+/// (a split over positions would not), and keep the groups.
+pub(crate) fn pays(rows: i32, kv_heads: i32, longest: i32) -> bool {
+    rows * kv_heads >= 256 || longest <= 4096
+}
+
 /// Row `i` of `queries` (`(n, heads, 1, D)`, [`fits`]) attends to the
 /// first `lens[i]` positions of its sequence, position `p` at pool row
 /// `table[i, p / PAGE] * PAGE + p % PAGE` of `pool` (keys and values
@@ -247,4 +257,16 @@ pub fn check(heads: i32, kv_heads: i32, d: i32, lens: &[i32], dtype: Dtype) -> R
         .max(None)?
         .item_cast::<f32>();
     Ok(diff / largest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pays;
+
+    #[test]
+    fn a_few_long_rows_keep_the_groups() {
+        assert!(pays(64, 4, 100_000));
+        assert!(pays(2, 4, 4096));
+        assert!(!pays(2, 4, 4097));
+    }
 }
