@@ -227,7 +227,9 @@ def steps_between(before, after):
             + (f"; {d['requests']} requests, {per(d['first_token_ms'], d['requests']):.0f} ms from "
                f"reaching the engine to their first token on average ("
                f"{per(d['queue_ms'], d['requests']):.0f} ms before admission; starting them took "
-               f"{d['admit_ms']:.1f} ms of the engine thread in all)" if d.get("requests") else ""))
+               f"{d['admit_ms']:.1f} ms of the engine thread in all)" if d.get("requests") else "")
+            + (f"; {d['prompt_chunks']} prompt chunks in {d['chunk_groups']} attention groups "
+               f"({d['padded_chunks']} padded)" if "prompt_chunks" in d else ""))
 
 
 def percentile(sorted_values, p):
@@ -307,6 +309,8 @@ def main():
     ap.add_argument("--against-config", metavar="TOML",
                     help="compare native-mlx with native-mlx under these config.toml lines, e.g. "
                          "'[plugins.native-mlx]\\nisolation = \"none\"' (instead of mlx_lm.server)")
+    ap.add_argument("--and-mlx-lm", action="store_true",
+                    help="with --against-hangar or --against-config, also run mlx_lm.server")
     args = ap.parse_args()
 
     root = tempfile.mkdtemp(prefix="hangar-serving-bench-")
@@ -332,7 +336,7 @@ def main():
         extra = args.against_config.replace("\\n", "\n")
         label = re.sub(r"[^A-Za-z0-9.]+", "-", extra.strip().splitlines()[-1]).strip("-")
         runs.append((f"native-mlx@{label}", "native-mlx", args.hangar, extra))
-    else:
+    if args.and_mlx_lm or not (args.against_hangar or args.against_config):
         runs.append(("mlx-lm", "mlx-lm", args.hangar, ""))
     for label, engine, hangar, extra in runs:
         home = os.path.join(root, label)
@@ -422,25 +426,22 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"concurrency": results, "long": long}, f, indent=1)
-    a, b = order
+    a = order[0]
     print(f"\n### Concurrent streaming chat, {args.max_tokens} tokens each, {args.rounds} rounds "
           f"(median, min–max)\n")
-    print(f"| streams | {a} tok/s | {b} tok/s | ratio | {a} TTFT p50 ms | {b} TTFT p50 ms "
-          f"| {a} TTFT p99 ms | {b} TTFT p99 ms | failed, short answers ({a}; {b}) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"| streams | engine | tok/s | {a} / engine | TTFT p50 ms | TTFT p99 ms | failed, short answers |")
+    print("|---|---|---|---|---|---|---|")
     for n in streams:
-        # A run with failed requests gives no figure (its throughput and
-        # times measure the failure); the last column counts them.
-        ratio = [x["tok_s"] / y["tok_s"] for x, y in zip(results[a][n], results[b][n])
-                 if not x["errors"] and not y["errors"]]
-        ra = [x for x in results[a][n] if not x["errors"]]
-        rb = [x for x in results[b][n] if not x["errors"]]
-        print(f"| {n} | {fmt([x['tok_s'] for x in ra])} | {fmt([x['tok_s'] for x in rb])} "
-              f"| {fmt(ratio, digits=2)} "
-              f"| {fmt([x['ttft_p50'] for x in ra], 1000)} | {fmt([x['ttft_p50'] for x in rb], 1000)} "
-              f"| {fmt([x['ttft_p99'] for x in ra], 1000)} | {fmt([x['ttft_p99'] for x in rb], 1000)} "
-              f"| {sum(len(x['errors']) for x in results[a][n])}, {sum(x['short'] for x in ra)}; "
-              f"{sum(len(x['errors']) for x in results[b][n])}, {sum(x['short'] for x in rb)} |")
+        for e in order:
+            # A run with failed requests gives no figure (its throughput and
+            # times measure the failure); the last column counts them.
+            ok = [x for x in results[e][n] if not x["errors"]]
+            ratio = [x["tok_s"] / y["tok_s"] for x, y in zip(results[a][n], results[e][n])
+                     if not x["errors"] and not y["errors"]]
+            print(f"| {n} | {e} | {fmt([x['tok_s'] for x in ok])} "
+                  f"| {'' if e == a else fmt(ratio, digits=2)} "
+                  f"| {fmt([x['ttft_p50'] for x in ok], 1000)} | {fmt([x['ttft_p99'] for x in ok], 1000)} "
+                  f"| {sum(len(x['errors']) for x in results[e][n])}, {sum(x['short'] for x in ok)} |")
     if not args.long_rounds:
         return
     print(f"\n### Time to first token of a long prompt, {args.long_rounds} rounds (median, min–max, ms)\n")

@@ -55,7 +55,7 @@ mod speculate;
 mod tokenizer;
 mod turn;
 
-pub use batch::{BatchOptions, Batcher, StepStats};
+pub use batch::{BatchOptions, Batcher, StepStats, MERGE_PADDING_GPU};
 pub use chat::{ChatMessage, ChatOptions, ChatTemplate, Content, ContentPart, ImageData};
 pub use config::{
     ExpertActivation, Family, ModelConfig, MoeConfig, QuantMode, QuantParams, Quantization,

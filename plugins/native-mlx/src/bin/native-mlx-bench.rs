@@ -928,7 +928,8 @@ fn steps(before: &StepStats, after: &StepStats) -> String {
     );
     format!(
         "{decode} decode-only at {:.2} ms ({:.1} rows) each, {mixed} with prompt chunks at \
-         {:.2} ms ({:.1} rows, {:.0} prompt tokens) each; {:.2} attention groups a step",
+         {:.2} ms ({:.1} rows, {:.0} prompt tokens) each; {:.2} attention groups a step; \
+         {} prompt chunks in {} groups ({} padded)",
         per(after.decode_time - before.decode_time, decode),
         (after.decode_rows - before.decode_rows) as f64 / decode.max(1) as f64,
         per(after.mixed_time - before.mixed_time, mixed),
@@ -936,6 +937,9 @@ fn steps(before: &StepStats, after: &StepStats) -> String {
         (after.mixed_prompt_tokens - before.mixed_prompt_tokens) as f64 / mixed.max(1) as f64,
         (after.decode_groups - before.decode_groups) as f64
             / (after.pool_decode_steps - before.pool_decode_steps).max(1) as f64,
+        after.prompt_chunks - before.prompt_chunks,
+        after.chunk_groups - before.chunk_groups,
+        after.padded_chunks - before.padded_chunks,
     )
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use hangar_native_mlx::{
     mlx_turn, BatchOptions, Batcher, Completion, Error, FinishReason, GenerateRequest, Prompt,
-    SamplingParams, Session,
+    SamplingParams, Session, MERGE_PADDING_GPU,
 };
 
 use crate::fixtures::fixtures;
@@ -123,7 +123,8 @@ fn same_tokens_alone_and_batched(model: &str) {
 }
 
 /// As [`same_tokens_alone_and_batched`], with decoding rows of different
-/// padded lengths attending in one group (`merge_padding` unbounded:
+/// padded lengths attending in one group and first chunks of different
+/// lengths in one padded batch (`merge_padding` unbounded:
 /// masked positions add exact zeros, so on the CPU the tokens stay the
 /// same as alone), or with the paged attention kernel (a GPU's; the CPU
 /// keeps the groups).
@@ -162,11 +163,23 @@ fn same_tokens_alone_and_batched_with(
         "{stats:?}"
     );
     assert!(stats.decode_time > std::time::Duration::ZERO, "{stats:?}");
-    // The prompts' padded lengths (128, 256 and 384) attend in groups of
-    // their own, or all in one when merged.
-    match merge_padding {
-        Some(usize::MAX) => assert_eq!(stats.decode_groups, stats.pool_decode_steps, "{stats:?}"),
-        _ => assert!(stats.decode_groups > stats.pool_decode_steps, "{stats:?}"),
+    // Unmerged, the prompts' padded lengths (128, 256 and 384) attend in
+    // groups of their own, and first chunks each with their length.
+    let gpu = crate::greedy::on_gpu();
+    let merge = merge_padding.unwrap_or(if gpu { MERGE_PADDING_GPU } else { 0 });
+    // Merged, the prompts' padded lengths (128, 256 and 384) attend in one
+    // group; first chunks of different lengths (5, 12, 40 and 128 tokens)
+    // that start in one step attend as one batch padded to the longest.
+    match merge {
+        0 => {
+            assert!(stats.decode_groups > stats.pool_decode_steps, "{stats:?}");
+            assert_eq!(stats.padded_chunks, 0, "{stats:?}");
+        }
+        _ => {
+            assert_eq!(stats.decode_groups, stats.pool_decode_steps, "{stats:?}");
+            assert!(stats.padded_chunks > 0, "{stats:?}");
+            assert!(stats.chunk_groups < stats.prompt_chunks, "{stats:?}");
+        }
     }
     for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
         assert_eq!(a.len(), 20);
