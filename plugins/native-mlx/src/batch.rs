@@ -41,7 +41,7 @@ use crate::draft::Drafter;
 use crate::error::{Error, Result};
 use crate::images::{prepare_pixels, ImageDigest};
 use crate::indexing::IndexOnStream;
-use crate::model::{window, Chunks, Decode, Group, Packed, Padding, PagedRead, WindowRead};
+use crate::model::{window, Chunks, Decode, Group, Packed, PagedRead, WindowRead};
 use crate::pool::{KvPool, Pages, RowIndex};
 use crate::prefix::{block_hashes, PrefixCache, BLOCK};
 use crate::sampling::Sampler;
@@ -83,13 +83,9 @@ pub struct BatchOptions {
     /// GPU a group costs some 25 ops a layer to encode, a few microseconds
     /// each (about 3 ms a step at 7B), and a padded position a few
     /// nanoseconds, so rows whose lengths differ by a bucket or a few
-    /// attend together. First prompt chunks of different lengths (prompts
-    /// arriving together) likewise attend as one batch padded to the
-    /// longest, where the positions they add are at most this many (at
-    /// 7B, 32 chunks each attending alone took 108 ms a step of some 800
-    /// prompt tokens on an H200). `None`: [`MERGE_PADDING_GPU`] on a GPU;
-    /// 0 on the CPU, where a step is bound by its arithmetic and a row
-    /// computes the same shapes batched as alone.
+    /// attend together. `None`: [`MERGE_PADDING_GPU`] on a GPU; 0 on the
+    /// CPU, where a step is bound by its arithmetic and a row computes the
+    /// same shapes batched as alone.
     pub merge_padding: Option<usize>,
     /// On a GPU, decoding rows attend with Hangar's paged attention kernel
     /// (`src/paged.rs`), one kernel a layer reading the pool through each
@@ -99,6 +95,15 @@ pub struct BatchOptions {
     /// `None`: on a GPU (an H200 at 7B, 64 streams: 7.8 ms a step against
     /// 13.5). The CPU has no such kernel.
     pub paged_attention: Option<bool>,
+    /// The tokens of first prompt chunks attend as decoding rows, each to
+    /// its sequence's positions up to its own, in the same kernel as the
+    /// step's decoding rows, in models without sliding windows or
+    /// attention sinks; else each chunk length attends as a batch of its
+    /// own. `None`: where `paged_attention` is on. With the kernel a step
+    /// of 32 new prompts is one attention a layer whatever their lengths,
+    /// where as chunks each new length is a new shape for MLX's CUDA
+    /// attention, which built a graph for each (0.1-0.5 s).
+    pub first_chunks_as_rows: Option<bool>,
 }
 
 /// [`BatchOptions::merge_padding`] on a GPU: under the padded reads that
@@ -117,6 +122,7 @@ impl Default for BatchOptions {
             spec_prefill: None,
             merge_padding: None,
             paged_attention: None,
+            first_chunks_as_rows: None,
         }
     }
 }
@@ -173,12 +179,12 @@ pub struct StepStats {
     /// [`BatchOptions::merge_padding`]).
     pub pool_decode_steps: u64,
     pub decode_groups: u64,
-    /// Prompt chunks computed, the groups they attended in, and of those
-    /// chunks the ones padded to a longer chunk's length (see
-    /// [`BatchOptions::merge_padding`]).
+    /// Prompt chunks computed as chunks and the groups they attended in,
+    /// and first chunks whose tokens attended as decoding rows (with
+    /// [`BatchOptions::paged_attention`]).
     pub prompt_chunks: u64,
     pub chunk_groups: u64,
-    pub padded_chunks: u64,
+    pub paged_chunks: u64,
 }
 
 /// For benchmarks through a server (scripts/serving_bench.py): with
@@ -203,7 +209,7 @@ fn write_stats(stats: &Mutex<StepStats>) {
         "first_token_ms": ms(s.first_token_time),
         "pool_decode_steps": s.pool_decode_steps, "decode_groups": s.decode_groups,
         "prompt_chunks": s.prompt_chunks, "chunk_groups": s.chunk_groups,
-        "padded_chunks": s.padded_chunks,
+        "paged_chunks": s.paged_chunks,
     });
     // Written whole, then renamed: a reader never sees half of it.
     let partial = path.with_extension("partial");
@@ -513,6 +519,12 @@ impl Engine {
         }
         // The paged attention kernel is CUDA's.
         options.paged_attention = Some(options.paged_attention.unwrap_or(gpu) && gpu);
+        options.first_chunks_as_rows = Some(
+            options
+                .first_chunks_as_rows
+                .unwrap_or(options.paged_attention == Some(true))
+                && session.model.pages_everywhere(),
+        );
         let disk = options
             .prefix_cache_dir
             .as_ref()
@@ -1144,18 +1156,33 @@ impl Engine {
             return Ok(None);
         }
         // Chunks of the same offset and length side by side: they attend
-        // as one batch.
+        // as one batch. First chunks (without positions of their own) come
+        // first: with the paged attention kernel their tokens attend as
+        // decoding rows, one kernel a layer whatever their lengths, where
+        // as chunks each length is an attention shape of its own (MLX's
+        // CUDA attention built a graph for each new one, 0.1-0.5 s).
         prefilling.sort_by_key(|&(at, end)| {
-            let filled = self.active[at].filled;
-            (filled, end - filled)
+            let seq = &self.active[at];
+            (seq.filled, seq.positions.is_some(), end - seq.filled)
         });
+        let as_rows = if self.options.first_chunks_as_rows == Some(true) {
+            prefilling
+                .iter()
+                .take_while(|&&(at, _)| {
+                    let seq = &self.active[at];
+                    seq.filled == 0 && seq.positions.is_none()
+                })
+                .count()
+        } else {
+            0
+        };
         {
             let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
             stats.peak_batch = stats.peak_batch.max(decoding.len() + prefilling.len());
         }
         let mut rows = Vec::new();
-        let decode = self.decode_batch(&decoding, &mut rows)?;
-        let chunks = self.chunk_groups(&prefilling, &mut rows)?;
+        let decode = self.decode_batch(&decoding, &prefilling[..as_rows], &mut rows)?;
+        let chunks = self.chunk_groups(&prefilling[as_rows..], &mut rows)?;
         let mut parts: Vec<Array> = Vec::new();
         if !decoding.is_empty() {
             parts.push(self.decoding_input(&decoding, &firsts)?);
@@ -1487,16 +1514,20 @@ impl Engine {
         Ok(take_axis(&source, &index, 1)?)
     }
 
-    /// The positions and attention groups of the decoding sequences
-    /// `decoding` (padded length, index into `active`, input), in that
-    /// order, whose new position is reserved; fills that position and
-    /// appends its pool row to `rows`.
+    /// The step's decoding rows: those of `decoding` (see `build`), then
+    /// each token of the first prompt chunks `prompts` (index into
+    /// `active`, end) as a row of its own, at its position, reading its
+    /// sequence's positions up to its own (the causal mask). Groups rows
+    /// by the padded length they read, fills their positions, appends
+    /// their pool rows to `rows`, and gives every row its page table for
+    /// the paged attention kernel where that is on and pays.
     fn decode_batch(
         &mut self,
         decoding: &[(i32, usize, Input)],
+        prompts: &[(usize, usize)],
         rows: &mut Vec<i32>,
     ) -> Result<Option<Decode>> {
-        if decoding.is_empty() {
+        if decoding.is_empty() && prompts.is_empty() {
             return Ok(None);
         }
         let mut positions = Vec::new();
@@ -1508,22 +1539,51 @@ impl Engine {
             (0..heads).flat_map(|_| mask.iter().copied()).collect()
         };
         let window = (self.session.model.config().sliding_window.as_ref()).map(|w| w.size);
+        debug_assert!(prompts.is_empty() || window.is_none());
         let lengths: Vec<i32> = decoding.iter().map(|&(padded, _, _)| padded).collect();
-        let reads = merged_padding(&lengths, self.options.merge_padding.unwrap_or(0));
-        let mut members = decoding.iter().zip(reads).peekable();
-        while let Some(&(_, padded)) = members.peek() {
+        // Each row: its sequence, its prompt position (none for a decoding
+        // row: the position after the sequence's last), the length it reads.
+        let mut members: Vec<(usize, Option<i32>, i32)> = decoding
+            .iter()
+            .zip(merged_padding(
+                &lengths,
+                self.options.merge_padding.unwrap_or(0),
+            ))
+            .map(|(&(_, at, _), padded)| (at, None, padded))
+            .collect();
+        for &(at, end) in prompts {
+            let seq = &mut self.active[at];
+            self.pool.reserve(&mut seq.pages, end as i32);
+            KvPool::fill(&mut seq.pages, end as i32);
+            members.extend(
+                (seq.filled as i32..end as i32).map(|p| (at, Some(p), Pages::padded(p + 1))),
+            );
+        }
+        // Each row's read length, for the paged kernel.
+        let mut lens = Vec::with_capacity(members.len());
+        let mut members = members.into_iter().peekable();
+        while let Some(&(_, _, padded)) = members.peek() {
             let (mut index, mut mask, mut count) = (Vec::new(), Vec::new(), 0);
             // Sliding-window layers read each row's window, in mlx-lm's order.
             let window_padded = window.map_or(0, |w| padded.min(Pages::padded(w)));
             let (mut window_index, mut window_mask) = (Vec::new(), Vec::new());
-            while let Some(((_, at, _), _)) = members.next_if(|m| m.1 == padded) {
-                let seq = &mut self.active[*at];
-                let skipped = seq.skipped as i32;
+            while let Some((at, prompt, _)) = members.next_if(|m| m.2 == padded) {
+                let seq = &mut self.active[at];
                 let pages = &mut seq.pages;
-                let pos = pages.len();
-                KvPool::fill(pages, pos + 1);
+                let pos = match prompt {
+                    Some(pos) => {
+                        positions.push(pos);
+                        pos
+                    }
+                    None => {
+                        let pos = pages.len();
+                        KvPool::fill(pages, pos + 1);
+                        positions.push(pos + seq.skipped as i32);
+                        pos
+                    }
+                };
                 rows.push(pages.row(pos));
-                positions.push(pos + skipped);
+                lens.push(pos + 1);
                 index.extend((0..padded).map(|p| pages.row(if p <= pos { p } else { 0 })));
                 mask.extend((0..padded).map(|p| p <= pos));
                 if let Some(w) = window {
@@ -1560,28 +1620,31 @@ impl Engine {
             let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
             stats.pool_decode_steps += 1;
             stats.decode_groups += groups.len() as u64;
+            stats.paged_chunks += prompts.len() as u64;
         }
         let n = positions.len() as i32;
-        // Each row's pages (padded with page 0) and length, in row order.
-        let longest = decoding
-            .iter()
-            .map(|&(_, at, _)| self.active[at].pages.len())
-            .max()
-            .unwrap_or(0);
+        let longest = lens.iter().copied().max().unwrap_or(0);
         let paged = (self.options.paged_attention == Some(true)
             && crate::paged::pays(n, heads, longest))
         .then(|| {
-            let width = decoding
-                .iter()
-                .map(|&(_, at, _)| self.active[at].pages.held())
+            // Each row's pages (padded with page 0), in row order.
+            let sequences = decoding.iter().map(|&(_, at, _)| (at, 1));
+            let sequences = sequences.chain(
+                prompts
+                    .iter()
+                    .map(|&(at, end)| (at, end - self.active[at].filled)),
+            );
+            let width = sequences
+                .clone()
+                .map(|(at, _)| self.active[at].pages.held())
                 .max()
                 .unwrap_or(1);
-            let mut table = Vec::with_capacity(decoding.len() * width as usize);
-            let mut lens = Vec::with_capacity(decoding.len());
-            for &(_, at, _) in decoding {
+            let mut table = Vec::with_capacity(n as usize * width as usize);
+            for (at, tokens) in sequences {
                 let pages = &self.active[at].pages;
-                table.extend((0..width).map(|i| pages.page(i)));
-                lens.push(pages.len());
+                for _ in 0..tokens {
+                    table.extend((0..width).map(|i| pages.page(i)));
+                }
             }
             PagedRead {
                 table: Array::from_slice(&table, &[n, width]),
@@ -1590,50 +1653,26 @@ impl Engine {
         });
         Ok(Some(Decode {
             positions: Array::from_slice(&positions, &[n]),
+            logits: decoding.len() as i32,
             groups,
             paged,
         }))
     }
 
     /// The chunk groups of prompt chunks `prefilling` (index into `active`,
-    /// end), in that order (by offset, then length): consecutive chunks of
-    /// the same offset and length in one group, and first chunks whose
-    /// lengths differ by little (see [`BatchOptions::merge_padding`])
-    /// padded to the longest; reserves and fills their positions and
-    /// appends their pool rows to `rows`.
+    /// end), in that order, consecutive chunks of the same offset and
+    /// length in one group; reserves and fills their positions and appends
+    /// their pool rows to `rows`.
     fn chunk_groups(
         &mut self,
         prefilling: &[(usize, usize)],
         rows: &mut Vec<i32>,
     ) -> Result<Vec<Chunks>> {
-        // The length each chunk attends with: its own, or for a first
-        // chunk without positions of its own the group's it joins.
-        let lens: Vec<i32> = prefilling
-            .iter()
-            .map(|&(at, end)| (end - self.active[at].filled) as i32)
-            .collect();
-        let mergeable: Vec<usize> = (0..prefilling.len())
-            .filter(|&i| {
-                let seq = &self.active[prefilling[i].0];
-                seq.filled == 0 && seq.positions.is_none()
-            })
-            .collect();
-        let mut attends = lens.clone();
-        let merged = merged_padding(
-            &mergeable.iter().map(|&i| lens[i]).collect::<Vec<_>>(),
-            self.options.merge_padding.unwrap_or(0),
-        );
-        for (&i, len) in mergeable.iter().zip(merged) {
-            attends[i] = len;
-        }
-
         let mut groups: Vec<Chunks> = Vec::new();
         let mut reads: Vec<Vec<i32>> = Vec::new();
-        let mut own_lens: Vec<Vec<i32>> = Vec::new();
-        for ((&(at, end), &len), attend) in prefilling.iter().zip(&lens).zip(attends) {
+        for &(at, end) in prefilling {
             let seq = &mut self.active[at];
-            let offset = seq.filled as i32;
-            debug_assert_eq!(end as i32, offset + len);
+            let (offset, len) = (seq.filled as i32, (end - seq.filled) as i32);
             self.pool.reserve(&mut seq.pages, offset + len);
             KvPool::fill(&mut seq.pages, offset + len);
             let pages = &seq.pages;
@@ -1644,7 +1683,7 @@ impl Engine {
             });
             match groups.last_mut() {
                 Some(g)
-                    if (g.offset, g.len) == (offset, attend)
+                    if (g.offset, g.len) == (offset, len)
                         && g.positions.is_none()
                         && positions.is_none() =>
                 {
@@ -1654,38 +1693,30 @@ impl Engine {
                     groups.push(Chunks {
                         seqs: 1,
                         offset,
-                        len: attend,
-                        padding: None,
+                        len,
                         index: None,
                         positions,
                     });
                     reads.push(Vec::new());
-                    own_lens.push(Vec::new());
                 }
             }
-            own_lens.last_mut().expect("a group").push(len);
             if offset > 0 {
                 let read = reads.last_mut().expect("a group");
                 read.extend((0..offset + len).map(|p| pages.row(p)));
             }
         }
-        let mut padded = 0;
-        for ((group, read), lens) in groups.iter_mut().zip(reads).zip(own_lens) {
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        stats.prompt_chunks += prefilling.len() as u64;
+        stats.chunk_groups += groups.len() as u64;
+        drop(stats);
+        for (group, read) in groups.iter_mut().zip(reads) {
             if group.offset > 0 {
                 group.index = Some(RowIndex::new(Array::from_slice(
                     &read,
                     &[1, read.len() as i32, 1],
                 )));
             }
-            if lens.iter().any(|&len| len != group.len) {
-                padded += lens.iter().filter(|&&len| len != group.len).count() as u64;
-                group.padding = Some(Padding::new(&lens));
-            }
         }
-        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        stats.prompt_chunks += prefilling.len() as u64;
-        stats.chunk_groups += groups.len() as u64;
-        stats.padded_chunks += padded;
         Ok(groups)
     }
 

@@ -127,6 +127,11 @@ struct Args {
     /// a GPU; the CPU has none).
     #[arg(long)]
     paged_attention: Option<bool>,
+    /// Whether first prompt chunks' tokens attend as decoding rows
+    /// (`BatchOptions::first_chunks_as_rows`: default where the paged
+    /// attention kernel is on).
+    #[arg(long)]
+    chunks_as_rows: Option<bool>,
     /// Instead: the paged attention kernel against MLX's ops in float32 at
     /// Qwen2.5-0.5B's, 7B's and Qwen3-8B's head shapes, bfloat16 and
     /// float32, rows of 1 to 1000 positions: the largest difference
@@ -195,6 +200,7 @@ fn batch_options(args: &Args) -> BatchOptions {
         step_tokens: args.step_tokens,
         merge_padding: args.merge_padding,
         paged_attention: args.paged_attention,
+        first_chunks_as_rows: args.chunks_as_rows,
         ..BatchOptions::default()
     }
 }
@@ -929,7 +935,7 @@ fn steps(before: &StepStats, after: &StepStats) -> String {
     format!(
         "{decode} decode-only at {:.2} ms ({:.1} rows) each, {mixed} with prompt chunks at \
          {:.2} ms ({:.1} rows, {:.0} prompt tokens) each; {:.2} attention groups a step; \
-         {} prompt chunks in {} groups ({} padded)",
+         {} prompt chunks in {} groups, {} as decoding rows",
         per(after.decode_time - before.decode_time, decode),
         (after.decode_rows - before.decode_rows) as f64 / decode.max(1) as f64,
         per(after.mixed_time - before.mixed_time, mixed),
@@ -939,7 +945,7 @@ fn steps(before: &StepStats, after: &StepStats) -> String {
             / (after.pool_decode_steps - before.pool_decode_steps).max(1) as f64,
         after.prompt_chunks - before.prompt_chunks,
         after.chunk_groups - before.chunk_groups,
-        after.padded_chunks - before.padded_chunks,
+        after.paged_chunks - before.paged_chunks,
     )
 }
 

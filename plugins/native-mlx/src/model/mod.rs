@@ -239,6 +239,10 @@ pub(crate) struct Packed<'a> {
 pub(crate) struct Decode {
     /// Each decoding token's position (its RoPE offset), `(n,)` int32.
     pub(crate) positions: Array,
+    /// The first rows, those whose logits the step wants: the rows after
+    /// them are tokens of first prompt chunks, attending as decoding rows
+    /// do, each to its sequence's positions up to its own.
+    pub(crate) logits: i32,
     /// Consecutive runs of decoding rows that attend over the same padded
     /// length, in row order.
     pub(crate) groups: Vec<Group>,
@@ -287,15 +291,11 @@ pub(crate) struct WindowRead {
 
 /// Prompt chunks of `seqs` sequences, each `len` tokens from position
 /// `offset`, side by side in the step: they attend as one batch, with the
-/// shapes of one chunk alone. First chunks of different lengths may share
-/// a group padded to the longest (`padding`).
+/// shapes of one chunk alone.
 pub(crate) struct Chunks {
     pub(crate) seqs: i32,
     pub(crate) offset: i32,
     pub(crate) len: i32,
-    /// Where the group's chunks are shorter than `len` (first chunks only):
-    /// how their tokens spread to `len` positions each and back.
-    pub(crate) padding: Option<Padding>,
     /// From a later chunk on (`offset > 0`), the pool rows of every position
     /// each sequence reads, its earlier ones and the chunk's: `(1, seqs *
     /// (offset + len), 1)` int32, sequence by sequence. A first chunk
@@ -305,47 +305,6 @@ pub(crate) struct Chunks {
     /// `offset..offset + len` (a prompt prefilled in part, see
     /// `specprefill`); such a group holds one sequence.
     pub(crate) positions: Option<Array>,
-}
-
-impl Chunks {
-    /// The group's tokens in the step.
-    pub(crate) fn tokens(&self) -> i32 {
-        match &self.padding {
-            Some(padding) => padding.gather.dim(0),
-            None => self.seqs * self.len,
-        }
-    }
-}
-
-/// First chunks of different lengths attending as one batch, each padded
-/// to the group's longest: a padded position repeats its chunk's last
-/// token, and under the causal mask no real token sees it (its keys come
-/// after every real query of its chunk), so only its own output, dropped,
-/// is meaningless.
-pub(crate) struct Padding {
-    /// `(seqs * len,)` int32: the group's token each padded position takes.
-    pub(crate) spread: Array,
-    /// `(tokens,)` int32: each token's padded position.
-    pub(crate) gather: Array,
-}
-
-impl Padding {
-    /// The padding of chunks of `lens` tokens (in the step's order) to the
-    /// longest.
-    pub(crate) fn new(lens: &[i32]) -> Self {
-        let len = lens.iter().copied().max().unwrap_or(0);
-        let (mut spread, mut gather) = (Vec::new(), Vec::new());
-        let mut start = 0;
-        for (seq, &own) in lens.iter().enumerate() {
-            spread.extend((0..len).map(|i| start + i.min(own - 1)));
-            gather.extend((0..own).map(|i| seq as i32 * len + i));
-            start += own;
-        }
-        Self {
-            spread: Array::from_slice(&spread, &[spread.len() as i32]),
-            gather: Array::from_slice(&gather, &[gather.len() as i32]),
-        }
-    }
 }
 
 /// Su / LongRoPE frequencies with the ops of mlx-lm's `SuScaledRoPE`:
@@ -505,15 +464,6 @@ impl Projected {
         })
     }
 
-    /// Rows `rows` (`(n,)` int32) of `(1, tokens, ...)` projections.
-    fn take_rows(self, rows: &Array) -> Result<Self> {
-        let take = |a: Array| a.take_axis(rows, 1);
-        Ok(match self {
-            Self::Joined(a) => Self::Joined(take(a)?),
-            Self::Split([q, k, v]) => Self::Split([take(q)?, take(k)?, take(v)?]),
-        })
-    }
-
     /// The tokens of each sequence of a packed batch, split before each
     /// of `starts` (one op per array, however many sequences).
     fn split_rows(self, starts: &[i32]) -> Result<Vec<Self>> {
@@ -557,7 +507,7 @@ impl Attention {
         let decoding = step.decode.as_ref().map(|d| d.positions.dim(0));
         let sizes: Vec<i32> = decoding
             .into_iter()
-            .chain(step.chunks.iter().map(Chunks::tokens))
+            .chain(step.chunks.iter().map(|c| c.seqs * c.len))
             .collect();
         let mut parts = if sizes.len() == 1 {
             vec![projected]
@@ -599,10 +549,6 @@ impl Attention {
         };
         let mut chunks = Vec::with_capacity(step.chunks.len());
         for (part, c) in parts.zip(&step.chunks) {
-            let part = match &c.padding {
-                Some(padding) => part.take_rows(&padding.spread)?,
-                None => part,
-            };
             let (queries, keys, values) = match &c.positions {
                 // One token per row at its own position, then `(1, heads,
                 // len, head_dim)` as a chunk's.
@@ -613,16 +559,10 @@ impl Attention {
                 }
                 None => self.heads(part.batch(c.seqs)?, c.offset, rope)?,
             };
-            // `(seqs, kv_heads, len, head_dim)` to `(kv_heads, seqs * len,
-            // head_dim)`, padded positions left out.
+            // `(seqs, kv_heads, len, head_dim)` to `(kv_heads, seqs * len, head_dim)`.
             let head_major = |y: &Array| -> Result<Array> {
-                let y =
-                    y.transpose_axes(&[1, 0, 2, 3])?
-                        .reshape(&[kv_heads, c.seqs * c.len, -1])?;
-                Ok(match &c.padding {
-                    Some(padding) => y.take_axis(&padding.gather, 1)?,
-                    None => y,
-                })
+                Ok(y.transpose_axes(&[1, 0, 2, 3])?
+                    .reshape(&[kv_heads, c.seqs * c.len, -1])?)
             };
             new_keys.push(head_major(&keys)?);
             new_values.push(head_major(&values)?);
@@ -772,11 +712,7 @@ impl Attention {
                     .reshape(&[b, kv_heads * repeats, len, -1])?
             }
         };
-        let out = merge_heads(&out)?.reshape(&[1, c.seqs * c.len, -1])?;
-        Ok(match &c.padding {
-            Some(padding) => out.take_axis(&padding.gather, 1)?,
-            None => out,
-        })
+        Ok(merge_heads(&out)?.reshape(&[1, c.seqs * c.len, -1])?)
     }
 
     /// Queries, keys and values in heads (`heads` reshapes and norms one
@@ -1656,7 +1592,7 @@ impl Model {
         ids: &Array,
         step: &mut Packed,
     ) -> Result<(Option<Array>, Array)> {
-        let decoding = step.decode.as_ref().map(|d| d.positions.dim(0));
+        let decoding = step.decode.as_ref().map(|d| d.logits).filter(|&n| n > 0);
         let mut h = self.embedded_with(ids, &step.soft_tokens)?;
         let layers = self.blocks.len();
         for (layer, block) in self.blocks.iter().enumerate() {
@@ -1671,6 +1607,15 @@ impl Model {
             h.at((.., ..rows, ..))?
         };
         Ok((Some(self.head(&decoded)?), h))
+    }
+
+    /// Whether no layer has a sliding window or attention sinks: the
+    /// paged attention kernel then serves every layer's decoding rows,
+    /// and first prompt chunks may attend as decoding rows.
+    pub(crate) fn pages_everywhere(&self) -> bool {
+        self.config.sliding_window.is_none()
+            && (self.blocks.iter())
+                .all(|b| b.attention.window.is_none() && b.attention.sinks.is_none())
     }
 
     /// The final norm and output projection.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use hangar_native_mlx::{
     mlx_turn, BatchOptions, Batcher, Completion, Error, FinishReason, GenerateRequest, Prompt,
-    SamplingParams, Session, MERGE_PADDING_GPU,
+    SamplingParams, Session,
 };
 
 use crate::fixtures::fixtures;
@@ -119,28 +119,23 @@ fn mixed_requests() -> Vec<GenerateRequest> {
 }
 
 fn same_tokens_alone_and_batched(model: &str) {
-    same_tokens_alone_and_batched_with(model, None, None);
+    same_tokens_alone_and_batched_with(model, BatchOptions::default());
 }
 
-/// As [`same_tokens_alone_and_batched`], with decoding rows of different
-/// padded lengths attending in one group and first chunks of different
-/// lengths in one padded batch (`merge_padding` unbounded:
-/// masked positions add exact zeros, so on the CPU the tokens stay the
-/// same as alone), or with the paged attention kernel (a GPU's; the CPU
-/// keeps the groups).
-fn same_tokens_alone_and_batched_with(
-    model: &str,
-    merge_padding: Option<usize>,
-    paged_attention: Option<bool>,
-) {
+/// As [`same_tokens_alone_and_batched`], under `options` (the prefix cache
+/// off): with decoding rows of different padded lengths attending in one
+/// group (`merge_padding` unbounded: masked positions add exact zeros, so
+/// on the CPU the tokens stay the same as alone), with the paged attention
+/// kernel (a GPU's; the CPU keeps the groups), or with first prompt
+/// chunks' tokens attending as decoding rows (on the CPU through the
+/// groups, each token reading its positions under its mask).
+fn same_tokens_alone_and_batched_with(model: &str, options: BatchOptions) {
     let requests = mixed_requests();
     let b = batcher_with(
         model,
         BatchOptions {
             prefix_cache_bytes: 0,
-            merge_padding,
-            paged_attention,
-            ..BatchOptions::default()
+            ..options.clone()
         },
     );
     let alone: Vec<Vec<u32>> = requests.iter().map(|r| run(&b, r).token_ids).collect();
@@ -163,24 +158,21 @@ fn same_tokens_alone_and_batched_with(
         "{stats:?}"
     );
     assert!(stats.decode_time > std::time::Duration::ZERO, "{stats:?}");
-    // Unmerged, the prompts' padded lengths (128, 256 and 384) attend in
-    // groups of their own, and first chunks each with their length.
-    let gpu = crate::greedy::on_gpu();
-    let merge = merge_padding.unwrap_or(if gpu { MERGE_PADDING_GPU } else { 0 });
-    // Merged, the prompts' padded lengths (128, 256 and 384) attend in one
-    // group; first chunks of different lengths (5, 12, 40 and 128 tokens)
-    // that start in one step attend as one batch padded to the longest.
-    match merge {
-        0 => {
-            assert!(stats.decode_groups > stats.pool_decode_steps, "{stats:?}");
-            assert_eq!(stats.padded_chunks, 0, "{stats:?}");
-        }
-        _ => {
-            assert_eq!(stats.decode_groups, stats.pool_decode_steps, "{stats:?}");
-            assert!(stats.padded_chunks > 0, "{stats:?}");
-            assert!(stats.chunk_groups < stats.prompt_chunks, "{stats:?}");
-        }
+    // The prompts' padded lengths (128, 256 and 384) attend in groups of
+    // their own, or all in one when merged.
+    match options.merge_padding {
+        Some(usize::MAX) => assert_eq!(stats.decode_groups, stats.pool_decode_steps, "{stats:?}"),
+        _ => assert!(stats.decode_groups > stats.pool_decode_steps, "{stats:?}"),
     }
+    // Every prompt's first chunk (7 requests, twice), as rows or as a
+    // chunk; sliding windows keep the chunks.
+    let windows = model.starts_with("gemma3");
+    match options.first_chunks_as_rows {
+        Some(true) if !windows => assert_eq!(stats.paged_chunks, 14, "{stats:?}"),
+        Some(_) => assert_eq!(stats.paged_chunks, 0, "{stats:?}"),
+        None => {}
+    }
+    assert!(stats.prompt_chunks + stats.paged_chunks >= 14, "{stats:?}");
     for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
         assert_eq!(a.len(), 20);
         let what = format!("{model}: request {i} batched");
@@ -195,10 +187,15 @@ fn greedy_tokens_are_the_same_alone_and_batched_float32() {
 
 #[test]
 fn greedy_tokens_are_the_same_alone_and_in_merged_groups() {
-    same_tokens_alone_and_batched_with("llama", Some(usize::MAX), Some(false));
-    same_tokens_alone_and_batched_with("llama-bf16", Some(usize::MAX), Some(false));
+    let merged = BatchOptions {
+        merge_padding: Some(usize::MAX),
+        paged_attention: Some(false),
+        ..BatchOptions::default()
+    };
+    same_tokens_alone_and_batched_with("llama", merged.clone());
+    same_tokens_alone_and_batched_with("llama-bf16", merged.clone());
     // Sliding-window layers read each row's window, padded to the group's.
-    same_tokens_alone_and_batched_with("gemma3_text", Some(usize::MAX), Some(false));
+    same_tokens_alone_and_batched_with("gemma3_text", merged);
 }
 
 #[test]
@@ -206,8 +203,41 @@ fn greedy_tokens_are_the_same_alone_and_with_paged_attention() {
     // Grouped queries (llama: 4 heads over 2), per-head norms (qwen3),
     // 4-bit weights; on the CPU the kernel is not taken.
     for model in ["llama", "llama-bf16", "qwen3-q4"] {
-        same_tokens_alone_and_batched_with(model, None, Some(true));
+        let paged = BatchOptions {
+            paged_attention: Some(true),
+            ..BatchOptions::default()
+        };
+        same_tokens_alone_and_batched_with(model, paged);
     }
+}
+
+#[test]
+fn greedy_tokens_are_the_same_alone_and_with_first_chunks_as_rows() {
+    // Prompt tokens beside decoding rows, 4-bit experts; sliding windows
+    // keep their chunks.
+    for model in ["llama", "qwen3_moe-q4", "gemma3_text"] {
+        let rows = BatchOptions {
+            first_chunks_as_rows: Some(true),
+            ..BatchOptions::default()
+        };
+        same_tokens_alone_and_batched_with(model, rows);
+    }
+    // And a request alone gets the ids its prompt gets as chunks.
+    let options = |as_rows| BatchOptions {
+        first_chunks_as_rows: Some(as_rows),
+        prefix_cache_bytes: 0,
+        ..BatchOptions::default()
+    };
+    let (rows, chunks) = (
+        batcher_with("llama", options(true)),
+        batcher_with("llama", options(false)),
+    );
+    for r in mixed_requests() {
+        let (a, b) = (run(&rows, &r).token_ids, run(&chunks, &r).token_ids);
+        assert_same_greedy("llama", ids_of(&r), &a, &b, "as rows");
+    }
+    assert_eq!(rows.step_stats().paged_chunks, 7);
+    assert_eq!(chunks.step_stats().paged_chunks, 0);
 }
 
 #[test]

@@ -29,7 +29,7 @@ fn near_tie(model: &str) -> f32 {
     }
 }
 
-pub fn on_gpu() -> bool {
+fn on_gpu() -> bool {
     static GPU: OnceLock<bool> = OnceLock::new();
     *GPU.get_or_init(|| probe().expect("MLX answers").device == DeviceKind::Gpu)
 }
