@@ -9,7 +9,10 @@
 //! and values live in the shared paged pool (`KvPool`), from its first
 //! prompt chunk on: one write per layer stores every new position of a
 //! step, decoding sequences of similar length attend in one kernel, and
-//! prompt chunks of the same offset and length attend as one batch. Prompt chunks start at multiples of [`BLOCK`] whatever
+//! prompt chunks of the same offset and length attend as one batch (with
+//! the paged attention kernel a first chunk's tokens attend as decoding
+//! rows instead, see [`BatchOptions::first_chunks_as_rows`]). Prompt
+//! chunks start at multiples of [`BLOCK`] whatever
 //! else runs, and decoding attention reads padded lengths that depend on
 //! the sequence alone, so a request computes the same shapes alone or
 //! batched, cold or from the prefix cache, and greedy tokens do not depend
@@ -582,7 +585,9 @@ impl Engine {
                 self.deferred = None;
                 self.pool.clear();
             }
-            // Idle: the pool's memory goes back, and the wait for the next
+            // Idle: the pool's memory goes back to the device (MLX would
+            // keep it for reuse: on an H100 another 7B engine's next burst
+            // ran out of memory beside it), and the wait for the next
             // request is no step's time.
             if self.active.is_empty() && self.in_flight.is_none() {
                 write_stats(&self.stats);
@@ -590,6 +595,7 @@ impl Engine {
                 self.chunks_since = None;
                 if !self.pool.is_empty() {
                     self.pool.clear();
+                    crate::ffi::release_cached_buffers();
                 }
             }
         }

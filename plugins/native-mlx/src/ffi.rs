@@ -7,6 +7,19 @@ use mlx_rs::{Array, Stream};
 use crate::config::QuantParams;
 use crate::error::{Error, Result};
 
+/// Hands the buffers MLX keeps for reuse (those of arrays freed since)
+/// back to the device: an engine gone idle then holds its weights alone,
+/// and another engine on the same GPU (an `mlx_lm.server`, another model)
+/// can use the rest (mlx-rs does not wrap `mlx_clear_cache`).
+#[allow(unsafe_code)]
+pub(crate) fn release_cached_buffers() {
+    // SAFETY: it takes no arguments; MLX's allocator frees, under its own
+    // lock, only buffers no array uses.
+    unsafe {
+        mlx_sys::mlx_clear_cache();
+    }
+}
+
 /// The version string of the loaded `libmlx` (mlx-rs does not wrap `mlx_version`).
 #[allow(unsafe_code)]
 pub(crate) fn mlx_version() -> Result<String> {
