@@ -402,6 +402,26 @@ fn a_cached_prefix_gives_the_same_tokens_as_cold_gpt_oss() {
     assert_ne!(run(&cold, &request(&changed, 16)).token_ids, warm.token_ids);
 }
 
+#[test]
+fn a_first_block_computed_as_rows_is_cached_as_a_chunk_is() {
+    let options = |as_rows, bytes| BatchOptions {
+        first_chunks_as_rows: Some(as_rows),
+        prefix_cache_bytes: bytes,
+        ..BatchOptions::default()
+    };
+    let b = batcher_with("llama", options(true, 64 << 20));
+    let cold = batcher_with("llama", options(false, 0));
+    let first = prompt(21, 300);
+    let a = run(&b, &request(&first, 16));
+    assert_eq!(b.step_stats().paged_chunks, 1);
+    // Its first block came from rows, its second from a chunk.
+    let again = run(&b, &request(&first, 16));
+    assert_eq!(again.usage.cached_prompt_tokens, 256);
+    assert_eq!(again.token_ids, a.token_ids);
+    assert_eq!(run(&cold, &request(&first, 16)).token_ids, a.token_ids);
+    assert_eq!(cold.step_stats().paged_chunks, 0);
+}
+
 /// `first_block_matters`: the model's answer to the test's prompt changes
 /// with its first block, which shows that the cached block is used.
 fn cached_prefix_gives_the_same_tokens_as_cold(model: &str, first_block_matters: bool) {
