@@ -24,8 +24,11 @@
 #              against native-mlx inside the host (isolation = "none"):
 #              what the worker's hop costs
 #   engine     native-mlx-bench --concurrent 32 and 64 at 7B, the
-#              engine-level figures `serve` is compared with, all at once
-#              and arriving over ARRIVALS_MS (default 80)
+#              engine-level figures `serve` is compared with, on prompts of
+#              57-88 tokens as the serving bench's (--prompt-tokens 88
+#              --prompt-spread 32), arriving over each of ARRIVALS_MS
+#              (default "0": at once; "0 80" also spreads them as the
+#              serving bench's clients do); `serve engine` fits one call
 #   graphs     single stream with MLX's CUDA graph settings swept (its
 #              defaults; MLX_MAX_OPS_PER_BUFFER / MLX_MAX_MB_PER_BUFFER
 #              raised; MLX_USE_CUDA_GRAPHS=0), --breakdown, interleaved
@@ -141,13 +144,13 @@ for part in "$@"; do
     engine)
       for round in $(seq "$ROUNDS"); do
         for n in 32 64; do
-          # At once, then arriving over ARRIVALS_MS (default 80: the
-          # serving bench's clients sent over 44-108 ms), which separates
-          # what the arrivals cost the engine from what the host costs.
-          for spread in 0 "${ARRIVALS_MS:-80}"; do
+          # Arriving over 80 ms (the serving bench's clients sent over
+          # 44-108 ms) separates what the arrivals cost the engine from
+          # what the host costs.
+          for spread in ${ARRIVALS_MS:-0}; do
             echo "## round $round, $n streams, arrivals over $spread ms" >>"$log"
             timeout 150 "$BIN" --concurrent "$n" --runs 1 --gen-tokens 128 --arrivals-ms "$spread" \
-              "$(model qwen7)" >>"$log" 2>&1
+              --prompt-tokens 88 --prompt-spread 32 "$(model qwen7)" >>"$log" 2>&1
           done
         done
       done

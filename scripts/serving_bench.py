@@ -13,8 +13,10 @@ native-mlx serves the `mlx` format (its default), one where mlx-lm does
   memory), and warm after the server restarted (from a disk cache, if the
   engine keeps one).
 
-Prints markdown tables: the median over rounds and the min-max, and the
-native-mlx / mlx-lm ratio of the medians.
+Prints markdown tables: the median over rounds and the min-max, one row
+per engine, with the first engine's throughput over each other's per round.
+With --against-hangar or --against-config the second server is native-mlx
+too; --and-mlx-lm keeps mlx_lm.server as a third.
 
 Usage: serving_bench.py --hangar BIN --plugins-dir DIR --model DIR [options]
 """
