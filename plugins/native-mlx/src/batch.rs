@@ -102,7 +102,8 @@ pub struct BatchOptions {
     /// its sequence's positions up to its own, in the same kernel as the
     /// step's decoding rows, in models without sliding windows or
     /// attention sinks; else each chunk length attends as a batch of its
-    /// own. `None`: where `paged_attention` is on. With the kernel a step
+    /// own. `None`: where `paged_attention` is on and its kernel takes
+    /// every layer's heads (64 or 128 wide). With the kernel a step
     /// of 32 new prompts is one attention a layer whatever their lengths,
     /// where as chunks each new length is a new shape for MLX's CUDA
     /// attention, which built a graph for each (0.1-0.5 s).
@@ -522,12 +523,14 @@ impl Engine {
         }
         // The paged attention kernel is CUDA's.
         options.paged_attention = Some(options.paged_attention.unwrap_or(gpu) && gpu);
-        options.first_chunks_as_rows = Some(
-            options
-                .first_chunks_as_rows
-                .unwrap_or(options.paged_attention == Some(true))
-                && session.model.pages_everywhere(),
-        );
+        // Asked for, prompt rows need layers that read every position
+        // (elsewhere the groups compute them); by default they go where
+        // the kernel serves every layer.
+        let model = &session.model;
+        options.first_chunks_as_rows = Some(match options.first_chunks_as_rows {
+            Some(on) => on && model.reads_every_position(),
+            None => options.paged_attention == Some(true) && model.pages_everywhere(),
+        });
         let disk = options
             .prefix_cache_dir
             .as_ref()

@@ -128,10 +128,7 @@ pub(crate) fn fits(queries: &Array, pool: &(Array, Array), kv_heads: i32) -> boo
     let (heads, d) = (queries.dim(1), queries.dim(-1));
     queries.ndim() == 4
         && queries.dim(2) == 1
-        && matches!(d, 64 | 128)
-        && kv_heads > 0
-        && heads % kv_heads == 0
-        && heads / kv_heads <= 8
+        && takes_heads(heads, kv_heads, d)
         && pool.0.dim(2) == d
         && pool.1.dim(2) == d
         && pool.0.dim(0) == kv_heads
@@ -141,6 +138,12 @@ pub(crate) fn fits(queries: &Array, pool: &(Array, Array), kv_heads: i32) -> boo
             queries.dtype(),
             Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32
         )
+}
+
+/// Whether the kernel takes `heads` query heads of `head_dim` over
+/// `kv_heads` key/value heads.
+pub(crate) fn takes_heads(heads: i32, kv_heads: i32, head_dim: i32) -> bool {
+    matches!(head_dim, 64 | 128) && kv_heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= 8
 }
 
 /// Whether [`attention`] is taken for `rows` decoding rows of `kv_heads`
@@ -261,12 +264,21 @@ pub fn check(heads: i32, kv_heads: i32, d: i32, lens: &[i32], dtype: Dtype) -> R
 
 #[cfg(test)]
 mod tests {
-    use super::pays;
+    use super::{pays, takes_heads};
 
     #[test]
     fn a_few_long_rows_keep_the_groups() {
         assert!(pays(64, 4, 100_000));
         assert!(pays(2, 4, 4096));
         assert!(!pays(2, 4, 4097));
+    }
+
+    #[test]
+    fn heads_of_64_and_128_in_groups_of_up_to_8() {
+        // Qwen2.5 7B and 0.5B, Llama 3 8B.
+        assert!(takes_heads(28, 4, 128) && takes_heads(14, 2, 64) && takes_heads(32, 8, 128));
+        // Phi-3's 96, Gemma 3's 256, groups of 16, uneven groups.
+        assert!(!takes_heads(32, 32, 96) && !takes_heads(8, 4, 256));
+        assert!(!takes_heads(32, 2, 128) && !takes_heads(28, 3, 128) && !takes_heads(8, 0, 64));
     }
 }

@@ -1609,13 +1609,23 @@ impl Model {
         Ok((Some(self.head(&decoded)?), h))
     }
 
-    /// Whether no layer has a sliding window or attention sinks: the
-    /// paged attention kernel then serves every layer's decoding rows,
-    /// and first prompt chunks may attend as decoding rows.
-    pub(crate) fn pages_everywhere(&self) -> bool {
+    /// Whether every layer reads all of a row's positions, under no
+    /// attention sinks: first prompt chunks may then attend as decoding
+    /// rows (see `BatchOptions::first_chunks_as_rows`).
+    pub(crate) fn reads_every_position(&self) -> bool {
         self.config.sliding_window.is_none()
             && (self.blocks.iter())
                 .all(|b| b.attention.window.is_none() && b.attention.sinks.is_none())
+    }
+
+    /// Whether the paged attention kernel serves every layer's decoding
+    /// rows: [`Self::reads_every_position`], with heads the kernel takes.
+    pub(crate) fn pages_everywhere(&self) -> bool {
+        self.reads_every_position()
+            && self.blocks.iter().all(|b| {
+                let a = &b.attention;
+                crate::paged::takes_heads(a.num_heads, a.num_kv_heads, self.config.head_dim)
+            })
     }
 
     /// The final norm and output projection.
