@@ -231,7 +231,7 @@ def steps_between(before, after):
                f"{per(d['queue_ms'], d['requests']):.0f} ms before admission; starting them took "
                f"{d['admit_ms']:.1f} ms of the engine thread in all)" if d.get("requests") else "")
             + (f"; {d['prompt_chunks']} prompt chunks in {d['chunk_groups']} attention groups, "
-               f"{d['paged_chunks']} as decoding rows" if "prompt_chunks" in d else ""))
+               f"{d['chunks_as_rows']} as decoding rows" if "prompt_chunks" in d else ""))
 
 
 def percentile(sorted_values, p):

@@ -184,11 +184,11 @@ pub struct StepStats {
     pub pool_decode_steps: u64,
     pub decode_groups: u64,
     /// Prompt chunks computed as chunks and the groups they attended in,
-    /// and first chunks whose tokens attended as decoding rows (with
-    /// [`BatchOptions::paged_attention`]).
+    /// and first chunks whose tokens attended as decoding rows (see
+    /// [`BatchOptions::first_chunks_as_rows`]).
     pub prompt_chunks: u64,
     pub chunk_groups: u64,
-    pub paged_chunks: u64,
+    pub chunks_as_rows: u64,
 }
 
 /// For benchmarks through a server (scripts/serving_bench.py): with
@@ -213,7 +213,7 @@ fn write_stats(stats: &Mutex<StepStats>) {
         "first_token_ms": ms(s.first_token_time),
         "pool_decode_steps": s.pool_decode_steps, "decode_groups": s.decode_groups,
         "prompt_chunks": s.prompt_chunks, "chunk_groups": s.chunk_groups,
-        "paged_chunks": s.paged_chunks,
+        "chunks_as_rows": s.chunks_as_rows,
     });
     // Written whole, then renamed: a reader never sees half of it.
     let partial = path.with_extension("partial");
@@ -1629,7 +1629,7 @@ impl Engine {
             let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
             stats.pool_decode_steps += 1;
             stats.decode_groups += groups.len() as u64;
-            stats.paged_chunks += prompts.len() as u64;
+            stats.chunks_as_rows += prompts.len() as u64;
         }
         let n = positions.len() as i32;
         let longest = lens.iter().copied().max().unwrap_or(0);

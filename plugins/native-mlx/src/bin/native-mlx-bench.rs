@@ -945,7 +945,7 @@ fn steps(before: &StepStats, after: &StepStats) -> String {
             / (after.pool_decode_steps - before.pool_decode_steps).max(1) as f64,
         after.prompt_chunks - before.prompt_chunks,
         after.chunk_groups - before.chunk_groups,
-        after.paged_chunks - before.paged_chunks,
+        after.chunks_as_rows - before.chunks_as_rows,
     )
 }
 

@@ -168,11 +168,14 @@ fn same_tokens_alone_and_batched_with(model: &str, options: BatchOptions) {
     // chunk; sliding windows keep the chunks.
     let windows = model.starts_with("gemma3");
     match options.first_chunks_as_rows {
-        Some(true) if !windows => assert_eq!(stats.paged_chunks, 14, "{stats:?}"),
-        Some(_) => assert_eq!(stats.paged_chunks, 0, "{stats:?}"),
+        Some(true) if !windows => assert_eq!(stats.chunks_as_rows, 14, "{stats:?}"),
+        Some(_) => assert_eq!(stats.chunks_as_rows, 0, "{stats:?}"),
         None => {}
     }
-    assert!(stats.prompt_chunks + stats.paged_chunks >= 14, "{stats:?}");
+    assert!(
+        stats.prompt_chunks + stats.chunks_as_rows >= 14,
+        "{stats:?}"
+    );
     for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
         assert_eq!(a.len(), 20);
         let what = format!("{model}: request {i} batched");
@@ -236,8 +239,8 @@ fn greedy_tokens_are_the_same_alone_and_with_first_chunks_as_rows() {
         let (a, b) = (run(&rows, &r).token_ids, run(&chunks, &r).token_ids);
         assert_same_greedy("llama", ids_of(&r), &a, &b, "as rows");
     }
-    assert_eq!(rows.step_stats().paged_chunks, 7);
-    assert_eq!(chunks.step_stats().paged_chunks, 0);
+    assert_eq!(rows.step_stats().chunks_as_rows, 7);
+    assert_eq!(chunks.step_stats().chunks_as_rows, 0);
 }
 
 #[test]
@@ -413,13 +416,13 @@ fn a_first_block_computed_as_rows_is_cached_as_a_chunk_is() {
     let cold = batcher_with("llama", options(false, 0));
     let first = prompt(21, 300);
     let a = run(&b, &request(&first, 16));
-    assert_eq!(b.step_stats().paged_chunks, 1);
+    assert_eq!(b.step_stats().chunks_as_rows, 1);
     // Its first block came from rows, its second from a chunk.
     let again = run(&b, &request(&first, 16));
     assert_eq!(again.usage.cached_prompt_tokens, 256);
     assert_eq!(again.token_ids, a.token_ids);
     assert_eq!(run(&cold, &request(&first, 16)).token_ids, a.token_ids);
-    assert_eq!(cold.step_stats().paged_chunks, 0);
+    assert_eq!(cold.step_stats().chunks_as_rows, 0);
 }
 
 /// `first_block_matters`: the model's answer to the test's prompt changes
