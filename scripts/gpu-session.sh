@@ -47,8 +47,8 @@
 #              see qmv.rs's gather_tile); the
 #              fastest at 64 tokens goes to $OUT/best-tile
 #   gather     moe30 (made first if missing): greedy ids with and without
-#              --gather-qmv, then 64 streams with MLX's gather_qmm against
-#              --gather-qmv, interleaved rounds (the kernel's tile from
+#              Hangar's sorted kernel (--gather-qmv true|false), then 64
+#              streams with MLX's gather_qmm against it, interleaved rounds (the kernel's tile from
 #              NATIVE_MLX_GATHER_TILE, as the environment sets it)
 #   families   issue 35's benchmarks against mlx-lm, one shape a call
 #              (FAMILY: moe30, gptoss20 or gemma4b; made first if missing):
@@ -249,13 +249,14 @@ PYTHON
       ;;
     gather)
       moe="$(model moe30)"
-      echo "## ids, --gather-qmv" >>"$log"
-      timeout 120 "$BIN" --ids --company 8 --prompt-tokens 12 --gen-tokens 64 --gather-qmv "$moe" >>"$log" 2>&1
-      timeout 120 "$BIN" --ids --company 8 --prompt-tokens 12 --gen-tokens 64 "$moe" >>"$log" 2>&1
+      for on in true false; do
+        echo "## ids, --gather-qmv $on" >>"$log"
+        timeout 120 "$BIN" --ids --company 8 --prompt-tokens 12 --gen-tokens 64 --gather-qmv "$on" "$moe" >>"$log" 2>&1
+      done
       for round in $(seq "$ROUNDS"); do
-        for flag in "" --gather-qmv; do
-          echo "## round $round, 64 streams ${flag:-gather_qmm}" >>"$log"
-          timeout 150 "$BIN" --concurrent 64 --runs 1 --gen-tokens 128 $flag "$moe" >>"$log" 2>&1
+        for on in false true; do
+          echo "## round $round, 64 streams, --gather-qmv $on" >>"$log"
+          timeout 150 "$BIN" --concurrent 64 --runs 1 --gen-tokens 128 --gather-qmv "$on" "$moe" >>"$log" 2>&1
         done
       done
       ;;

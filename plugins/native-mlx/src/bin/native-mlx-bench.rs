@@ -40,8 +40,9 @@ struct Args {
     #[arg(long)]
     qmv: bool,
     /// On a GPU, mixture-of-experts products over rows sorted by expert
-    /// run on Hangar's own CUDA kernel (`LoadOptions::custom_gather_qmv`).
-    #[arg(long)]
+    /// run on Hangar's own CUDA kernel (`LoadOptions::custom_gather_qmv`,
+    /// the default; `--gather-qmv false`: MLX's `gather_qmm`).
+    #[arg(long, default_value_t = LoadOptions::default().custom_gather_qmv, action = clap::ArgAction::Set)]
     gather_qmv: bool,
     /// Instead: Hangar's sorted gathered kernel against MLX's `gather_qmm`
     /// at Qwen3-30B-A3B's and gpt-oss-20b's expert shapes (4- and 8-bit,

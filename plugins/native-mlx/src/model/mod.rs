@@ -63,8 +63,9 @@ pub struct LoadOptions {
     /// by expert, at two or more rows per expert, with Hangar's own CUDA
     /// kernel (`crate::qmv::gather_qmv`), which reads each expert's weights
     /// once for up to 4 of its rows, instead of MLX's `gather_qmm`, which
-    /// reads them again for every row. Off by default until a GPU run of
-    /// a whole model shows it faster; ignored on the CPU.
+    /// reads them again for every row. On by default: Qwen3-30B-A3B 4-bit
+    /// at 64 streams decodes 1.49x faster with it on an H100 (README);
+    /// ignored on the CPU and on Metal.
     pub custom_gather_qmv: bool,
 }
 
@@ -75,7 +76,7 @@ impl Default for LoadOptions {
             split_min_work: 1 << 18,
             fuse_projections: None,
             custom_qmv: false,
-            custom_gather_qmv: false,
+            custom_gather_qmv: true,
         }
     }
 }
