@@ -46,11 +46,12 @@ impl Plugin for NativeMlx {
 
     fn load_in_process(request: LoadRequest) -> Result<Box<dyn Engine>, String> {
         let options = batch_options(&request.plugin_settings, request.cache_dir.as_deref())?;
+        let placement = load_options(&request.plugin_settings)?;
         let dir = Path::new(&request.model_path);
         let named = |e: crate::Error| format!("model '{}': {e}", request.model_id);
         let kind = model_kind(dir).map_err(named)?;
         if kind != ModelKind::Chat {
-            let embedder = Embedder::load(dir, kind, &LoadOptions::default()).map_err(named)?;
+            let embedder = Embedder::load(dir, kind, &placement).map_err(named)?;
             return Ok(Box::new(Loaded::Embed {
                 id: request.model_id,
                 embedder: Box::new(std::sync::Mutex::new(embedder)),
@@ -64,7 +65,7 @@ impl Plugin for NativeMlx {
                 "setting 'spec_prefill' of native-mlx needs a scorer: set 'draft_model' (a small MLX model of the same tokenizer) or 'draft_layers' (the model's own first layers)",
             )?);
         }
-        let session = Session::load(Path::new(&request.model_path))
+        let session = Session::load_with(dir, &placement)
             .map_err(|e| format!("model '{}': {e}", request.model_id))?;
         let mut notes = Vec::new();
         // A vision tower that does not load leaves the model serving text.
@@ -145,15 +146,7 @@ fn batch_options(
     if let Some(n) = number("step_tokens", 1)? {
         options.step_tokens = n as usize;
     }
-    match settings.get("paged_attention") {
-        None => {}
-        Some(Value::Bool(on)) => options.paged_attention = Some(*on),
-        Some(other) => {
-            return Err(format!(
-                "setting 'paged_attention' of native-mlx must be true or false, got {other}"
-            ))
-        }
-    }
+    options.paged_attention = flag(settings, "paged_attention")?;
     if let Some(n) = number("merge_padding", 0)? {
         options.merge_padding = Some(n as usize);
     }
@@ -176,6 +169,34 @@ fn batch_options(
         None => cache_dir.map(|dir| Path::new(dir).join("prefix")),
     };
     Ok(options)
+}
+
+/// How `[plugins.native-mlx]` has models placed: `moe_kernel` (default
+/// true; ignored off CUDA) puts 4-bit mixture-of-experts products of two
+/// or more rows per expert on Hangar's own kernel
+/// (`LoadOptions::custom_gather_qmv`).
+fn load_options(
+    settings: &std::collections::BTreeMap<String, Value>,
+) -> Result<LoadOptions, String> {
+    let mut options = LoadOptions::default();
+    if let Some(on) = flag(settings, "moe_kernel")? {
+        options.custom_gather_qmv = on;
+    }
+    Ok(options)
+}
+
+/// A true-or-false setting, `None` where it is not given.
+fn flag(
+    settings: &std::collections::BTreeMap<String, Value>,
+    name: &str,
+) -> Result<Option<bool>, String> {
+    match settings.get(name) {
+        None => Ok(None),
+        Some(Value::Bool(on)) => Ok(Some(*on)),
+        Some(other) => Err(format!(
+            "setting '{name}' of native-mlx must be true or false, got {other}"
+        )),
+    }
 }
 
 /// Where a model's drafter comes from.
@@ -664,6 +685,15 @@ mod tests {
         assert!(e.contains("'paged_attention'"), "{e}");
         let e = options(json!({"merge_padding": -1})).unwrap_err();
         assert!(e.contains("'merge_padding'"), "{e}");
+        let placement = |v: Value| load_options(&serde_json::from_value(v).unwrap());
+        assert!(placement(json!({})).unwrap().custom_gather_qmv);
+        assert!(
+            !placement(json!({"moe_kernel": false}))
+                .unwrap()
+                .custom_gather_qmv
+        );
+        let e = placement(json!({"moe_kernel": 0})).unwrap_err();
+        assert!(e.contains("'moe_kernel'"), "{e}");
     }
 
     /// The speculation settings as a model's settings give them, or the
