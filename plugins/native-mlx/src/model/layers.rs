@@ -90,8 +90,14 @@ pub(crate) struct Layout {
 #[derive(Clone)]
 enum Matrix {
     /// Dense: the right operand of `x @ rhs`, `W.T` as a strided view or a
-    /// contiguous copy (see [`Layout::pretranspose`]).
-    Dense { rhs: Array },
+    /// contiguous copy (see [`Layout::pretranspose`]), and the same memory
+    /// as `(1, in, out)`, `batched`. MLX multiplies a `(1, n, in)` `x` by a
+    /// 2-D matrix as `(n, in)`, through a Flatten and an Unflatten (an
+    /// AddMM through two Reshapes) that each cost the host an op to encode
+    /// on every step; by `batched` it is one product of a batch of one, the
+    /// same kernel with the same numbers and no reshapes: 6 to 8 ops fewer
+    /// a layer of a dense model.
+    Dense { rhs: Array, batched: Array },
     /// Packed `uint32` weights with one scale (and, affine, one bias) per group.
     Quantized {
         weight: Array,
@@ -109,8 +115,17 @@ impl Matrix {
         Ok(match (self, bias) {
             // nn.Linear fuses the bias into the GEMM (beta * bias), which
             // rounds differently from adding it afterwards.
-            (Self::Dense { rhs }, Some(bias)) => addmm(bias, x, rhs, None, None)?,
-            (Self::Dense { rhs }, None) => matmul(x, rhs)?,
+            (Self::Dense { rhs, batched }, bias) => {
+                let rhs = if x.ndim() == 3 && x.dim(0) == 1 {
+                    batched
+                } else {
+                    rhs
+                };
+                match bias {
+                    Some(bias) => addmm(bias, x, rhs, None, None)?,
+                    None => matmul(x, rhs)?,
+                }
+            }
             (
                 Self::Quantized {
                     weight,
@@ -156,7 +171,7 @@ impl Matrix {
 
     fn arrays(&self) -> Vec<&Array> {
         match self {
-            Self::Dense { rhs } => vec![rhs],
+            Self::Dense { rhs, .. } => vec![rhs],
             Self::Quantized {
                 weight,
                 scales,
@@ -215,9 +230,9 @@ impl Sharded {
             let matrix = match quantized {
                 None => {
                     let rhs = rows_of(weight)?.transpose()?;
-                    Matrix::Dense {
-                        rhs: if pretranspose { rhs.contiguous()? } else { rhs },
-                    }
+                    let rhs = if pretranspose { rhs.contiguous()? } else { rhs };
+                    let batched = rhs.expand_dims(0)?;
+                    Matrix::Dense { rhs, batched }
                 }
                 Some((scales, biases, params)) => Matrix::Quantized {
                     weight: rows_of(weight)?,
@@ -234,6 +249,9 @@ impl Sharded {
             // Evaluate now, so that an original dense matrix can be freed as
             // soon as its transposed copy exists (peak memory at load).
             eval(shard.matrix.arrays().into_iter().chain(shard.bias.iter()))?;
+            if let Matrix::Dense { batched, .. } = &shard.matrix {
+                eval([batched])?;
+            }
             shards.push(shard);
         }
         Ok(Self {

@@ -732,14 +732,13 @@ impl Attention {
             // one transpose serve all three, and one RoPE the queries and
             // keys together (it acts on each head alike): fewer ops to encode
             // per layer, the same numbers.
+            // Each split is one op with two outputs where two slices are
+            // two (the same views).
             Projected::Joined(qkv) => {
                 let all = heads(qkv, q_heads + 2 * kv_heads, None)?;
-                let roped = rope(&all.at((.., ..q_heads + kv_heads))?)?;
-                (
-                    roped.at((.., ..q_heads))?,
-                    roped.at((.., q_heads..))?,
-                    all.at((.., q_heads + kv_heads..))?,
-                )
+                let [qk, v] = halves(&all, q_heads + kv_heads)?;
+                let [q, k] = halves(&rope(&qk)?, q_heads)?;
+                (q, k, v)
             }
             Projected::Split([q, k, v]) => {
                 let (q_norm, k_norm) = match &self.qk_norms {
@@ -855,6 +854,15 @@ impl Attention {
         };
         self.heads_of(projected, heads, |x| rope.apply(x, offset))
     }
+}
+
+/// `heads` `(batch, n, ...)` split before head `at`.
+fn halves(heads: &Array, at: i32) -> Result<[Array; 2]> {
+    let [first, second]: [Array; 2] = heads
+        .split_at_indices(&[at], 1)?
+        .try_into()
+        .expect("one index makes two parts");
+    Ok([first, second])
 }
 
 /// Attention's output `(batch, heads, len, head_dim)` as `(batch, len, heads
