@@ -186,7 +186,40 @@ impl Matrix {
 #[derive(Clone)]
 struct Shard {
     matrix: Matrix,
-    bias: Option<Array>,
+    bias: Option<Bias>,
+}
+
+impl Shard {
+    fn apply(&self, x: &Array) -> Result<Array> {
+        self.matrix
+            .apply(x, self.bias.as_ref().map(|b| b.for_input(x)))
+    }
+}
+
+/// A bias `(out,)`, and the same memory as `(1, 1, out)`: the shape of one
+/// token's output, which an AddMM or an Add then takes without a Broadcast
+/// op (a decoding step's, every layer).
+#[derive(Clone)]
+struct Bias {
+    row: Array,
+    one_token: Array,
+}
+
+impl Bias {
+    fn new(row: Array) -> Result<Self> {
+        let one_token = row.reshape(&[1, 1, -1])?;
+        eval([&row, &one_token])?;
+        Ok(Self { row, one_token })
+    }
+
+    /// The bias for the products of `x`.
+    fn for_input(&self, x: &Array) -> &Array {
+        if x.shape().len() == 3 && x.dim(0) == 1 && x.dim(1) == 1 {
+            &self.one_token
+        } else {
+            &self.row
+        }
+    }
 }
 
 /// A weight matrix as a linear map whose products are spread over the CPU
@@ -244,11 +277,11 @@ impl Sharded {
             };
             let shard = Shard {
                 matrix,
-                bias: bias.map(rows_of).transpose()?,
+                bias: bias.map(|b| Bias::new(rows_of(b)?)).transpose()?,
             };
             // Evaluate now, so that an original dense matrix can be freed as
             // soon as its transposed copy exists (peak memory at load).
-            eval(shard.matrix.arrays().into_iter().chain(shard.bias.iter()))?;
+            eval(shard.matrix.arrays())?;
             if let Matrix::Dense { batched, .. } = &shard.matrix {
                 eval([batched])?;
             }
@@ -286,14 +319,14 @@ impl Sharded {
     /// `i` on part `i`'s stream, else all on the current stream.
     fn row_blocks(&self, x: &Array, spread: bool) -> Result<Array> {
         if let [only] = self.shards.as_slice() {
-            return only.matrix.apply(x, only.bias.as_ref());
+            return only.apply(x);
         }
         let parts = self
             .shards
             .iter()
             .enumerate()
             .map(|(i, shard)| {
-                let apply = || shard.matrix.apply(x, shard.bias.as_ref());
+                let apply = || shard.apply(x);
                 if spread {
                     self.parallel.on(i, apply)
                 } else {
@@ -307,7 +340,12 @@ impl Sharded {
     fn arrays(&self) -> Vec<&Array> {
         self.shards
             .iter()
-            .flat_map(|s| s.matrix.arrays().into_iter().chain(s.bias.iter()))
+            .flat_map(|s| {
+                s.matrix
+                    .arrays()
+                    .into_iter()
+                    .chain(s.bias.iter().map(|b| &b.row))
+            })
             .collect()
     }
 }
