@@ -170,13 +170,15 @@ pub(crate) fn attention(
     kv_heads: i32,
 ) -> Result<Array> {
     let (n, heads, d) = (queries.dim(0), queries.dim(1), queries.dim(-1));
-    let q = queries.reshape(&[n, heads * d])?;
     let scale = Array::from_slice(&[scale], &[1]);
-    let y = launch(Launch {
+    // The kernel reads the queries as `(n, heads * d)` and writes its rows
+    // in order: it takes them and gives `(1, n, heads * d)` with no
+    // reshapes to encode (a strided view of them is copied by MLX).
+    launch(Launch {
         kernel: kernel(),
         what: "the paged attention kernel (hangar_paged_attention)",
-        inputs: &[&q, &pool.0, &pool.1, table, lens, &scale],
-        out_shape: [n, heads * d],
+        inputs: &[queries, &pool.0, &pool.1, table, lens, &scale],
+        out_shape: &[1, n, heads * d],
         dtype: queries.dtype(),
         grid: (256, n * kv_heads),
         ints: &[
@@ -185,8 +187,7 @@ pub(crate) fn attention(
             ("KVH", kv_heads),
             ("PAGE", PAGE),
         ],
-    })?;
-    Ok(y.reshape(&[1, n, heads * d])?)
+    })
 }
 
 /// [`attention`] against the same attention computed by MLX's ops in

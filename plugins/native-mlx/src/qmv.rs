@@ -476,13 +476,14 @@ pub(crate) fn qmv(
     let rows = x.size() as i32 / k;
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("x has a last axis") = n;
-    let flat = x.reshape(&[rows, k])?;
+    // The kernel reads x as `(rows, K)` and writes `(rows, N)` in order, so
+    // it takes x and gives y in their own shapes: no reshapes to encode.
     let r = rows_per_warp();
-    let y = launch(Launch {
+    launch(Launch {
         kernel: kernel(),
         what: "the quantized matrix-vector kernel (hangar_qmv)",
-        inputs: &[&flat, weight, scales, biases],
-        out_shape: [rows, n],
+        inputs: &[x, weight, scales, biases],
+        out_shape: &shape,
         dtype: x.dtype(),
         grid: ((n + r - 1) / r * 32, 1),
         ints: &[
@@ -493,8 +494,7 @@ pub(crate) fn qmv(
             ("GS", params.group_size),
             ("R", r),
         ],
-    })?;
-    Ok(y.reshape(&shape)?)
+    })
 }
 
 /// Whether [`gather_qmv`] computes this sorted gathered product: stacked
@@ -544,13 +544,13 @@ pub(crate) fn gather_qmv(
 ) -> Result<Array> {
     let (m, k) = (x.dim(0), x.dim(-1));
     let (experts, n) = (weight.dim(0), weight.dim(1));
-    let flat = x.reshape(&[m, k])?;
     let (r, c, stage) = gather_tile();
-    let y = launch(Launch {
+    // x `(m, 1, K)` is read as `(m, K)` and y written as `(m, N)`, in order.
+    launch(Launch {
         kernel: gather_kernel(),
         what: "the gathered quantized kernel (hangar_gather_qmv)",
-        inputs: &[&flat, weight, scales, biases, indices],
-        out_shape: [m, n],
+        inputs: &[x, weight, scales, biases, indices],
+        out_shape: &[m, 1, n],
         dtype: x.dtype(),
         grid: ((n + r - 1) / r * 32, experts),
         ints: &[
@@ -562,16 +562,18 @@ pub(crate) fn gather_qmv(
             ("C", c),
             ("S", stage),
         ],
-    })?;
-    Ok(y.reshape(&[m, 1, n])?)
+    })
 }
 
-/// One application of a kernel object with one output `y`.
+/// One application of a kernel object with one output `y`. MLX copies an
+/// input that is not row-contiguous into a row-contiguous one (the kernel
+/// objects are made with `ensure_row_contiguous`), so a kernel reads each
+/// input in its logical order, whatever its shape or strides.
 pub(crate) struct Launch<'a> {
     pub(crate) kernel: &'static Kernel,
     pub(crate) what: &'static str,
     pub(crate) inputs: &'a [&'a Array],
-    pub(crate) out_shape: [i32; 2],
+    pub(crate) out_shape: &'a [i32],
     /// Of the output and the template argument `T`.
     pub(crate) dtype: Dtype,
     /// Threads along x (blocks of [`BLOCK`]) and blocks along y.
@@ -599,7 +601,7 @@ pub(crate) fn launch(l: Launch<'_>) -> Result<Array> {
         let mut status = mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(
             config,
             l.out_shape.as_ptr(),
-            2,
+            l.out_shape.len(),
             dtype,
         );
         status |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, l.grid.0, l.grid.1, 1);
