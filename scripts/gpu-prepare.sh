@@ -47,6 +47,12 @@ if ! ls "$WHL"/mlx_cuda_13-"$MLX"-*.whl >/dev/null 2>&1; then
     --implementation cp --platform manylinux_2_35_x86_64 --platform manylinux_2_17_x86_64 \
     -d "$WHL" "mlx==$MLX" "mlx-cuda-13==$MLX" "mlx-lm==$MLX_LM" >&2
 fi
+# mlx-vlm (pure Python) for the vision tests' reference; what it imports
+# besides MLX (transformers, Pillow, numpy) the device's image has.
+MLX_VLM=0.7.6
+if ! ls "$WHL"/mlx_vlm-"$MLX_VLM"-*.whl >/dev/null 2>&1; then
+  python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$WHL" "mlx-vlm==$MLX_VLM" >&2
+fi
 cuda="$(ls "$WHL"/mlx_cuda_13-"$MLX"-*.whl)"
 python="$(ls "$WHL"/mlx-"$MLX"-*.whl)"
 if [[ ! -f "$PREFIX/mlx/lib/libmlx.so" ]]; then
@@ -125,15 +131,16 @@ xz -T0 -c "$tests" >.dev/b/native-mlx-engine-tests.xz
 du -sh .dev/a .dev/b >&2
 
 if [[ "${ONE:-0}" == 1 ]]; then
-  # .dev/one/gpu.tar.xz unpacks to gpu/: site/ (MLX for CUDA, slim, and
-  # mlx-lm, as pip installs them), the two binaries and, beside it, .dev/c.
+  # .dev/one/gpu.tar.xz unpacks to gpu/: site/ (MLX for CUDA, slim,
+  # mlx-lm and mlx-vlm, as pip installs them), the two binaries and, beside it, .dev/c.
   stage=.dev/one-stage
   rm -rf "$stage" .dev/one
   mkdir -p "$stage/gpu/site" .dev/one
   cp -al "$PREFIX"/. "$stage/gpu/site/"
   rm "$stage/gpu/site/mlx/lib/libmlx.so"
   scripts/gpu-slim-mlx.py "$PREFIX/mlx/lib/libmlx.so" "$stage/gpu/site/mlx/lib/libmlx.so" ${SM:-90}
-  (cd "$stage/gpu/site" && unzip -q -o "$REPO"/"$WHL"/mlx_lm-"$MLX_LM"-*.whl)
+  (cd "$stage/gpu/site" && unzip -q -o "$REPO"/"$WHL"/mlx_lm-"$MLX_LM"-*.whl &&
+    unzip -q -o "$REPO"/"$WHL"/mlx_vlm-"$MLX_VLM"-*.whl)
   cp "$target/release/native-mlx-bench" "$tests" "$stage/gpu/"
   mv "$stage/gpu/$(basename "$tests")" "$stage/gpu/native-mlx-engine-tests"
   # More binaries (an earlier build to compare with, as

@@ -29,7 +29,8 @@ fn near_tie(model: &str) -> f32 {
     }
 }
 
-fn on_gpu() -> bool {
+/// Whether MLX's default device is a GPU.
+pub fn on_gpu() -> bool {
     static GPU: OnceLock<bool> = OnceLock::new();
     *GPU.get_or_init(|| probe().expect("MLX answers").device == DeviceKind::Gpu)
 }
