@@ -209,7 +209,7 @@ fn greedy_tokens_are_the_same_alone_and_in_merged_groups() {
 
 #[test]
 fn greedy_tokens_are_the_same_alone_and_with_paged_attention() {
-    // Grouped queries (llama: 4 heads over 2), per-head norms (qwen3),
+    // Grouped queries (2 heads over 1), per-head norms (qwen3),
     // 4-bit weights; on the CPU the kernel is not taken.
     for model in ["llama", "llama-bf16", "qwen3-q4"] {
         let paged = BatchOptions {

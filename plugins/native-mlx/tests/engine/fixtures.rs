@@ -205,15 +205,23 @@ fn progress(start: std::time::Instant, what: &str) {
     }
 }
 
-/// The fixtures' width: 128 wide, 8 heads of 16. Every product of a
-/// quantized fixture then sums over more than one quantization group (64),
-/// as in any real model. At 64 wide (one group per row), MLX 0.32's CUDA
-/// build takes, for more than one row, a kernel that no real model reaches
-/// (`qmm_sm90`, on Hopper: `supports_qmm_sm90` wants the group at least as
-/// long as the row); on an H200 both mlx-lm and native-mlx then gave
-/// degenerate ids (token 0 repeated) for the float32 4- and 8-bit fixtures,
-/// at random, and batched ids far from the session's.
-const WIDTH: [&str; 4] = ["--hidden", "128", "--heads", "8"];
+/// The fixtures' width: 128 wide, 2 query heads over 1 key/value head, of
+/// 64 (mlx-lm's Qwen2, Phi-3 and MiMo take the heads' width as the hidden
+/// size over the heads). Every product of a quantized fixture then sums
+/// over more than one quantization group (64), as in any real model. At 64
+/// wide (one group per row), MLX 0.32's CUDA build takes, for more than one row, a kernel that
+/// no real model reaches (`qmm_sm90`, on Hopper: `supports_qmm_sm90` wants
+/// the group at least as long as the row); on an H200 both mlx-lm and
+/// native-mlx then gave degenerate ids (token 0 repeated) for the float32
+/// 4- and 8-bit fixtures, at random, and batched ids far from the
+/// session's. Heads of 64, as real models have (not 16, as before): MLX
+/// 0.32's CUDA RoPE sizes its thread block from the rotated width and the
+/// rows (`get_block_dims_common`: 8 rotated pairs and 64 or more rows give
+/// a block 128 deep, past CUDA's 64), so on a GPU every step of 64 rows
+/// or more failed (`cudaGraphAddKernelNode ... invalid argument`); and
+/// the paged attention kernel, which takes heads of 64 or 128 only, now
+/// serves the fixtures on a GPU as it serves real models.
+pub const WIDTH: [&str; 6] = ["--hidden", "128", "--heads", "2", "--kv-heads", "1"];
 
 fn build() -> Fixtures {
     let start = std::time::Instant::now();
@@ -266,8 +274,8 @@ fn build() -> Fixtures {
     variant(root, "llama", "llama-tied", |config| {
         config["tie_word_embeddings"] = json!(true);
     });
-    // Boundaries inside the 8 frequencies of head_dim 16 (wavelengths 6 to
-    // 20 000), so every branch of the scaling is taken.
+    // Boundaries inside the 32 frequencies of head_dim 64 (wavelengths 6
+    // to 47 000), so every branch of the scaling is taken.
     variant(root, "llama", "llama3-rope", |config| {
         config["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0,
             "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -37,7 +37,7 @@ fn extra() -> &'static (tempfile::TempDir, PathBuf, PathBuf) {
             .arg(repo().join("scripts/make_tiny_model.py"))
             .arg(&echo)
             .args(["--arch", "mimo", "--layers", "1", "--mtp-from-main"])
-            .args(["--hidden", "128", "--heads", "8"])
+            .args(crate::fixtures::WIDTH)
             .stdout(Stdio::null())
             .status()
             .unwrap();

@@ -127,7 +127,8 @@ fn fixture() -> &'static Fixture {
             .arg(repo().join("scripts/make_tiny_model.py"))
             .arg(&model)
             .args(["--arch", "gemma3", "--vision", "--layers", "3"])
-            .args(["--hidden", "128", "--heads", "8", "--window", "32"])
+            .args(crate::fixtures::WIDTH)
+            .args(["--window", "32"])
             .args([
                 "--image-size",
                 "64",
