@@ -139,10 +139,13 @@ case "${1:-}" in
     # exec: a timeout around this script then stops the tests too. Offline
     # (/tmp/gpu-env.sh), since transformers must not look for the fixtures'
     # tokenizers on a hub; the reference's progress is shown as it runs.
+    # --nocapture: a failure's message shows as it happens (libtest prints
+    # captured ones at the end, which a run cut off by a timeout never
+    # reaches: stop 54 lost 15 failures' reasons so).
     threads=(--test-threads 1)
     [[ " $* " == *" --test-threads"* ]] && threads=()
     HANGAR_REPO="$PWD" HANGAR_PYTHON="$(command -v python3)" HANGAR_FIXTURES_LOG=1 \
-      exec "$DIR"/native-mlx-engine-tests "${threads[@]}" "$@"
+      exec "$DIR"/native-mlx-engine-tests "${threads[@]}" --nocapture "$@"
     ;;
   *)
     echo "usage: scripts/gpu-device.sh stage|install|serve|one|tests [ARGS]|keep-ptx" >&2
