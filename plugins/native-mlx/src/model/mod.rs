@@ -203,19 +203,62 @@ impl Rope {
 
     /// Like [`Rope::apply`] for `x` of shape `(n, heads, 1, dim)` whose row
     /// `i` is at position `positions[i]` (MLX computes a scalar offset the
-    /// same way).
+    /// same way). In pieces where one call would fail on a GPU
+    /// ([`rope_rows_per_call`]).
     fn apply_at(&self, x: &Array, positions: &Array) -> Result<Array> {
         let scaled = self.scaled_input(x)?;
         let x = scaled.as_ref().unwrap_or(x);
-        Ok(rope_dynamic(
-            x,
-            self.dims,
-            self.traditional,
-            self.base,
-            self.scale,
-            positions,
-            self.freqs.as_ref(),
-        )?)
+        let rows = x.dim(0);
+        let per_call = rope_rows_per_call(self.dims / 2, x.dim(1), rows, || {
+            Device::try_default()
+                .and_then(|d| d.get_type())
+                .is_ok_and(|t| matches!(t, DeviceType::Gpu))
+        });
+        self.apply_at_in_pieces(x, positions, per_call)
+    }
+
+    fn apply_at_in_pieces(&self, x: &Array, positions: &Array, per_call: i32) -> Result<Array> {
+        let rope_at = |x: &Array, positions: &Array| {
+            rope_dynamic(
+                x,
+                self.dims,
+                self.traditional,
+                self.base,
+                self.scale,
+                positions,
+                self.freqs.as_ref(),
+            )
+        };
+        let rows = x.dim(0);
+        if per_call >= rows {
+            return Ok(rope_at(x, positions)?);
+        }
+        let pieces = (0..rows)
+            .step_by(per_call as usize)
+            .map(|start| {
+                let end = (start + per_call).min(rows);
+                Ok(rope_at(&x.at(start..end)?, &positions.at(start..end)?)?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(concatenate(&pieces, 0)?)
+    }
+}
+
+/// How many of `rows` rows of `heads` heads one call to MLX's RoPE at
+/// positions takes: all of them, except on a GPU (`gpu` is asked only
+/// then) where MLX 0.32's CUDA kernel would ask for a thread block deeper
+/// than CUDA's 64. Its block (`get_block_dims_common`) doubles along the
+/// rotated pairs and along `rows * ceil(heads / 4)` in turn, 10 doublings
+/// in all: under 16 pairs and at 128 or more of the latter it reaches 128
+/// deep, and the step fails ("cudaGraphAddKernelNode ... invalid
+/// argument"). Rotary widths of 32 or more (every family served here) never
+/// meet it; smaller ones (tiny custom models) go in pieces under the limit.
+fn rope_rows_per_call(pairs: i32, heads: i32, rows: i32, gpu: impl FnOnce() -> bool) -> i32 {
+    let depth = (heads + 3) / 4;
+    if pairs >= 16 || rows * depth < 128 || !gpu() {
+        rows
+    } else {
+        (127 / depth).max(1)
     }
 }
 
@@ -1668,5 +1711,45 @@ impl Model {
             all.extend(layer.arrays());
         }
         all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_goes_in_pieces_only_where_mlx_cuda_block_would_be_too_deep() {
+        let gpu = || true;
+        // Heads of 64 or more (32 pairs): one call, whatever the rows.
+        assert_eq!(rope_rows_per_call(32, 8, 4096, gpu), 4096);
+        // 8 pairs: one call under 128 (rows x ceil(heads / 4)), pieces at it.
+        assert_eq!(rope_rows_per_call(8, 8, 63, gpu), 63);
+        assert_eq!(rope_rows_per_call(8, 8, 64, gpu), 63);
+        assert_eq!(rope_rows_per_call(8, 2, 200, gpu), 127);
+        assert_eq!(rope_rows_per_call(15, 16, 40, gpu), 31);
+        // The CPU's fallback has no such limit.
+        assert_eq!(rope_rows_per_call(8, 8, 64, || false), 64);
+    }
+
+    #[test]
+    fn rope_in_pieces_equals_rope_at_once() {
+        let rope = Rope {
+            dims: 16,
+            traditional: false,
+            base: Some(10_000.0),
+            scale: 1.0,
+            freqs: None,
+            input_scale: None,
+        };
+        let x = mlx_rs::random::normal::<f32>(&[70, 8, 1, 16], None, None, None).unwrap();
+        let positions = Array::from_slice(&(0..70).map(|i| i * 3 + 1).collect::<Vec<i32>>(), &[70]);
+        let whole = rope.apply_at_in_pieces(&x, &positions, 70).unwrap();
+        let pieces = rope.apply_at_in_pieces(&x, &positions, 31).unwrap();
+        assert_eq!(pieces.shape(), whole.shape());
+        assert!(
+            pieces.eq_values(&whole).unwrap(),
+            "RoPE in pieces differs from RoPE at once"
+        );
     }
 }
