@@ -190,72 +190,99 @@ impl Rope {
     fn apply(&self, x: &Array, offset: i32) -> Result<Array> {
         let scaled = self.scaled_input(x)?;
         let x = scaled.as_ref().unwrap_or(x);
-        Ok(rope(
-            x,
-            self.dims,
-            self.traditional,
-            self.base,
-            self.scale,
-            offset,
-            self.freqs.as_ref(),
-        )?)
-    }
-
-    /// Like [`Rope::apply`] for `x` of shape `(n, heads, 1, dim)` whose row
-    /// `i` is at position `positions[i]` (MLX computes a scalar offset the
-    /// same way). In pieces where one call would fail on a GPU
-    /// ([`rope_rows_per_call`]).
-    fn apply_at(&self, x: &Array, positions: &Array) -> Result<Array> {
-        let scaled = self.scaled_input(x)?;
-        let x = scaled.as_ref().unwrap_or(x);
-        let rows = x.dim(0);
-        let per_call = rope_rows_per_call(self.dims / 2, x.dim(1), rows, || {
-            Device::try_default()
-                .and_then(|d| d.get_type())
-                .is_ok_and(|t| matches!(t, DeviceType::Gpu))
-        });
-        self.apply_at_in_pieces(x, positions, per_call)
-    }
-
-    fn apply_at_in_pieces(&self, x: &Array, positions: &Array, per_call: i32) -> Result<Array> {
-        let rope_at = |x: &Array, positions: &Array| {
-            rope_dynamic(
+        in_pieces(x, rows_per_call(self.dims / 2, x), |x, _| {
+            Ok(rope(
                 x,
                 self.dims,
                 self.traditional,
                 self.base,
                 self.scale,
-                positions,
+                offset,
                 self.freqs.as_ref(),
-            )
-        };
-        let rows = x.dim(0);
-        if per_call >= rows {
-            return Ok(rope_at(x, positions)?);
-        }
-        let pieces = (0..rows)
-            .step_by(per_call as usize)
-            .map(|start| {
-                let end = (start + per_call).min(rows);
-                Ok(rope_at(&x.at(start..end)?, &positions.at(start..end)?)?)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(concatenate(&pieces, 0)?)
+            )?)
+        })
+    }
+
+    /// Like [`Rope::apply`] for `x` of shape `(n, heads, 1, dim)` whose row
+    /// `i` is at position `positions[i]` (MLX computes a scalar offset the
+    /// same way).
+    fn apply_at(&self, x: &Array, positions: &Array) -> Result<Array> {
+        let scaled = self.scaled_input(x)?;
+        let x = scaled.as_ref().unwrap_or(x);
+        self.apply_at_in_pieces(x, positions, rows_per_call(self.dims / 2, x))
+    }
+
+    fn apply_at_in_pieces(&self, x: &Array, positions: &Array, per_call: i32) -> Result<Array> {
+        in_pieces(x, per_call, |x, rows| {
+            let positions = match rows {
+                Some(rows) => positions.at(rows)?,
+                None => positions.clone(),
+            };
+            Ok(rope_dynamic(
+                x,
+                self.dims,
+                self.traditional,
+                self.base,
+                self.scale,
+                &positions,
+                self.freqs.as_ref(),
+            )?)
+        })
     }
 }
 
-/// How many of `rows` rows of `heads` heads one call to MLX's RoPE at
-/// positions takes: all of them, except on a GPU (`gpu` is asked only
-/// then) where MLX 0.32's CUDA kernel would ask for a thread block deeper
-/// than CUDA's 64. Its block (`get_block_dims_common`) doubles along the
-/// rotated pairs and along `rows * ceil(heads / 4)` in turn, 10 doublings
-/// in all: under 16 pairs and at 128 or more of the latter it reaches 128
-/// deep, and the step fails ("cudaGraphAddKernelNode ... invalid
-/// argument"). Rotary widths of 32 or more (every family served here) never
-/// meet it; smaller ones (tiny custom models) go in pieces under the limit.
-fn rope_rows_per_call(pairs: i32, heads: i32, rows: i32, gpu: impl FnOnce() -> bool) -> i32 {
+/// `rope` of `x` whole (`None`), or of pieces of `per_call` entries of its
+/// leading axis (each with its range), joined again.
+fn in_pieces(
+    x: &Array,
+    per_call: i32,
+    rope: impl Fn(&Array, Option<std::ops::Range<i32>>) -> Result<Array>,
+) -> Result<Array> {
+    let rows = x.dim(0);
+    if per_call >= rows {
+        return rope(x, None);
+    }
+    let pieces = (0..rows)
+        .step_by(per_call as usize)
+        .map(|start| {
+            let range = start..(start + per_call).min(rows);
+            rope(&x.at(range.clone())?, Some(range))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(concatenate(&pieces, 0)?)
+}
+
+/// [`rope_rows_per_call`] for `x` `(rows, heads, len, dim)` and `pairs`
+/// rotated pairs, on MLX's default device.
+fn rows_per_call(pairs: i32, x: &Array) -> i32 {
+    rope_rows_per_call(pairs, x.dim(1), x.dim(2), x.dim(0), || {
+        Device::try_default()
+            .and_then(|d| d.get_type())
+            .is_ok_and(|t| matches!(t, DeviceType::Gpu))
+    })
+}
+
+/// How many of `rows` entries of `heads` heads of `len` positions one
+/// call to MLX's RoPE takes: all of them, except on a GPU (`gpu` is asked
+/// only then) where MLX 0.32's CUDA kernel would ask for a thread block
+/// deeper than CUDA's 64. Its block (`get_block_dims_common`) doubles in
+/// turn along the rotated pairs, the positions and `rows * ceil(heads /
+/// 4)`, 10 doublings in all: where the first two take 3 or fewer (under 16
+/// pairs at one position) and the third is 128 or more, it reaches 128
+/// deep and the step fails ("cudaGraphAddKernelNode ... invalid
+/// argument"). Rotary widths of 32 or more (every family served here)
+/// never meet it; smaller ones (tiny custom models) go in pieces under the
+/// limit.
+fn rope_rows_per_call(
+    pairs: i32,
+    heads: i32,
+    len: i32,
+    rows: i32,
+    gpu: impl FnOnce() -> bool,
+) -> i32 {
     let depth = (heads + 3) / 4;
-    if pairs >= 16 || rows * depth < 128 || !gpu() {
+    let wide = pairs.max(1).ilog2() + len.max(1).ilog2() > 3;
+    if wide || rows * depth < 128 || !gpu() {
         rows
     } else {
         (127 / depth).max(1)
@@ -1722,14 +1749,19 @@ mod tests {
     fn rope_goes_in_pieces_only_where_mlx_cuda_block_would_be_too_deep() {
         let gpu = || true;
         // Heads of 64 or more (32 pairs): one call, whatever the rows.
-        assert_eq!(rope_rows_per_call(32, 8, 4096, gpu), 4096);
-        // 8 pairs: one call under 128 (rows x ceil(heads / 4)), pieces at it.
-        assert_eq!(rope_rows_per_call(8, 8, 63, gpu), 63);
-        assert_eq!(rope_rows_per_call(8, 8, 64, gpu), 63);
-        assert_eq!(rope_rows_per_call(8, 2, 200, gpu), 127);
-        assert_eq!(rope_rows_per_call(15, 16, 40, gpu), 31);
+        assert_eq!(rope_rows_per_call(32, 8, 1, 4096, gpu), 4096);
+        // 8 pairs at one position: one call under 128 (rows x ceil(heads /
+        // 4)), pieces from there.
+        assert_eq!(rope_rows_per_call(8, 8, 1, 63, gpu), 63);
+        assert_eq!(rope_rows_per_call(8, 8, 1, 64, gpu), 63);
+        assert_eq!(rope_rows_per_call(8, 2, 1, 200, gpu), 127);
+        assert_eq!(rope_rows_per_call(15, 16, 1, 40, gpu), 31);
+        // Positions take doublings too: 8 pairs at 2 positions fit; 4 pairs
+        // at 3 do not.
+        assert_eq!(rope_rows_per_call(8, 8, 2, 64, gpu), 64);
+        assert_eq!(rope_rows_per_call(4, 8, 3, 64, gpu), 63);
         // The CPU's fallback has no such limit.
-        assert_eq!(rope_rows_per_call(8, 8, 64, || false), 64);
+        assert_eq!(rope_rows_per_call(8, 8, 1, 64, || false), 64);
     }
 
     #[test]
@@ -1751,5 +1783,10 @@ mod tests {
             pieces.eq_values(&whole).unwrap(),
             "RoPE in pieces differs from RoPE at once"
         );
+        // At one offset for every entry (prompt chunks side by side).
+        let at_offset = |x: &Array, _| rope.apply(x, 5);
+        let whole = in_pieces(&x, 70, at_offset).unwrap();
+        let pieces = in_pieces(&x, 31, at_offset).unwrap();
+        assert!(pieces.eq_values(&whole).unwrap());
     }
 }
