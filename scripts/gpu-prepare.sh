@@ -53,6 +53,14 @@ MLX_VLM=0.7.6
 if ! ls "$WHL"/mlx_vlm-"$MLX_VLM"-*.whl >/dev/null 2>&1; then
   python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$WHL" "mlx-vlm==$MLX_VLM" >&2
 fi
+# Pillow at the version the tests' reference pins here: the vision tests
+# compare pixels exactly, and the image's own Pillow resizes otherwise
+# (stop 55: a pixel level apart where Pillow 13 resizes vertically first).
+PILLOW="$(sed -n 's/^pillow==//p' scripts/python-constraints.txt)"
+if ! ls "$WHL"/pillow-"$PILLOW"-cp312-*.whl >/dev/null 2>&1; then
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 -d "$WHL" "pillow==$PILLOW" >&2
+fi
 cuda="$(ls "$WHL"/mlx_cuda_13-"$MLX"-*.whl)"
 python="$(ls "$WHL"/mlx-"$MLX"-*.whl)"
 if [[ ! -f "$PREFIX/mlx/lib/libmlx.so" ]]; then
@@ -126,13 +134,13 @@ for part in .dev/a/cuda.part.*; do
 done
 xz -T0 -c "$target/release/native-mlx-bench" >.dev/a/native-mlx-bench.xz
 [[ -f .dev/ptx.tar.xz ]] && cp .dev/ptx.tar.xz .dev/a/
-cp "$WHL"/mlx-"$MLX"-*.whl "$WHL"/mlx_lm-"$MLX_LM"-*.whl .dev/b/
+cp "$WHL"/mlx-"$MLX"-*.whl "$WHL"/mlx_lm-"$MLX_LM"-*.whl "$WHL"/pillow-"$PILLOW"-cp312-*.whl .dev/b/
 xz -T0 -c "$tests" >.dev/b/native-mlx-engine-tests.xz
 du -sh .dev/a .dev/b >&2
 
 if [[ "${ONE:-0}" == 1 ]]; then
   # .dev/one/gpu.tar.xz unpacks to gpu/: site/ (MLX for CUDA, slim,
-  # mlx-lm and mlx-vlm, as pip installs them), the two binaries and, beside it, .dev/c.
+  # mlx-lm, mlx-vlm and Pillow, as pip installs them), the two binaries and, beside it, .dev/c.
   stage=.dev/one-stage
   rm -rf "$stage" .dev/one
   mkdir -p "$stage/gpu/site" .dev/one
@@ -140,7 +148,8 @@ if [[ "${ONE:-0}" == 1 ]]; then
   rm "$stage/gpu/site/mlx/lib/libmlx.so"
   scripts/gpu-slim-mlx.py "$PREFIX/mlx/lib/libmlx.so" "$stage/gpu/site/mlx/lib/libmlx.so" ${SM:-90}
   (cd "$stage/gpu/site" && unzip -q -o "$REPO"/"$WHL"/mlx_lm-"$MLX_LM"-*.whl &&
-    unzip -q -o "$REPO"/"$WHL"/mlx_vlm-"$MLX_VLM"-*.whl)
+    unzip -q -o "$REPO"/"$WHL"/mlx_vlm-"$MLX_VLM"-*.whl &&
+    unzip -q -o "$REPO"/"$WHL"/pillow-"$PILLOW"-cp312-*.whl)
   cp "$target/release/native-mlx-bench" "$tests" "$stage/gpu/"
   mv "$stage/gpu/$(basename "$tests")" "$stage/gpu/native-mlx-engine-tests"
   # More binaries (an earlier build to compare with, as

@@ -302,11 +302,7 @@ impl Session {
         let stream = self.stream.clone();
         let _turn = mlx_turn();
         with_stream(&stream.0, || {
-            let mut soft_tokens = Vec::new();
-            for (index, image) in input.images.iter().enumerate() {
-                let vision = self.vision.as_mut().expect("images expanded by the vision");
-                soft_tokens.push((image.start as i32, vision.soft_tokens(image, index, None)?));
-            }
+            let soft_tokens = self.soft_tokens(&input)?;
             let h = self
                 .model
                 .embedded_with(&ids(&input.tokens)?, &soft_tokens)?
@@ -314,6 +310,16 @@ impl Session {
             h.eval()?;
             Ok(h.as_slice::<f32>().to_vec())
         })
+    }
+
+    /// Each image's soft tokens, by the index of its first in the prompt.
+    fn soft_tokens(&mut self, input: &PromptInput) -> Result<Vec<(i32, Array)>> {
+        let mut soft_tokens = Vec::new();
+        for (index, image) in input.images.iter().enumerate() {
+            let vision = self.vision.as_mut().expect("images expanded by the vision");
+            soft_tokens.push((image.start as i32, vision.soft_tokens(image, index, None)?));
+        }
+        Ok(soft_tokens)
     }
 
     /// The token ids a prompt stands for (an image's soft tokens included).
@@ -516,30 +522,51 @@ impl Session {
     /// tokens are each `top`, with a `gap` of 0; tokens that another path
     /// chose (batched, on other kernels) show by how much they missed.
     pub fn score(&mut self, prompt: &[u32], continuation: &[u32]) -> Result<Vec<TokenScore>> {
-        self.each_step(prompt, continuation, |logprobs, token| {
-            let logprobs = logprobs.as_dtype(Dtype::Float32)?;
-            logprobs.eval()?;
-            let logprobs = logprobs.as_slice::<f32>();
-            let logprob = *logprobs.get(token as usize).ok_or_else(|| outside(token))?;
-            // The first of equal maxima, as `argmax`.
-            let (top, top_logprob) =
-                logprobs
-                    .iter()
-                    .enumerate()
-                    .fold((0, f32::NEG_INFINITY), |best, (i, &p)| {
-                        if p > best.1 {
-                            (i as u32, p)
-                        } else {
-                            best
-                        }
-                    });
-            Ok(TokenScore {
-                token,
-                logprob,
-                top,
-                top_logprob,
-            })
-        })
+        self.each_step(prompt, continuation, token_score)
+    }
+
+    /// [`Session::score`] after a prompt that may hold images (a chat
+    /// prompt's images as their soft tokens, as the [`crate::Batcher`]
+    /// places them): all but its last token in one pass from their
+    /// embeddings, then one token per step. Forgets the cached
+    /// conversation.
+    pub fn score_prompt(
+        &mut self,
+        prompt: &Prompt,
+        continuation: &[u32],
+    ) -> Result<Vec<TokenScore>> {
+        let input = self.prompt_input(prompt)?;
+        if input.images.is_empty() {
+            return self.score(&input.tokens, continuation);
+        }
+        let n = input.tokens.len();
+        if input
+            .images
+            .iter()
+            .any(|image| image.start + image.len >= n)
+        {
+            return Err(Error::InvalidRequest(
+                "scoring needs a prompt that ends after its last image".into(),
+            ));
+        }
+        self.clear_cache();
+        let stream = self.stream.clone();
+        let _turn = mlx_turn();
+        let result = with_stream(&stream.0, || {
+            let soft_tokens = self.soft_tokens(&input)?;
+            let body = self
+                .model
+                .embedded_with(&ids(&input.tokens[..n - 1])?, &soft_tokens)?;
+            self.model.hidden_of(body, &mut self.cache)?;
+            eval(self.cache.iter().flat_map(KvCache::state))?;
+            for layer in &mut self.cache {
+                layer.set_prefilled(n as i32 - 1);
+            }
+            self.steps_from(input.tokens[n - 1], continuation, token_score)
+        });
+        // The cache holds images' positions, which `cached` cannot name.
+        self.clear_cache();
+        result
     }
 
     /// Scores `continuation` after `prompt` as sampled with `sampling` (a
@@ -578,7 +605,7 @@ impl Session {
         &mut self,
         prompt: &[u32],
         continuation: &[u32],
-        mut score: impl FnMut(Array, u32) -> Result<T>,
+        score: impl FnMut(Array, u32) -> Result<T>,
     ) -> Result<Vec<T>> {
         if prompt.is_empty() {
             return Err(Error::InvalidRequest("the prompt has no tokens".into()));
@@ -587,19 +614,31 @@ impl Session {
         let _turn = mlx_turn();
         let result = with_stream(&stream.0, || {
             let (_, last) = self.prefill(prompt)?;
-            let inputs = std::iter::once(last).chain(continuation.iter().copied());
-            let mut scores = Vec::with_capacity(continuation.len());
-            for (input, &token) in inputs.zip(continuation) {
-                let logprobs = self.logprobs(&ids(&[input])?)?;
-                scores.push(score(logprobs, token)?);
-                self.cached.push(input);
-            }
-            Ok(scores)
+            self.steps_from(last, continuation, score)
         });
         if result.is_err() {
             self.clear_cache();
         }
         result
+    }
+
+    /// Feeds `last`, the prompt's last token, then `continuation` one token
+    /// per step, giving `score` each step's log-probabilities and the token
+    /// that followed.
+    fn steps_from<T>(
+        &mut self,
+        last: u32,
+        continuation: &[u32],
+        mut score: impl FnMut(Array, u32) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        let inputs = std::iter::once(last).chain(continuation.iter().copied());
+        let mut scores = Vec::with_capacity(continuation.len());
+        for (input, &token) in inputs.zip(continuation) {
+            let logprobs = self.logprobs(&ids(&[input])?)?;
+            scores.push(score(logprobs, token)?);
+            self.cached.push(input);
+        }
+        Ok(scores)
     }
 
     /// Fills the cache with `prompt` (non-empty) but its last token,
@@ -645,6 +684,32 @@ impl Session {
             layer.truncate(len as i32);
         }
     }
+}
+
+/// `token`'s [`TokenScore`] under lazy log-probabilities `(1, vocab)`.
+fn token_score(logprobs: Array, token: u32) -> Result<TokenScore> {
+    let logprobs = logprobs.as_dtype(Dtype::Float32)?;
+    logprobs.eval()?;
+    let logprobs = logprobs.as_slice::<f32>();
+    let logprob = *logprobs.get(token as usize).ok_or_else(|| outside(token))?;
+    // The first of equal maxima, as `argmax`.
+    let (top, top_logprob) =
+        logprobs
+            .iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |best, (i, &p)| {
+                if p > best.1 {
+                    (i as u32, p)
+                } else {
+                    best
+                }
+            });
+    Ok(TokenScore {
+        token,
+        logprob,
+        top,
+        top_logprob,
+    })
 }
 
 /// A `(1, n)` array of token ids.

@@ -1586,7 +1586,12 @@ impl Model {
     /// every block, filling the caches; returns the last hidden states before
     /// the final norm. Lazy: nothing is computed until evaluated.
     pub(crate) fn hidden(&self, ids: &Array, caches: &mut [KvCache]) -> Result<Array> {
-        let mut h = self.embedded(ids)?;
+        self.hidden_of(self.embedded(ids)?, caches)
+    }
+
+    /// As [`Model::hidden`], from the embeddings `h` `(1, len, hidden)`
+    /// (see [`Model::embedded_with`]).
+    pub(crate) fn hidden_of(&self, mut h: Array, caches: &mut [KvCache]) -> Result<Array> {
         for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
             h = block.forward(&h, cache, self.rope_of(block))?;
         }

@@ -160,13 +160,20 @@ fn same_tokens_alone_and_batched_with(model: &str, options: BatchOptions) {
     assert!(stats.decode_time > std::time::Duration::ZERO, "{stats:?}");
     // The prompts' padded lengths (128, 256 and 384) attend in groups of
     // their own, or all in one when merged: asked for, or by default on a
-    // GPU (`MERGE_PADDING_GPU` spans them).
+    // GPU (`MERGE_PADDING_GPU` spans them). First chunks' tokens as rows
+    // (by default on a GPU where the paged kernel serves every layer) read
+    // their own padded lengths, up to those three a chunk, in groups after
+    // the decoding rows'.
     let merge_padding =
         options
             .merge_padding
             .unwrap_or(if on_gpu() { MERGE_PADDING_GPU } else { 0 });
     if merge_padding >= MERGE_PADDING_GPU {
-        assert_eq!(stats.decode_groups, stats.pool_decode_steps, "{stats:?}");
+        assert!(
+            stats.decode_groups >= stats.pool_decode_steps
+                && stats.decode_groups - stats.pool_decode_steps <= 3 * stats.chunks_as_rows,
+            "{stats:?}"
+        );
     } else {
         assert!(stats.decode_groups > stats.pool_decode_steps, "{stats:?}");
     }

@@ -21,11 +21,27 @@ use crate::fixtures::fixtures;
 /// path may be on a GPU, by the model's activation dtype: about a hundred
 /// times the last bit of its logits' largest values.
 fn near_tie(model: &str) -> f32 {
-    let config = std::fs::read_to_string(fixtures().model(model).join("config.json")).unwrap();
+    near_tie_at(&fixtures().model(model))
+}
+
+/// [`near_tie`] of the model folder `dir`.
+pub fn near_tie_at(dir: &std::path::Path) -> f32 {
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
     let config: serde_json::Value = serde_json::from_str(&config).unwrap();
     match config["torch_dtype"].as_str() {
         Some("bfloat16" | "float16") => 0.25,
         _ => 0.01,
+    }
+}
+
+/// How far two paths' float32 results may differ: `cpu` on the CPU; on a
+/// GPU, where MLX multiplies float32 as TF32 (10 bits of mantissa), one
+/// TF32 step of the `largest` value, if that is more.
+pub fn float32_tolerance(cpu: f32, largest: f32) -> f32 {
+    if on_gpu() {
+        cpu.max(largest * 2f32.powi(-10))
+    } else {
+        cpu
     }
 }
 
@@ -66,6 +82,21 @@ pub fn check_same_tokens(
         }
         return Ok(());
     }
+    near_ties(got, expected, near_tie(model), what, |ids| {
+        misses(model, prompt, ids, sampling)
+    })
+}
+
+/// The GPU's side of [`check_same_tokens`]: `got` and `expected` are as
+/// long, and each id of both misses the session's choice by at most `near`,
+/// by `misses` (each id's score, printed, and its miss).
+pub fn near_ties(
+    got: &[u32],
+    expected: &[u32],
+    near: f32,
+    what: &str,
+    mut misses: impl FnMut(&[u32]) -> Vec<(String, f32)>,
+) -> Result<(), String> {
     if got.len() != expected.len() {
         return Err(format!(
             "{what}: {} ids against {}",
@@ -74,9 +105,8 @@ pub fn check_same_tokens(
         ));
     }
     let part = got.iter().zip(expected).position(|(a, b)| a != b);
-    let near = near_tie(model);
     for (name, ids) in [("got", got), ("expected", expected)] {
-        let misses = misses(model, prompt, ids, sampling);
+        let misses = misses(ids);
         let (at, (worst, miss)) = misses
             .iter()
             .enumerate()

@@ -1,6 +1,6 @@
 //! Chats with images on a random-weight Gemma 3 vision folder (`scripts/make_tiny_model.py --vision`), through the batcher: prompt ids and greedy answers against mlx-vlm (`tests/vlm_reference.py`), batched with text, from the prefix cache, and the refusals.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 
 use crate::batch::{try_run, try_run_together};
 use crate::fixtures::{python, python_reference, repo};
+use crate::greedy::{float32_tolerance, near_tie_at, near_ties, on_gpu};
 
 /// Tokens each answer decodes (past end-of-sequence tokens).
 const MAX_TOKENS: usize = 24;
@@ -269,16 +270,30 @@ fn batcher(prefix_cache_bytes: usize) -> Batcher {
 /// Checks that `done`, case `name`'s answer, has mlx-vlm's greedy ids.
 fn check(name: &str, done: &Completion, what: &str) {
     let want = &fixture().answers[case(name)];
-    let at = done
-        .token_ids
-        .iter()
-        .zip(want)
-        .take_while(|(a, b)| a == b)
-        .count();
-    assert_eq!(
-        &done.token_ids, want,
-        "{name} ({what}): first difference at token {at}"
-    );
+    check_ids(&fixture().model, name, &done.token_ids, want, what);
+}
+
+/// Checks `got`, the greedy ids of the chat `name` on the folder `dir`,
+/// against mlx-vlm's `want`: the same ids on the CPU; on a GPU, where they
+/// part, each id of both a near tie of the session's greedy choice after
+/// the same ids before it (see `tests/engine/greedy.rs`).
+fn check_ids(dir: &Path, name: &str, got: &[u32], want: &[u32], what: &str) {
+    let what = format!("{name} ({what})");
+    if !on_gpu() || got == want {
+        let at = got.iter().zip(want).take_while(|(a, b)| a == b).count();
+        assert_eq!(got, want, "{what}: first difference at token {at}");
+        return;
+    }
+    let mut session = Session::load(dir).unwrap();
+    let prompt = Prompt::Chat {
+        messages: messages(name),
+        options: ChatOptions::default(),
+    };
+    near_ties(got, want, near_tie_at(dir), &what, |ids| {
+        let scores = session.score_prompt(&prompt, ids).unwrap();
+        scores.iter().map(|s| (format!("{s:?}"), s.gap())).collect()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
@@ -301,7 +316,8 @@ fn prompts_with_images_are_mlx_vlms() {
 fn input_embeddings_with_images_are_mlx_vlms() {
     // The soft tokens in place, divided by sqrt(hidden) and scaled back
     // with the text by the bfloat16 scale: to float32 rounding (the tower
-    // computes its patches as a product, mlx-vlm as a convolution).
+    // computes its patches as a product, mlx-vlm as a convolution; on a
+    // GPU, TF32's).
     let mut session = session();
     let name = "two images";
     let want = fixture().embeddings[case(name)].as_ref().unwrap();
@@ -318,7 +334,33 @@ fn input_embeddings_with_images_are_mlx_vlms() {
         .fold(0.0, f32::max);
     let largest = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     eprintln!("{name}: input embeddings differ by {diff:e} (largest {largest})");
-    assert!(diff <= 1e-4 * largest.max(1.0), "differ by {diff}");
+    assert!(
+        diff <= float32_tolerance(1e-4 * largest.max(1.0), largest),
+        "differ by {diff}"
+    );
+}
+
+#[test]
+fn scoring_a_prompt_with_images_finds_mlx_vlms_greedy_ids() {
+    // What the GPU's near-tie check scores by: the session's greedy choice
+    // after each of mlx-vlm's ids, images in the prompt (exact on the CPU).
+    let mut session = session();
+    for name in ["one image", "two images"] {
+        let want = &fixture().answers[case(name)];
+        let prompt = Prompt::Chat {
+            messages: messages(name),
+            options: ChatOptions::default(),
+        };
+        let scores = session.score_prompt(&prompt, want).unwrap();
+        assert_eq!(scores.len(), want.len());
+        let worst = scores.iter().map(|s| s.gap()).fold(0.0, f32::max);
+        let near = if on_gpu() {
+            near_tie_at(&fixture().model)
+        } else {
+            0.0
+        };
+        assert!(worst <= near, "{name}: {scores:?}");
+    }
 }
 
 #[test]
@@ -342,7 +384,8 @@ fn quantized_folders_with_images_answer_as_mlx_vlm() {
         );
         for (c, case) in QUANTIZED_CASES.iter().enumerate() {
             let done = try_run(&b, &request(messages(case))).unwrap();
-            assert_eq!(done.token_ids, fixture().quantized[m][c], "{name}, {case}");
+            let want = &fixture().quantized[m][c];
+            check_ids(&root.join(name), case, &done.token_ids, want, name);
         }
     }
 }
