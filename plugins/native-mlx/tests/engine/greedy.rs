@@ -35,10 +35,12 @@ pub fn near_tie_at(dir: &std::path::Path) -> f32 {
 }
 
 /// How far two paths' float32 results may differ: `cpu` on the CPU; on a
-/// GPU, where MLX multiplies float32 as TF32 (10 bits of mantissa), one
-/// TF32 step of the `largest` value, if that is more.
+/// GPU, where MLX multiplies float32 as TF32 (10 bits of mantissa) unless
+/// `MLX_ENABLE_TF32=0`, one TF32 step of the `largest` value, if that is
+/// more.
 pub fn float32_tolerance(cpu: f32, largest: f32) -> f32 {
-    if on_gpu() {
+    let tf32 = std::env::var("MLX_ENABLE_TF32").map_or(true, |v| v != "0");
+    if on_gpu() && tf32 {
         cpu.max(largest * 2f32.powi(-10))
     } else {
         cpu
