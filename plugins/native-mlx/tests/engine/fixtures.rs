@@ -223,6 +223,15 @@ fn progress(start: std::time::Instant, what: &str) {
 /// serves the fixtures on a GPU as it serves real models.
 pub const WIDTH: [&str; 6] = ["--hidden", "128", "--heads", "2", "--kv-heads", "1"];
 
+/// The vision fixtures' tower (`make_tiny_model.py --vision`): 128 wide
+/// (2 heads of 64), its MLP 256, so that a quantized tower's products are
+/// two groups of 64 long or more, as real towers' are (SigLIP's: 1152).
+/// At 64 wide (one group) MLX 0.32's CUDA build multiplies them with
+/// `qmm_sm90`, which the text fixtures left for giving degenerate ids (see
+/// `WIDTH`'s history in the README); there the 8-bit tower's answers
+/// changed from run to run on a GPU (stop 55).
+pub const VISION_WIDTH: [&str; 4] = ["--vision-hidden", "128", "--vision-intermediate", "256"];
+
 fn build() -> Fixtures {
     let start = std::time::Instant::now();
     let dir = tempfile::tempdir().unwrap();

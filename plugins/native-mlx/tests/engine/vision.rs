@@ -64,6 +64,7 @@ fn fixture() -> &'static Fixture {
             .arg(repo().join("scripts/make_tiny_model.py"))
             .arg(&model)
             .args(["--arch", "gemma3", "--vision", "--layers", "2"])
+            .args(crate::fixtures::VISION_WIDTH)
             .stdout(Stdio::null())
             .status()
             .unwrap();
@@ -72,6 +73,7 @@ fn fixture() -> &'static Fixture {
             .arg(repo().join("scripts/make_tiny_model.py"))
             .arg(dir.path().join(BF16))
             .args(["--arch", "gemma3", "--vision", "--layers", "2"])
+            .args(crate::fixtures::VISION_WIDTH)
             .args(["--dtype", "bfloat16"])
             .stdout(Stdio::null())
             .status()

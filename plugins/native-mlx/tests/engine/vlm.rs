@@ -129,6 +129,7 @@ fn fixture() -> &'static Fixture {
             .arg(&model)
             .args(["--arch", "gemma3", "--vision", "--layers", "3"])
             .args(crate::fixtures::WIDTH)
+            .args(crate::fixtures::VISION_WIDTH)
             .args(["--window", "32"])
             .args([
                 "--image-size",
