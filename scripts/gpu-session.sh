@@ -33,6 +33,8 @@
 #              defaults; MLX_MAX_OPS_PER_BUFFER / MLX_MAX_MB_PER_BUFFER
 #              raised; MLX_USE_CUDA_GRAPHS=0), --breakdown, interleaved
 #              rounds; on GRAPH_SHAPES (default "qwen05 moe30")
+#   suite      the engine's GPU test suite for SUITE_S seconds (420),
+#              SUITE_FILTER its filter, then keep-ptx
 #   ab         single stream: BIN_A (default /tmp/gpu/native-mlx-bench-base)
 #              against BIN, interleaved rounds (A B, B A, ...), with
 #              --breakdown, on AB_SHAPES (qwen05 qwen7); then BIN's
@@ -174,6 +176,19 @@ for part in "$@"; do
         done
       done
       step_table "MLX graph settings" "$log" >>"$log"
+      ;;
+    suite)
+      # The engine's GPU suite (scripts/gpu-device.sh tests, one test at a
+      # time, SUITE_FILTER as its filter) for at most SUITE_S seconds
+      # (default 420: a whole run takes about 560 s warm, so a first call
+      # runs what fits and a second SUITE_FILTER the rest), then MLX's
+      # compiled kernels kept in $OUT/ptx.tar.xz; the log keeps each
+      # failure's reason as it happens (--nocapture).
+      timeout "${SUITE_S:-420}" "$REPO/scripts/gpu-device.sh" tests ${SUITE_FILTER:-} >>"$log" 2>&1
+      echo "suite: rc=$?" >>"$log"
+      [[ -n "${OUT:-}" ]] && "$REPO/scripts/gpu-device.sh" keep-ptx >>"$log" 2>&1
+      grep -a "^test \|panicked\|test result\|suite: rc" "$log" >"$log.summary"
+      cat "$log.summary" >>"$log"
       ;;
     ab)
       # Single stream, BIN_A (default /tmp/gpu/native-mlx-bench-base, an
