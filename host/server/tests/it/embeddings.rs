@@ -42,10 +42,12 @@ fn serve(isolation: &str) -> Server {
     })
 }
 
+/// The embeddings of an OpenAI answer; an answer without them (an error)
+/// fails the test with the answer.
 fn vectors(body: &Value) -> Vec<Vec<f64>> {
     body["data"]
         .as_array()
-        .unwrap()
+        .unwrap_or_else(|| panic!("no embeddings in {body}"))
         .iter()
         .map(|d| {
             d["embedding"]
@@ -293,10 +295,11 @@ fn rerank_sorts_best_first_and_ollama_embeds_the_same_vectors() {
     assert_eq!(body["results"][0]["document"]["text"], documents[1]);
     assert!(body["usage"]["total_tokens"].as_u64().unwrap() > 0);
 
-    let (_, top) = server.post(
+    let (status, top) = server.post(
         "/v1/rerank",
         json!({"model": "ranker", "query": "the cat sat", "documents": documents, "top_n": 2, "return_documents": false}),
     );
+    assert_eq!(status, 200, "{top}");
     assert_eq!(top["results"].as_array().unwrap().len(), 2);
     assert!(top["results"][0].get("document").is_none(), "{top}");
     for (body, field) in [
@@ -326,7 +329,8 @@ fn rerank_sorts_best_first_and_ollama_embeds_the_same_vectors() {
     }
 
     let texts = ["the cat sat", "dogs bark"];
-    let (_, openai) = server.post("/v1/embeddings", json!({"model": "bert", "input": texts}));
+    let (status, openai) = server.post("/v1/embeddings", json!({"model": "bert", "input": texts}));
+    assert_eq!(status, 200, "{openai}");
     let (status, ollama) = server.post(
         "/ollama/api/embed",
         json!({"model": "bert", "input": texts}),

@@ -271,19 +271,25 @@ fn batcher(prefix_cache_bytes: usize) -> Batcher {
 /// Checks that `done`, case `name`'s answer, has mlx-vlm's greedy ids.
 fn check(name: &str, done: &Completion, what: &str) {
     let want = &fixture().answers[case(name)];
-    check_ids(&fixture().model, name, &done.token_ids, want, what);
+    check_ids(&fixture().model, name, &done.token_ids, want, what)
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Checks `got`, the greedy ids of the chat `name` on the folder `dir`,
 /// against mlx-vlm's `want`: the same ids on the CPU; on a GPU, where they
 /// part, each id of both a near tie of the session's greedy choice after
-/// the same ids before it (see `tests/engine/greedy.rs`).
-fn check_ids(dir: &Path, name: &str, got: &[u32], want: &[u32], what: &str) {
+/// the same ids before it (see `tests/engine/greedy.rs`). The error says
+/// where and by how much they part.
+fn check_ids(dir: &Path, name: &str, got: &[u32], want: &[u32], what: &str) -> Result<(), String> {
     let what = format!("{name} ({what})");
     if !on_gpu() || got == want {
+        if got == want {
+            return Ok(());
+        }
         let at = got.iter().zip(want).take_while(|(a, b)| a == b).count();
-        assert_eq!(got, want, "{what}: first difference at token {at}");
-        return;
+        return Err(format!(
+            "{what}: first difference at token {at}\n  expected: {want:?}\n  got:      {got:?}"
+        ));
     }
     let mut session = Session::load(dir).unwrap();
     let prompt = Prompt::Chat {
@@ -294,7 +300,6 @@ fn check_ids(dir: &Path, name: &str, got: &[u32], want: &[u32], what: &str) {
         let scores = session.score_prompt(&prompt, ids).unwrap();
         scores.iter().map(|s| (format!("{s:?}"), s.gap())).collect()
     })
-    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
@@ -377,7 +382,9 @@ fn greedy_answers_with_images_are_mlx_vlms() {
 fn quantized_folders_with_images_answer_as_mlx_vlm() {
     // 4-bit text model with the dense tower mlx-vlm's converter keeps, and
     // 8-bit with the tower quantized as well.
+    // Every folder and case before the failures are told.
     let root = fixture().model.parent().unwrap();
+    let mut failures = Vec::new();
     for (m, (name, ..)) in QUANTIZED.iter().enumerate() {
         let b = Batcher::start(
             Session::load(&root.join(name)).unwrap(),
@@ -386,9 +393,12 @@ fn quantized_folders_with_images_answer_as_mlx_vlm() {
         for (c, case) in QUANTIZED_CASES.iter().enumerate() {
             let done = try_run(&b, &request(messages(case))).unwrap();
             let want = &fixture().quantized[m][c];
-            check_ids(&root.join(name), case, &done.token_ids, want, name);
+            if let Err(e) = check_ids(&root.join(name), case, &done.token_ids, want, name) {
+                failures.push(e);
+            }
         }
     }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]
