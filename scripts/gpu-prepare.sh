@@ -22,8 +22,9 @@
 # The binaries travel xz-compressed (a quarter of their size), so that
 # .dev/b and .dev/c fit one call together: call 2 then installs MLX and the
 # serving bench's files at once.
-# With ONE=1 (implies SERVE=1), also .dev/one: all of it in one folder of
-# about 50 MB, for one call (`scripts/gpu-device.sh one`), with MLX's CUDA
+# With ONE=1 (builds what SERVE=1 builds), also .dev/one: all of it in one
+# folder of about 48 MB (65 with SERVE=1's c/, past a call's 64 MiB: move
+# c/ out, or the references' packages), for one call (`scripts/gpu-device.sh one`), with MLX's CUDA
 # library cut to the sm_90 cubins of an H100 or H200 and stripped
 # (scripts/gpu-slim-mlx.py) and installed MLX, mlx-lm and the binaries in
 # one tar.xz: a call that installs, then runs, is not cut off between a
@@ -99,6 +100,10 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "engine" and m.get("executable"):
         print(m["executable"])')"
 
+# .dev/one carries the serving bench's files (c/, 17 MB) only where SERVE=1
+# asks for them: with the references' Python packages the rest is some 48
+# MB, and a call carries 64 MiB at most, the working tree included.
+ONE_SERVE="${SERVE:-0}"
 [[ "${ONE:-0}" == 1 ]] && SERVE=1
 if [[ "${SERVE:-0}" == 1 ]]; then
   # For scripts/serving-bench.sh on the device (`hangar serve`, both
@@ -172,7 +177,7 @@ if [[ "${ONE:-0}" == 1 ]]; then
   for extra in ${EXTRA_BINS:-}; do cp "${extra%%=*}" "$stage/gpu/${extra#*=}"; done
   tar -C "$stage" -cf - gpu | xz -T0 -9 >.dev/one/gpu.tar.xz
   rm -rf "$stage"
-  cp -r .dev/c .dev/one/c
+  if [[ "$ONE_SERVE" == 1 ]]; then cp -r .dev/c .dev/one/c; fi
   if [[ -f .dev/ptx.tar.xz ]]; then cp .dev/ptx.tar.xz .dev/one/; fi
   du -sh .dev/one >&2
 fi
