@@ -84,6 +84,27 @@ pub(crate) struct Layout {
     pub(crate) custom_qmv: bool,
     /// Sorted quantized expert products run on `crate::qmv::gather_qmv`.
     pub(crate) custom_gather_qmv: bool,
+    /// Dense products add their bias or residual as the number of rows
+    /// makes cheapest on a GPU (see [`Sums`]).
+    pub(crate) sums_by_rows: bool,
+}
+
+/// Where a dense product's bias, and the residual after it, are added.
+///
+/// MLX's CUDA backend multiplies one row by its own `gemv` kernel, one
+/// kernel node to encode; a product with a sum in it (AddMM), or of more
+/// rows, goes to cuBLAS, which MLX records by capturing the stream into a
+/// graph of its own and adding that as a child node, dearer to encode than
+/// a kernel. A decoding step's cost on the host is in encoding its nodes,
+/// so at one row a sum is cheapest as a product and an Add; at more rows,
+/// where cuBLAS runs anyway, inside the product (its epilogue, or its `C`),
+/// which saves the Add.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Sums {
+    /// As `nn.Linear`: a bias in the product, a residual added after it.
+    Linear,
+    /// In the product for more than one row, after it for one.
+    ByRows,
 }
 
 /// One block of output rows of a weight matrix `(out, in)`.
@@ -109,19 +130,28 @@ enum Matrix {
     },
 }
 
+/// The right operand of a dense product of `x`: `batched` for `(1, n, in)`.
+fn dense_rhs<'a>(x: &Array, rhs: &'a Array, batched: &'a Array) -> &'a Array {
+    if x.ndim() == 3 && x.dim(0) == 1 {
+        batched
+    } else {
+        rhs
+    }
+}
+
 impl Matrix {
-    /// `x @ W.T`, plus `bias` the way `nn.Linear` / `nn.QuantizedLinear` add it.
-    fn apply(&self, x: &Array, bias: Option<&Array>) -> Result<Array> {
+    /// `x @ W.T`, plus `bias` the way `nn.Linear` / `nn.QuantizedLinear` add
+    /// it, or as `sums` says for a dense matrix.
+    fn apply(&self, x: &Array, bias: Option<&Array>, sums: Sums) -> Result<Array> {
         Ok(match (self, bias) {
             // nn.Linear fuses the bias into the GEMM (beta * bias), which
             // rounds differently from adding it afterwards.
             (Self::Dense { rhs, batched }, bias) => {
-                let rhs = if x.ndim() == 3 && x.dim(0) == 1 {
-                    batched
-                } else {
-                    rhs
-                };
+                let rhs = dense_rhs(x, rhs, batched);
                 match bias {
+                    Some(bias) if sums == Sums::ByRows && x.dim(-2) == 1 => {
+                        matmul(x, rhs)?.add(bias)?
+                    }
                     Some(bias) => addmm(bias, x, rhs, None, None)?,
                     None => matmul(x, rhs)?,
                 }
@@ -187,12 +217,13 @@ impl Matrix {
 struct Shard {
     matrix: Matrix,
     bias: Option<Bias>,
+    sums: Sums,
 }
 
 impl Shard {
     fn apply(&self, x: &Array) -> Result<Array> {
         self.matrix
-            .apply(x, self.bias.as_ref().map(|b| b.for_input(x)))
+            .apply(x, self.bias.as_ref().map(|b| b.for_input(x)), self.sums)
     }
 }
 
@@ -278,6 +309,11 @@ impl Sharded {
             let shard = Shard {
                 matrix,
                 bias: bias.map(|b| Bias::new(rows_of(b)?)).transpose()?,
+                sums: if layout.sums_by_rows {
+                    Sums::ByRows
+                } else {
+                    Sums::Linear
+                },
             };
             // Evaluate now, so that an original dense matrix can be freed as
             // soon as its transposed copy exists (peak memory at load).
@@ -313,6 +349,23 @@ impl Sharded {
             return Ok(concatenate(&blocks, -2)?);
         }
         self.row_blocks(x, true)
+    }
+
+    /// `residual + x @ W.T (+ bias)`: in one AddMM for a dense matrix of
+    /// one block without a bias where [`Sums::ByRows`] puts the sum in the
+    /// product (more than one row), else the product and an Add.
+    fn apply_plus(&self, x: &Array, residual: &Array) -> Result<Array> {
+        if let [Shard {
+            matrix: Matrix::Dense { rhs, batched },
+            bias: None,
+            sums: Sums::ByRows,
+        }] = self.shards.as_slice()
+        {
+            if x.dim(-2) > 1 {
+                return Ok(addmm(residual, x, dense_rhs(x, rhs, batched), None, None)?);
+            }
+        }
+        Ok(residual.add(self.apply(x)?)?)
     }
 
     /// The product with every row block, concatenated; `spread` runs block
@@ -422,6 +475,15 @@ impl Linear {
     /// Applies the layer to `x` of shape `(..., in)`.
     pub(crate) fn forward(&self, x: &Array) -> Result<Array> {
         self.0.apply(x)
+    }
+
+    /// `residual + forward(x)`, or just `forward(x)` without a residual;
+    /// the sum inside the product where [`Layout::sums_by_rows`] says so.
+    pub(crate) fn forward_plus(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
+        match residual {
+            Some(residual) => self.0.apply_plus(x, residual),
+            None => self.0.apply(x),
+        }
     }
 
     pub(crate) fn arrays(&self) -> Vec<&Array> {

@@ -67,6 +67,15 @@ pub struct LoadOptions {
     /// at 64 streams decodes 1.49x faster with it on an H100 (README);
     /// ignored on the CPU and on Metal.
     pub custom_gather_qmv: bool,
+    /// On a GPU, add a dense product's bias, and the residual after the
+    /// attention's and the MLP's output projections, where it costs the
+    /// host least to encode: after a one-row product (MLX's `gemv`, a
+    /// kernel), inside a product of more rows (cuBLAS, whose `C` or
+    /// epilogue adds it; an Add kernel fewer). Off by default: `nn.Linear`'s
+    /// way, a bias inside, a residual after, which rounds as mlx-lm does
+    /// (the CPU's exact parity); on, the sums round otherwise, on any
+    /// device.
+    pub sums_by_rows: bool,
 }
 
 impl Default for LoadOptions {
@@ -77,6 +86,7 @@ impl Default for LoadOptions {
             fuse_projections: None,
             custom_qmv: false,
             custom_gather_qmv: true,
+            sums_by_rows: false,
         }
     }
 }
@@ -554,9 +564,16 @@ impl Projected {
 }
 
 impl Attention {
-    fn forward(&self, x: &Array, cache: &mut KvCache, rope: &Rope) -> Result<Array> {
+    /// The attention's output, plus `residual` where there is one.
+    fn forward(
+        &self,
+        x: &Array,
+        cache: &mut KvCache,
+        rope: &Rope,
+        residual: Option<&Array>,
+    ) -> Result<Array> {
         let out = self.attend_one(self.project(x)?, cache, rope)?;
-        self.o_proj.forward(&out)
+        self.o_proj.forward_plus(&out, residual)
     }
 
     /// Attention of a packed step: `x` is `(1, n, hidden)`, the decoding
@@ -566,6 +583,7 @@ impl Attention {
     /// kernel, and each chunk group as one batch. The projections run once
     /// over every token; a sequence's attention computes the same shapes
     /// alone or batched, so a row's result does not depend on its neighbours.
+    /// Plus `residual` where there is one.
     fn forward_packed(
         &self,
         x: &Array,
@@ -573,6 +591,7 @@ impl Attention {
         layer: usize,
         layers: usize,
         rope: &Rope,
+        residual: Option<&Array>,
     ) -> Result<Array> {
         let projected = self.project(x)?;
         let decoding = step.decode.as_ref().map(|d| d.positions.dim(0));
@@ -660,7 +679,7 @@ impl Attention {
         for ((queries, keys, values), c) in chunks.into_iter().zip(&step.chunks) {
             outs.push(self.attend_chunks(queries, keys, values, c, &pool)?);
         }
-        self.o_proj.forward(&joined(outs)?)
+        self.o_proj.forward_plus(&joined(outs)?, residual)
     }
 
     /// The decoding rows' queries, keys and values (`(1, n, ...)`
@@ -1090,7 +1109,8 @@ enum Activation {
 }
 
 impl Mlp {
-    fn forward(&self, x: &Array) -> Result<Array> {
+    /// The MLP's output, plus `residual` where there is one.
+    fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
         let [gate, up]: [Array; 2] = self
             .gate_up
             .forward(x)?
@@ -1100,7 +1120,7 @@ impl Mlp {
             Activation::Silu => swiglu(&gate, &up)?,
             Activation::GeluApprox => gemma::gelu_approx(&gate)?.multiply(&up)?,
         };
-        self.down_proj.forward(&gated)
+        self.down_proj.forward_plus(&gated, residual)
     }
 
     fn arrays(&self) -> Vec<&Array> {
@@ -1118,10 +1138,12 @@ enum FeedForward {
 }
 
 impl FeedForward {
-    fn forward(&self, x: &Array) -> Result<Array> {
-        match self {
-            Self::Dense(mlp) => mlp.forward(x),
-            Self::Sparse(moe) => moe.forward(x),
+    /// The block's MLP output, plus `residual` where there is one.
+    fn forward(&self, x: &Array, residual: Option<&Array>) -> Result<Array> {
+        match (self, residual) {
+            (Self::Dense(mlp), residual) => mlp.forward(x, residual),
+            (Self::Sparse(moe), None) => moe.forward(x),
+            (Self::Sparse(moe), Some(residual)) => Ok(residual.add(moe.forward(x)?)?),
         }
     }
 
@@ -1202,24 +1224,30 @@ struct Block {
 
 impl Block {
     fn forward(&self, x: &Array, cache: &mut KvCache, rope: &Rope) -> Result<Array> {
-        let r =
-            self.attention
-                .forward(&rms_norm(x, Some(&self.input_norm), self.eps)?, cache, rope)?;
+        let normed = rms_norm(x, Some(&self.input_norm), self.eps)?;
+        let r = self
+            .attention
+            .forward(&normed, cache, rope, self.residual_in_attention(x))?;
         self.after_attention(x, &r)
     }
 
-    /// The residual sum with the attention's output `r`, then the MLP.
+    /// `x`, where the attention's output projection adds the residual
+    /// itself: everywhere but Gemma, which norms that output first.
+    fn residual_in_attention<'a>(&self, x: &'a Array) -> Option<&'a Array> {
+        self.feedforward_norms.is_none().then_some(x)
+    }
+
+    /// After the attention's output `r` (with the residual `x` already
+    /// added, but for Gemma), the MLP and its residual sum.
     fn after_attention(&self, x: &Array, r: &Array) -> Result<Array> {
         let norm = |a: &Array, w: &Array| rms_norm(a, Some(w), self.eps);
         match &self.feedforward_norms {
-            None => {
-                let h = x.add(r)?;
-                let r = self.mlp.forward(&norm(&h, &self.post_attention_norm)?)?;
-                Ok(h.add(&r)?)
-            }
+            None => self
+                .mlp
+                .forward(&norm(r, &self.post_attention_norm)?, Some(r)),
             Some((pre, post)) => {
                 let h = gemma::residual(x, &norm(r, &self.post_attention_norm)?)?;
-                let r = self.mlp.forward(&norm(&h, pre)?)?;
+                let r = self.mlp.forward(&norm(&h, pre)?, None)?;
                 gemma::residual(&h, &norm(&r, post)?)
             }
         }
@@ -1239,6 +1267,7 @@ impl Block {
             layer,
             layers,
             rope,
+            self.residual_in_attention(x),
         )?;
         self.after_attention(x, &r)
     }
@@ -1396,6 +1425,7 @@ fn layout_for(options: &LoadOptions) -> Result<(Layout, bool)> {
             parallel: Parallel::cpu(options.cpu_threads.max(1), options.split_min_work)?,
             custom_qmv: false,
             custom_gather_qmv: false,
+            sums_by_rows: options.sums_by_rows,
         }
     } else {
         // GPU kernels read the row-major weights best, and one kernel
@@ -1406,6 +1436,7 @@ fn layout_for(options: &LoadOptions) -> Result<(Layout, bool)> {
             // A CUDA kernel: not for Metal.
             custom_qmv: options.custom_qmv && cfg!(target_os = "linux"),
             custom_gather_qmv: options.custom_gather_qmv && cfg!(target_os = "linux"),
+            sums_by_rows: options.sums_by_rows,
         }
     };
     Ok((layout, on_cpu))

@@ -365,10 +365,10 @@ impl VisionEncoder {
             let a = scaled_dot_product_attention(q, k, v, scale, None, None)?
                 .transpose_axes(&[0, 2, 1, 3])?
                 .reshape(&[images, tokens, hidden])?;
-            x = x.add(layer.out_proj.forward(&a)?)?;
+            x = layer.out_proj.forward_plus(&a, Some(&x))?;
             let h = layer.norm2.apply(&x, c.layer_norm_eps)?;
             let m = gemma::gelu_approx(&layer.fc1.forward(&h)?)?;
-            x = x.add(layer.fc2.forward(&m)?)?;
+            x = layer.fc2.forward_plus(&m, Some(&x))?;
         }
         let x = self.post_norm.apply(&x, POST_NORM_EPS)?;
         // Average pooling of the patch grid in windows of `k x k` patches.

@@ -5,11 +5,11 @@ use std::sync::{mpsc, Barrier};
 use std::time::Duration;
 
 use hangar_native_mlx::{
-    mlx_turn, BatchOptions, Batcher, Completion, Error, FinishReason, GenerateRequest, Prompt,
-    SamplingParams, Session, MERGE_PADDING_GPU,
+    mlx_turn, BatchOptions, Batcher, Completion, Error, FinishReason, GenerateRequest, LoadOptions,
+    Prompt, SamplingParams, Session, MERGE_PADDING_GPU,
 };
 
-use crate::fixtures::fixtures;
+use crate::fixtures::{fixtures, PROMPT};
 use crate::greedy::{assert_same_greedy, check_same_tokens, on_gpu};
 
 /// `n` pseudo-random ids of the tiny vocabulary (512), different per `seed`.
@@ -327,6 +327,59 @@ fn sixty_four_streams_on_routed_experts_each_get_their_ids_alone() {
             let what = format!("{model}: request {i} of 64 streams");
             assert_same_greedy(model, ids_of(&requests[i]), &t.token_ids, a, &what);
         }
+    }
+}
+
+/// `LoadOptions::sums_by_rows` adds a product's bias and the residual
+/// after it inside products of several rows and after one-row products:
+/// the same sums, rounded otherwise. A session with it and the batcher with
+/// it (steps of several rows: a prefill's chunks, two decoding rows) give
+/// ids whose log-probabilities under the default session are within float32
+/// rounding of the greedy choice's, and a one-row step of Qwen2 (biased
+/// queries, keys and values) has no AddMM left.
+#[test]
+fn sums_by_rows_round_differently_and_mean_the_same() {
+    let fused = LoadOptions {
+        fuse_projections: Some(true),
+        ..LoadOptions::default()
+    };
+    let summed = LoadOptions {
+        sums_by_rows: true,
+        ..fused.clone()
+    };
+    // On a GPU float32 products may run as TF32 (see `greedy`).
+    let tolerance = if on_gpu() { 1e-2 } else { 1e-4 };
+    for model in ["qwen2", "llama"] {
+        let dir = fixtures().model(model);
+        let mut plain = Session::load_with(&dir, &fused).unwrap();
+        let session = Session::load_with(&dir, &summed).unwrap();
+        let b = Batcher::start(session, BatchOptions::default());
+        let requests = [request(&prompt(11, 40), 24), request(&prompt(12, 9), 24)];
+        let answers = run_together(&b, &requests);
+        drop(b);
+        let mut alone = Session::load_with(&dir, &summed).unwrap();
+        let lone = alone
+            .generate(&requests[0], |_| ControlFlow::Continue(()))
+            .unwrap();
+        for (what, ids, r) in [
+            ("batched", &answers[0].token_ids, &requests[0]),
+            ("batched", &answers[1].token_ids, &requests[1]),
+            ("alone", &lone.token_ids, &requests[0]),
+        ] {
+            let scores = plain.score(ids_of(r), ids).unwrap();
+            let worst = scores.iter().map(|s| s.gap()).fold(0.0, f32::max);
+            assert!(
+                worst <= tolerance,
+                "{model} {what}: an id {worst} nats below the default's greedy choice"
+            );
+        }
+        let ops = |s: &mut Session| s.decode_step_primitives(&PROMPT).unwrap();
+        let (before, after) = (ops(&mut plain), ops(&mut alone));
+        let addmm = |c: &std::collections::BTreeMap<String, usize>| c.get("AddMM").copied();
+        if model == "qwen2" {
+            assert!(addmm(&before).is_some(), "{before:?}");
+        }
+        assert_eq!(addmm(&after), None, "{model}: {after:?}");
     }
 }
 
