@@ -39,6 +39,11 @@
 #              against BIN, interleaved rounds (A B, B A, ...), with
 #              --breakdown, on AB_SHAPES (qwen05 qwen7); then BIN's
 #              primitives per decoding step (--graph-ops, NATIVE_MLX_GRAPH_OPS)
+#   flags      one binary with FLAGS_A (default none) against FLAGS_B
+#              (default "--sums-by-rows true"), on FLAG_SHAPES (qwen05):
+#              single stream with --breakdown, then FLAG_STREAMS (default
+#              64) concurrent streams, interleaved rounds (A B, B A, ...);
+#              then each side's primitives per decoding step
 #   paged      the batching engine's decoding attention: --paged-check,
 #              then 7B at 32 and 64 streams (prompts of 64-128 tokens) in
 #              groups (--merge-padding 0), merged groups, and the paged
@@ -219,6 +224,62 @@ for part in "$@"; do
         done
       done
       step_table binary "$log" >>"$log"
+      ;;
+    flags)
+      fa="${FLAGS_A:-}" fb="${FLAGS_B:---sums-by-rows true}"
+      for shape in ${FLAG_SHAPES:-qwen05}; do
+        dir="$(model "$shape")"
+        for round in $(seq "$ROUNDS"); do
+          order=(a b)
+          [[ $((round % 2)) == 0 ]] && order=(b a)
+          for side in "${order[@]}"; do
+            flags="$fa"
+            [[ $side == b ]] && flags="$fb"
+            echo "## $shape round $round $side" >>"$log"
+            # shellcheck disable=SC2086 # the side's flags, split
+            timeout 150 "$BIN" --json --runs 1 --prompt-tokens 128 --gen-tokens 256 --breakdown $flags \
+              "$dir" >>"$log" 2>&1
+            for n in ${FLAG_STREAMS:-64}; do
+              echo "#### $shape round $round $side $n streams" >>"$log"
+              # shellcheck disable=SC2086
+              timeout 150 "$BIN" --concurrent "$n" --runs 1 --gen-tokens 128 --prompt-tokens 88 \
+                --prompt-spread 32 $flags "$dir" >>"$log" 2>&1
+            done
+          done
+        done
+        for side in a b; do
+          flags="$fa"
+          [[ $side == b ]] && flags="$fb"
+          echo "#### graph-ops $shape $side [$flags]" >>"$log"
+          # shellcheck disable=SC2086
+          timeout 60 "$BIN" --graph-ops --prompt-tokens 128 $flags "$dir" >>"$log" 2>&1
+          for n in 1 4; do
+            # shellcheck disable=SC2086
+            NATIVE_MLX_GRAPH_OPS=1 timeout 60 "$BIN" --concurrent "$n" --runs 1 --gen-tokens 16 \
+              --prompt-tokens 128 $flags "$dir" 2>&1 | grep "decoding step of" >>"$log"
+          done
+        done
+      done
+      echo "A: [$fa], B: [$fb]" >>"$log"
+      step_table side "$log" >>"$log"
+      "$PY" - "$log" >>"$log" <<'PYTHON'
+import re, statistics, sys
+runs, head = {}, None
+for line in open(sys.argv[1]):
+    m = re.match(r"#### (\S+) round \d+ (\S+) (\d+) streams", line)
+    if m:
+        head = m.groups()
+    elif line.startswith("## ") or line.startswith("#### graph-ops"):
+        head = None
+    elif head and "warm-up" not in line:
+        m = re.search(r"([\d.]+) tok/s aggregate", line)
+        if m:
+            runs.setdefault(head, []).append(float(m.group(1)))
+print("| model | side | streams | aggregate tok/s median [min-max] |")
+print("|---|---|---:|---|")
+for (shape, side, n), v in sorted(runs.items()):
+    print(f"| {shape} | {side} | {n} | {statistics.median(v):.1f} [{min(v):.1f}-{max(v):.1f}] |")
+PYTHON
       ;;
     paged)
       timeout 120 "$BIN" --paged-check >>"$log" 2>&1
