@@ -66,6 +66,9 @@
 #   ROUNDS (3), SERVE_TIMEOUT (560: seconds for serve, alloc and inhost).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# Where scripts/gpu-device.sh installed MLX (its library path and Python).
+# shellcheck disable=SC1091
+[[ -f /tmp/gpu-env.sh ]] && . /tmp/gpu-env.sh
 BIN="${BIN:-/tmp/gpu/native-mlx-bench}"
 export BENCH_DIR="${BENCH_DIR:-/tmp/hgb}"
 ROUNDS="${ROUNDS:-3}"
