@@ -12,6 +12,13 @@
 //! criterion's estimates) the scan took 20.1 ms [20.0–20.5] with toml 0.8
 //! and 12.4 ms [12.2–12.6] with toml 1, whose parser is new.
 //!
+//! The same machine, later (stop 56), ran that build at 20–25 ms: its speed
+//! moves by half from hour to hour. Manifests are now read and validated
+//! on every core (`in_parallel`), then taken in scan order; 5 interleaved
+//! rounds of each binary, the estimate's middle, median [min–max]: 20.0 ms
+//! [18.8–27.8] one at a time, 16.5 [13.0–17.1] on both cores (0.82x of
+//! the medians; a fifth of a scan is the kernel's file work, not parsing).
+//!
 //! ```sh
 //! cargo bench -p hangar-engine --bench registry
 //! ```

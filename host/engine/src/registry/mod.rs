@@ -127,7 +127,7 @@ impl Registry {
         platform: Platform,
     ) -> Registry {
         let mut diagnostics = Vec::new();
-        let mut plugins: Vec<PluginEntry> = Vec::new();
+        let mut folders: Vec<PathBuf> = Vec::new();
         for dir in dirs {
             // Absolute, since engines and workers run in other folders.
             let dir = &std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
@@ -147,31 +147,37 @@ impl Registry {
                     continue;
                 }
             };
-            let mut folders: Vec<PathBuf> = entries
+            let mut here: Vec<PathBuf> = entries
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| p.is_dir())
                 .collect();
-            folders.sort();
-            for folder in folders {
-                match read_plugin(&folder, &platform) {
-                    Ok(entry) => match plugins.iter().find(|p| p.manifest.id == entry.manifest.id) {
-                        Some(first) => diagnostics.push(Diagnostic {
-                            location: folder,
-                            plugin: Some(entry.manifest.id.clone()),
-                            reason: format!(
-                                "duplicate plugin id '{}': {} was found first and is used; remove one of them",
-                                entry.manifest.id,
-                                first.dir.display()
-                            ),
-                        }),
-                        None => plugins.push(entry),
-                    },
-                    Err(reason) => diagnostics.push(Diagnostic {
-                        plugin: manifest_id_guess(&folder),
+            here.sort();
+            folders.extend(here);
+        }
+        // Reading and validating a manifest is mostly parsing its TOML, and
+        // each is independent: they are read on all cores, then taken in
+        // scan order.
+        let read = in_parallel(&folders, |folder| read_plugin(folder, &platform));
+        let mut plugins: Vec<PluginEntry> = Vec::new();
+        for (folder, result) in folders.into_iter().zip(read) {
+            match result {
+                Ok(entry) => match plugins.iter().find(|p| p.manifest.id == entry.manifest.id) {
+                    Some(first) => diagnostics.push(Diagnostic {
                         location: folder,
-                        reason,
+                        plugin: Some(entry.manifest.id.clone()),
+                        reason: format!(
+                            "duplicate plugin id '{}': {} was found first and is used; remove one of them",
+                            entry.manifest.id,
+                            first.dir.display()
+                        ),
                     }),
-                }
+                    None => plugins.push(entry),
+                },
+                Err(reason) => diagnostics.push(Diagnostic {
+                    plugin: manifest_id_guess(&folder),
+                    location: folder,
+                    reason,
+                }),
             }
         }
         let aliases = build_aliases(&plugins, &mut diagnostics);
@@ -297,6 +303,29 @@ impl Registry {
         }
         Err(reason)
     }
+}
+
+/// `f` of every item, in order, computed in contiguous runs of items on
+/// up to one scoped thread per core (on this thread alone for a few items).
+fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    /// Fewer items than this per thread are not worth a thread's start.
+    const MIN_PER_THREAD: usize = 8;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cores.min(items.len() / MIN_PER_THREAD).max(1);
+    if threads == 1 {
+        return items.iter().map(f).collect();
+    }
+    let per_thread = items.len().div_ceil(threads);
+    let f = &f;
+    std::thread::scope(|s| {
+        let runs: Vec<_> = items
+            .chunks(per_thread)
+            .map(|run| s.spawn(move || run.iter().map(f).collect::<Vec<R>>()))
+            .collect();
+        runs.into_iter()
+            .flat_map(|run| run.join().expect("a manifest reader panicked"))
+            .collect()
+    })
 }
 
 fn read_plugin(folder: &Path, platform: &Platform) -> Result<PluginEntry, String> {
@@ -547,5 +576,31 @@ pub fn check_description(
             "the plugin's code disagrees with its plugin.toml (code vs manifest: {}); the plugin is refused",
             differences.join("; ")
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_parallel;
+
+    #[test]
+    fn in_parallel_keeps_the_order_of_the_items() {
+        for n in [0, 1, 7, 8, 17, 200, 1001] {
+            let items: Vec<usize> = (0..n).collect();
+            let threads = std::sync::Mutex::new(std::collections::HashSet::new());
+            let got = in_parallel(&items, |&i| {
+                threads.lock().unwrap().insert(std::thread::current().id());
+                i * 3 + 1
+            });
+            let want: Vec<usize> = items.iter().map(|i| i * 3 + 1).collect();
+            assert_eq!(got, want, "{n} items");
+            let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+            if n >= 200 && cores > 1 {
+                assert!(
+                    threads.lock().unwrap().len() > 1,
+                    "{n} items ran on one thread"
+                );
+            }
+        }
     }
 }
