@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::ffi::SendStream;
 use crate::model::encoder::{Encoder, EncoderConfig};
 use crate::model::{LoadOptions, Model};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{read_json, Tokenizer};
 use crate::turn::mlx_turn;
 
 /// How a model folder serves: by generating text, embedding, or reranking.
@@ -62,22 +62,6 @@ const ENCODER_ARCHITECTURES: [&str; 4] = [
 ];
 const POOLING_MODULE: &str = "sentence_transformers.models.Pooling";
 const NORMALIZE_MODULE: &str = "sentence_transformers.models.Normalize";
-
-fn read_json(path: &Path) -> Result<Option<Value>> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|source| Error::Json {
-                path: path.to_owned(),
-                source,
-            }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(Error::Io {
-            path: path.to_owned(),
-            source,
-        }),
-    }
-}
 
 fn modules(dir: &Path) -> Result<Vec<Value>> {
     Ok(match read_json(&dir.join("modules.json"))? {
