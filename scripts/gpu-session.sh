@@ -39,7 +39,7 @@
 #              against BIN, interleaved rounds (A B, B A, ...), with
 #              --breakdown, on AB_SHAPES (qwen05 qwen7); then BIN's
 #              primitives per decoding step (--graph-ops, NATIVE_MLX_GRAPH_OPS)
-#   flags      one binary with FLAGS_A (default none) against FLAGS_B
+#   flags      one binary with FLAGS_A (default "--sums-by-rows false") against FLAGS_B
 #              (default "--sums-by-rows true"), on FLAG_SHAPES (qwen05):
 #              single stream with --breakdown, then FLAG_STREAMS (default
 #              64) concurrent streams, interleaved rounds (A B, B A, ...);
@@ -229,7 +229,7 @@ for part in "$@"; do
       step_table binary "$log" >>"$log"
       ;;
     flags)
-      fa="${FLAGS_A:-}" fb="${FLAGS_B:---sums-by-rows true}"
+      fa="${FLAGS_A:---sums-by-rows false}" fb="${FLAGS_B:---sums-by-rows true}"
       for shape in ${FLAG_SHAPES:-qwen05}; do
         dir="$(model "$shape")"
         for round in $(seq "$ROUNDS"); do

@@ -44,10 +44,11 @@ struct Args {
     /// the default; `--gather-qmv false`: MLX's `gather_qmm`).
     #[arg(long, default_value_t = LoadOptions::default().custom_gather_qmv, action = clap::ArgAction::Set)]
     gather_qmv: bool,
-    /// On a GPU, biases and residuals added after one-row products and
-    /// inside products of more rows (`LoadOptions::sums_by_rows`).
-    #[arg(long, default_value_t = LoadOptions::default().sums_by_rows, action = clap::ArgAction::Set)]
-    sums_by_rows: bool,
+    /// Biases and residuals added after one-row products and inside
+    /// products of more rows (`LoadOptions::sums_by_rows`: `true` or
+    /// `false`; unset, on a GPU only).
+    #[arg(long)]
+    sums_by_rows: Option<bool>,
     /// Instead: Hangar's sorted gathered kernel against MLX's `gather_qmm`
     /// at Qwen3-30B-A3B's and gpt-oss-20b's expert shapes (4- and 8-bit,
     /// bfloat16; the rows of 1, 8, 64 and 512 tokens): microseconds per

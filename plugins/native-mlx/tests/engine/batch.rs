@@ -341,10 +341,11 @@ fn sixty_four_streams_on_routed_experts_each_get_their_ids_alone() {
 fn sums_by_rows_round_differently_and_mean_the_same() {
     let fused = LoadOptions {
         fuse_projections: Some(true),
+        sums_by_rows: Some(false),
         ..LoadOptions::default()
     };
     let summed = LoadOptions {
-        sums_by_rows: true,
+        sums_by_rows: Some(true),
         ..fused.clone()
     };
     // On a GPU float32 products may run as TF32 (see `greedy`).
